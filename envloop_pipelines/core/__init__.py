@@ -1,0 +1,1 @@
+"""Pure domain code. Nothing under ``core`` imports Dagster (a test proves it)."""

@@ -1,0 +1,260 @@
+"""Calibration: one temperature per question type, and the automation threshold.
+
+Both are fitted on val and ship inside the checkpoint (``to_dict`` /
+``from_dict``). The temperature ``T`` of a question type rescales its logits,
+``p = softmax(z / T)``, chosen to minimise the val NLL; ``T > 1`` softens an
+over-confident model, ``T < 1`` sharpens an under-confident one. The
+automation threshold is the confidence above which a decision is automated:
+the one that keeps the val error rate of the automated questions within the
+error budget (``metrics.threshold_for_error_budget``, after temperature
+scaling). ``+inf`` means no threshold meets the budget: automate nothing.
+
+Pure numpy + scipy: no Dagster, no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from scipy import optimize, special
+
+from envloop_pipelines.core import metrics
+
+QUESTION_TYPES = metrics.QUESTION_TYPES
+#: Search range of the temperature: wide enough for any sane model, bounded so
+#: that perfectly separable val data cannot send T to 0.
+TEMPERATURE_BOUNDS: tuple[float, float] = (0.05, 20.0)
+
+
+def softmax(logits: np.ndarray | Sequence[float], temperature: float = 1.0) -> np.ndarray:
+    """Numerically stable softmax of ``logits / temperature`` over the last axis.
+
+    Subtracting the max first keeps ``exp`` from overflowing (logits of 1000
+    give 1, not nan).
+    """
+    if not temperature > 0 or not math.isfinite(temperature):
+        raise ValueError(f"temperature must be a finite positive number, got {temperature}")
+    z = np.asarray(logits, dtype=np.float64) / temperature
+    if z.size == 0:
+        raise ValueError("softmax of an empty logit vector")
+    if not np.all(np.isfinite(z)):
+        raise ValueError("logits must be finite")
+    z = z - z.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _pad_logits(
+    logits: Sequence[np.ndarray],
+    labels: Sequence[int],
+    soft_labels: Sequence[np.ndarray | None] | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pad ragged logits to ``(n, K)`` and build the targets.
+
+    Returns ``(z, z_for_dot, target)``: ``z`` padded with ``-inf`` (no mass in
+    the log-sum-exp), ``z_for_dot`` padded with 0 (so ``target * z`` is 0, not
+    nan, in the padding), ``target`` one-hot or the soft label.
+    """
+    n = len(logits)
+    if n == 0:
+        raise ValueError("empty input: no logits to fit a temperature on")
+    if len(labels) != n:
+        raise ValueError(f"length mismatch: {n} logit vectors but {len(labels)} labels")
+    if soft_labels is not None and len(soft_labels) != n:
+        raise ValueError(f"length mismatch: {n} logit vectors but {len(soft_labels)} soft_labels")
+    rows = [np.asarray(z, dtype=np.float64) for z in logits]
+    for i, z in enumerate(rows):
+        if z.ndim != 1 or z.size == 0:
+            raise ValueError(f"logits[{i}] must be a non-empty 1-D array, got shape {z.shape}")
+        if not np.all(np.isfinite(z)):
+            raise ValueError(f"logits[{i}] contains a non-finite value")
+    width = max(z.size for z in rows)
+    z_pad = np.full((n, width), -np.inf)
+    z_dot = np.zeros((n, width))
+    target = np.zeros((n, width))
+    for i, z in enumerate(rows):
+        z_pad[i, : z.size] = z
+        z_dot[i, : z.size] = z
+        soft = None if soft_labels is None else soft_labels[i]
+        if soft is not None:
+            y = np.asarray(soft, dtype=np.float64)
+            if y.shape != z.shape or np.any(y < 0) or abs(y.sum() - 1.0) > metrics.PROB_SUM_TOLERANCE:
+                raise ValueError(f"soft_labels[{i}] must be a probability vector over the {z.size} options")
+            target[i, : z.size] = y
+        else:
+            label = labels[i]
+            if isinstance(label, bool) or not isinstance(label, (int, np.integer)) or not 0 <= label < z.size:
+                raise ValueError(f"labels[{i}] = {label!r} is not an option index in 0..{z.size - 1}")
+            target[i, int(label)] = 1.0
+    return z_pad, z_dot, target
+
+
+def _mean_nll(beta: float, z_pad: np.ndarray, z_dot: np.ndarray, target: np.ndarray) -> float:
+    # -sum_k y_k log softmax(beta z)_k = logsumexp(beta z) - beta sum_k y_k z_k   (sum_k y_k = 1)
+    return float(np.mean(special.logsumexp(beta * z_pad, axis=1) - beta * np.sum(target * z_dot, axis=1)))
+
+
+def fit_temperature(
+    logits: Sequence[np.ndarray],
+    labels: Sequence[int],
+    soft_labels: Sequence[np.ndarray | None] | None = None,
+    *,
+    bounds: tuple[float, float] = TEMPERATURE_BOUNDS,
+) -> float:
+    """The temperature ``T`` minimising the mean NLL of ``softmax(logits / T)``.
+
+    The search runs over ``log T`` (bounded Brent, ``scipy.optimize.minimize_scalar``):
+    the NLL is convex in ``1/T``, hence unimodal in ``log T``.
+
+    Args:
+        logits: One logit vector per question (ragged).
+        labels: True option per question (ignored where a soft label is given).
+        soft_labels: Optional soft target per question (``None`` for hard).
+        bounds: ``(T_min, T_max)``.
+
+    Returns:
+        The fitted temperature, within ``bounds``.
+    """
+    low, high = bounds
+    if not 0 < low < high or not math.isfinite(high):
+        raise ValueError(f"temperature bounds must satisfy 0 < low < high < inf, got {bounds}")
+    z_pad, z_dot, target = _pad_logits(logits, labels, soft_labels)
+    result = optimize.minimize_scalar(
+        lambda log_t: _mean_nll(math.exp(-log_t), z_pad, z_dot, target),
+        bounds=(math.log(low), math.log(high)),
+        method="bounded",
+        options={"xatol": 1e-6},
+    )
+    return float(min(max(math.exp(result.x), low), high))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Per-question-type temperatures and the automation threshold, fitted on val.
+
+    Attributes:
+        temperatures: One temperature per question type; a type not given
+            gets 1.0 (the model's own logits).
+        automation_threshold: Automate a decision when its calibrated
+            confidence (max probability) is ``>=`` this; ``+inf`` automates nothing.
+        error_budget: The val error rate the threshold was fitted for.
+    """
+
+    temperatures: Mapping[str, float] = field(default_factory=dict)
+    automation_threshold: float = math.inf
+    error_budget: float = metrics.DEFAULT_ERROR_BUDGET
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.temperatures) - set(QUESTION_TYPES))
+        if unknown:
+            raise ValueError(f"temperatures: unknown question types {unknown!r}; allowed: {', '.join(QUESTION_TYPES)}")
+        full: dict[str, float] = {}
+        for qtype in QUESTION_TYPES:
+            value = float(self.temperatures.get(qtype, 1.0))
+            if not value > 0 or not math.isfinite(value):
+                raise ValueError(f"temperatures[{qtype!r}] must be a finite positive number, got {value}")
+            full[qtype] = value
+        object.__setattr__(self, "temperatures", full)
+        threshold = float(self.automation_threshold)
+        if math.isnan(threshold):
+            raise ValueError("automation_threshold must be a number or +inf, got nan")
+        object.__setattr__(self, "automation_threshold", threshold)
+        if not 0.0 <= self.error_budget <= 1.0:
+            raise ValueError(f"error_budget must be in [0, 1], got {self.error_budget}")
+
+    def temperature(self, qtype: str) -> float:
+        """Temperature of ``qtype``."""
+        if qtype not in self.temperatures:
+            raise ValueError(f"unknown question type {qtype!r}; allowed: {', '.join(QUESTION_TYPES)}")
+        return self.temperatures[qtype]
+
+    def apply(self, logits: np.ndarray | Sequence[float], qtype: str) -> np.ndarray:
+        """Calibrated probabilities ``softmax(logits / T[qtype])``."""
+        return softmax(logits, self.temperature(qtype))
+
+    def apply_all(self, logits: Sequence[np.ndarray], qtypes: Sequence[str]) -> list[np.ndarray]:
+        """:meth:`apply` to each question of a ragged batch."""
+        if len(logits) != len(qtypes):
+            raise ValueError(f"length mismatch: {len(logits)} logit vectors but {len(qtypes)} qtypes")
+        return [self.apply(z, q) for z, q in zip(logits, qtypes)]
+
+    def automate(self, probs: np.ndarray | Sequence[float]) -> bool:
+        """Whether a calibrated probability vector is confident enough to automate."""
+        return bool(np.max(np.asarray(probs, dtype=np.float64)) >= self.automation_threshold)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe form; an infinite threshold is written as ``null`` (strict JSON has no Infinity)."""
+        threshold = self.automation_threshold
+        return {
+            "temperatures": dict(self.temperatures),
+            "automation_threshold": None if math.isinf(threshold) else threshold,
+            "error_budget": self.error_budget,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Calibration":
+        """Inverse of :meth:`to_dict` (``null`` threshold → ``+inf``)."""
+        unknown = sorted(set(data) - {"temperatures", "automation_threshold", "error_budget"})
+        if unknown:
+            raise ValueError(f"calibration: unknown keys {unknown!r}")
+        if "temperatures" not in data or not isinstance(data["temperatures"], Mapping):
+            raise ValueError("calibration: 'temperatures' must be a mapping of question type to temperature")
+        threshold = data.get("automation_threshold")
+        return cls(
+            temperatures={str(k): float(v) for k, v in data["temperatures"].items()},
+            automation_threshold=math.inf if threshold is None else float(threshold),
+            error_budget=float(data.get("error_budget", metrics.DEFAULT_ERROR_BUDGET)),
+        )
+
+
+def fit_calibration(
+    logits: Sequence[np.ndarray],
+    labels: Sequence[int],
+    qtypes: Sequence[str],
+    soft_labels: Sequence[np.ndarray | None] | None = None,
+    error_budget: float = metrics.DEFAULT_ERROR_BUDGET,
+) -> Calibration:
+    """Fit one temperature per question type, then the automation threshold, on val.
+
+    Args:
+        logits: Val logits per question (ragged).
+        labels: True option per question.
+        qtypes: Question type per question (``noul`` / ``choice`` / ``score``).
+        soft_labels: Optional soft targets (they count in the temperature fit,
+            not in the threshold).
+        error_budget: Largest acceptable val error rate among automated questions.
+
+    Returns:
+        A :class:`Calibration`; a type absent from val keeps temperature 1.0.
+    """
+    n = len(logits)
+    if n == 0:
+        raise ValueError("empty input: no val questions to calibrate on")
+    for what, seq in (("labels", labels), ("qtypes", qtypes)):
+        if len(seq) != n:
+            raise ValueError(f"length mismatch: {n} logit vectors but {len(seq)} {what}")
+    if soft_labels is not None and len(soft_labels) != n:
+        raise ValueError(f"length mismatch: {n} logit vectors but {len(soft_labels)} soft_labels")
+    bad = sorted({q for q in qtypes if q not in QUESTION_TYPES})
+    if bad:
+        raise ValueError(f"qtypes must be one of {', '.join(QUESTION_TYPES)}, got {bad!r}")
+
+    temperatures: dict[str, float] = {}
+    for qtype in QUESTION_TYPES:
+        rows = [i for i, q in enumerate(qtypes) if q == qtype]
+        if rows:
+            temperatures[qtype] = fit_temperature(
+                [logits[i] for i in rows],
+                [labels[i] for i in rows],
+                None if soft_labels is None else [soft_labels[i] for i in rows],
+            )
+    scaled = Calibration(temperatures=temperatures, error_budget=error_budget)
+    probs = scaled.apply_all(logits, qtypes)
+    threshold = metrics.threshold_for_error_budget(probs, labels, soft_labels, budget=error_budget)
+    return Calibration(temperatures=temperatures, automation_threshold=threshold, error_budget=error_budget)
+
+
+__all__ = ["Calibration", "TEMPERATURE_BOUNDS", "fit_calibration", "fit_temperature", "softmax"]

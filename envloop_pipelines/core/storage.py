@@ -1,0 +1,99 @@
+"""Content-addressed, atomic, never-overwritten files under the EnvLoop home.
+
+The home is ``./.envloop`` unless ``ENVLOOP_HOME`` says otherwise; it is read
+when a function is called, never at import time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ENVLOOP_HOME_ENV = "ENVLOOP_HOME"
+DEFAULT_HOME = ".envloop"
+
+
+def envloop_home(home: str | Path | None = None) -> Path:
+    """The EnvLoop home: ``home`` if given, else ``$ENVLOOP_HOME``, else ``./.envloop``."""
+    return Path(home or os.environ.get(ENVLOOP_HOME_ENV) or DEFAULT_HOME).resolve()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def canonical_json(value: Any) -> bytes:
+    """Stable JSON bytes for hashing: sorted keys, no spaces, UTF-8."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def atomic_write_bytes(path: str | Path, data: bytes, *, overwrite: bool = False) -> Path:
+    """Write ``data`` to ``path`` through a temp file and a rename.
+
+    Readers see the old file or the whole new one, never half of it. With
+    ``overwrite=False`` an existing file is an error (artifacts are immutable).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not overwrite and path.exists():
+        raise FileExistsError(f"{path} exists and artifacts are never overwritten")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_json(path: str | Path, value: Any, *, overwrite: bool = False) -> Path:
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False, indent=2) + "\n"
+    return atomic_write_bytes(path, text.encode("utf-8"), overwrite=overwrite)
+
+
+def staging_dir(parent: str | Path) -> Path:
+    """A fresh temp directory beside its final place (same filesystem, so rename is atomic)."""
+    parent = Path(parent)
+    parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=".staging-", dir=parent))
+
+
+def publish_dir(staged: Path, final: Path) -> bool:
+    """Move a fully written ``staged`` directory to ``final`` atomically.
+
+    Returns True when published, False when ``final`` already existed (content
+    addressing: the same name means the same content, so the staged copy is
+    dropped and nothing is overwritten).
+    """
+    try:
+        os.rename(staged, final)
+    except OSError:
+        if final.exists():
+            shutil.rmtree(staged, ignore_errors=True)
+            return False
+        raise
+    return True
+
+
+def make_read_only(root: Path) -> None:
+    """Drop write permission on every file under ``root`` (immutable artifacts)."""
+    for path in root.rglob("*"):
+        if path.is_file():
+            path.chmod(0o444)

@@ -1,0 +1,1 @@
+"""The verifier side: the only code path that reads test and holdout labels."""

@@ -1,0 +1,30 @@
+"""Layering: core never imports Dagster; the Definitions object loads."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_core_imports_without_dagster() -> None:
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "import envloop_pipelines.core as core\n"
+        "for m in pkgutil.walk_packages(core.__path__, 'envloop_pipelines.core.'):\n"
+        "    importlib.import_module(m.name)\n"
+        "bad = sorted(k for k in sys.modules if k == 'dagster' or k.startswith('dagster.') or k.startswith('dagster_'))\n"
+        "assert not bad, bad\n"
+        "print('ok', len([k for k in sys.modules if k.startswith('envloop_pipelines.core')]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("ok")
+
+
+def test_definitions_load() -> None:
+    import dagster as dg
+
+    from envloop_pipelines.definitions import defs
+
+    assert isinstance(defs, dg.Definitions)
+    defs.get_repository_def()  # resolves: a broken graph raises here
