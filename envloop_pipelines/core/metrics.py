@@ -78,7 +78,8 @@ class _Batch:
     n_options: np.ndarray  # (n,) int
     labels: np.ndarray  # (n,) int; -1 allowed on soft rows
     soft: np.ndarray  # (n,) bool
-    families: np.ndarray | None  # (n,) object (str) or None
+    family_codes: np.ndarray | None  # (n,) int index into family_names, or None
+    family_names: tuple[str, ...] = ()
 
     @property
     def n(self) -> int:
@@ -91,7 +92,8 @@ class _Batch:
             n_options=self.n_options[idx],
             labels=self.labels[idx],
             soft=self.soft[idx],
-            families=None if self.families is None else self.families[idx],
+            family_codes=None if self.family_codes is None else self.family_codes[idx],
+            family_names=self.family_names,
         )
 
 
@@ -207,13 +209,20 @@ def _pack(
     padded[mask] = flat  # row-major boolean fill keeps each question's options in order
     target = np.zeros((n, width))
     target[mask] = flat_target
+    family_array = _as_strings(families, n, "families")
+    family_names: tuple[str, ...] = ()
+    family_codes = None
+    if family_array is not None:
+        names, family_codes = np.unique(family_array.astype(str), return_inverse=True)
+        family_names = tuple(str(x) for x in names)
     return _Batch(
         probs=padded,
         target=target,
         n_options=sizes,
         labels=lab,
         soft=soft,
-        families=_as_strings(families, n, "families"),
+        family_codes=family_codes,
+        family_names=family_names,
     )
 
 
@@ -242,15 +251,19 @@ def _accuracy(b: _Batch) -> float:
 
 
 def _per_family_accuracy(b: _Batch) -> dict[str, float]:
-    if b.families is None:
+    if b.family_codes is None:
         raise ValueError("families are required for per-family / family-macro accuracy")
-    correct = _predictions(b) == b.labels
+    size = len(b.family_names)
     hard = ~b.soft
-    out: dict[str, float] = {}
-    for family in sorted(set(b.families)):
-        rows = (b.families == family) & hard
-        out[family] = float(np.mean(correct[rows])) if rows.any() else math.nan
-    return out
+    present = np.bincount(b.family_codes, minlength=size)
+    n_hard = np.bincount(b.family_codes[hard], minlength=size)
+    n_right = np.bincount(b.family_codes[hard], weights=_predictions(b)[hard] == b.labels[hard], minlength=size)
+    # families absent from this (sub)set are left out; present but all-soft -> nan
+    return {
+        name: float(n_right[k] / n_hard[k]) if n_hard[k] else math.nan
+        for k, name in enumerate(b.family_names)
+        if present[k]
+    }
 
 
 def _family_macro_accuracy(b: _Batch) -> float:
@@ -360,11 +373,14 @@ def _safety_fnr(
 ) -> dict[str, float]:
     if isinstance(safety_families, str):
         raise ValueError(f"safety_families must be a sequence of family names, got the string {safety_families!r}")
-    if safety_families and b.families is None:
+    if safety_families and b.family_codes is None:
         raise ValueError("families are required to compute the safety false-negative rate")
     out: dict[str, float] = {}
     for family in safety_families:
-        rows = np.flatnonzero(b.families == family)
+        if family not in b.family_names:
+            out[family] = math.nan
+            continue
+        rows = np.flatnonzero(b.family_codes == b.family_names.index(family))
         if rows.size == 0:
             out[family] = math.nan
             continue
@@ -640,7 +656,12 @@ _PACKED: dict[Callable[..., float], Callable[..., float]] = {
 def _packed_impl(metric_fn: Callable[..., float]) -> Callable[[_Batch], float] | None:
     if metric_fn in _PACKED:
         return _PACKED[metric_fn]
-    if isinstance(metric_fn, functools.partial) and metric_fn.func in _PACKED and not metric_fn.args:
+    if (
+        isinstance(metric_fn, functools.partial)
+        and metric_fn.func in _PACKED
+        and not metric_fn.args
+        and set(metric_fn.keywords) <= {"n_bins", "budget"}  # the options the packed forms take
+    ):
         return functools.partial(_PACKED[metric_fn.func], **metric_fn.keywords)
     return None
 
@@ -731,7 +752,7 @@ def paired_delta(
     if len(record_ids) != n:
         raise ValueError(f"length mismatch: {n} probability vectors but {len(record_ids)} record_ids")
     records = np.asarray([str(r) for r in record_ids], dtype=object)
-    qt = _check_qtypes(qtypes, n)
+    _check_qtypes(qtypes, n)  # validated here; custom metrics receive the sequence as given
 
     impl = _packed_impl(metric_fn)
     if impl is not None:
@@ -762,7 +783,6 @@ def paired_delta(
             value_a = metric_fn([list_a[i] for i in pick], lab, **kwargs)
             return float(value_b) - float(value_a)
 
-    del qt  # validated only; custom metrics get the raw sequence
     point = float(delta_on(None))
 
     # Cluster layout, CSR style: the questions of cluster c are
