@@ -1,0 +1,1 @@
+"""The loop: failure mining, synthesis, hypotheses, the noise floor, promotion, the ledger."""

@@ -1,0 +1,309 @@
+"""The ledger: hypotheses, arms, rejected candidates, releases, all kept.
+
+Rules enforced here (``docs/rsi-rules.md``):
+
+1. A hypothesis is written before training, hashed and immutable: the file is
+   write-once, a second registration with other content is refused.
+3. A gate moves only as a recorded amendment, shown beside the original.
+4. The holdout is read once per release: the read is a write-once marker.
+5. Every arm, hypothesis and rejected candidate stays with its numbers.
+6. Release cards are never rewritten; corrections are appended as errata.
+
+Layout under ``<home>/loops/<task>/``::
+
+    ledger.jsonl                 append-only events (idempotent: an event id is its content hash)
+    hypotheses/<round>.json      write-once registered hypotheses
+    amendments/<round>-<n>.json  gate amendments
+    releases/<NNNN>/card.json    release cards (write-once) and card.md
+    releases/<NNNN>/holdout.json the one holdout read of the release
+    releases/<NNNN>/errata/<n>.json  appended corrections
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from envloop_pipelines.core.storage import atomic_write_bytes, canonical_json, envloop_home, sha256_bytes
+
+
+class LedgerError(RuntimeError):
+    """A loop rule was about to be broken."""
+
+
+class HypothesisImmutableError(LedgerError):
+    """A registered hypothesis would change."""
+
+
+class HoldoutAlreadyReadError(LedgerError):
+    """A second holdout read for the same release."""
+
+
+class ReleaseCardExistsError(LedgerError):
+    """A release card would be rewritten."""
+
+
+@dataclass(frozen=True)
+class Gate:
+    """The bar a candidate must clear, fixed before training.
+
+    A candidate is promoted when its paired delta on ``primary_metric`` (in the
+    registered direction) exceeds both ``min_delta`` and the noise floor times
+    ``floor_multiplier``, and the lower end of its CI is above zero.
+    """
+
+    primary_metric: str = "family_macro_accuracy"
+    direction: str = "increase"
+    min_delta: float = 0.0
+    floor_multiplier: float = 1.0
+    require_ci_above_zero: bool = True
+    #: Guards: calibrated ECE ceiling, safety FNR may not rise by more than this, families may not drop by
+    #: more than their own noise (their per-family floor, or ``family_drop_tolerance`` when none is measured).
+    max_ece: float = 0.08
+    max_safety_fnr_increase: float = 0.02
+    family_drop_tolerance: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.direction not in ("increase", "decrease"):
+            raise ValueError(f"gate.direction must be 'increase' or 'decrease', got {self.direction!r}")
+        for name in ("min_delta", "floor_multiplier", "max_ece", "max_safety_fnr_increase", "family_drop_tolerance"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"gate.{name} must be ≥ 0, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """A round's registered proposal: the change, the predicted effect, the gate, the seeds."""
+
+    task: str
+    round: str
+    benchmark_version: str
+    change: Mapping[str, Any]
+    predicted_delta: float
+    gate: Gate
+    seeds: tuple[int, ...]
+    recipe_hash: str
+    author: str = "auto"
+    rationale: str = ""
+    created_at: float = field(default_factory=time.time)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["seeds"] = list(self.seeds)
+        return d
+
+    @property
+    def hash(self) -> str:
+        """Content hash (the registration time is not part of the content)."""
+        body = self.to_dict()
+        body.pop("created_at")
+        return sha256_bytes(canonical_json(body))
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> "Hypothesis":
+        data = dict(raw)
+        data.pop("hash", None)
+        data["gate"] = Gate(**data["gate"])
+        data["seeds"] = tuple(data["seeds"])
+        return cls(**data)
+
+
+def _write_once(path: Path, payload: bytes) -> bool:
+    """Create ``path`` with ``payload`` unless it exists. True when written, False when it
+    already held exactly this payload; raise when it holds something else."""
+    if path.exists():
+        if path.read_bytes() == payload:
+            return False
+        raise FileExistsError(str(path))
+    atomic_write_bytes(path, payload)
+    return True
+
+
+class Ledger:
+    """The append-only record of one task's loop."""
+
+    def __init__(self, task: str, home: str | Path | None = None) -> None:
+        self.task = task
+        self.root = envloop_home(home) / "loops" / task
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.events_path = self.root / "ledger.jsonl"
+
+    # -- events ------------------------------------------------------------------------------
+    def append(self, kind: str, payload: Mapping[str, Any], *, key: str | None = None) -> dict[str, Any]:
+        """Append one event; an event with the same ``key`` (default: content hash) is written once.
+
+        Replaying a step after a crash therefore never duplicates an entry.
+        """
+        body = {"kind": kind, "task": self.task, **payload}
+        event_id = key or sha256_bytes(canonical_json(body))[:16]
+        for existing in self.events():
+            if existing.get("event_id") == event_id:
+                return existing
+        event = {"event_id": event_id, "at": time.time(), **body}
+        line = json.dumps(event, sort_keys=True, ensure_ascii=False, default=str) + "\n"
+        # One write() of one line with O_APPEND: concurrent appenders never interleave a line.
+        fd = os.open(self.events_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, line.encode("utf-8"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return event
+
+    def events(self, kind: str | None = None) -> Iterator[dict[str, Any]]:
+        if not self.events_path.exists():
+            return
+        with open(self.events_path, encoding="utf-8") as fh:
+            for line in fh:
+                if not line.strip():
+                    continue
+                try:
+                    event = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a torn last line from a crash mid-write is not an event
+                if kind is None or event.get("kind") == kind:
+                    yield event
+
+    # -- hypotheses --------------------------------------------------------------------------
+    def hypothesis_path(self, round_key: str) -> Path:
+        return self.root / "hypotheses" / f"{round_key}.json"
+
+    def register_hypothesis(self, hypothesis: Hypothesis) -> str:
+        """Write the hypothesis once; re-registering the same content is a no-op.
+
+        Raises:
+            HypothesisImmutableError: the round already has a different hypothesis.
+        """
+        path = self.hypothesis_path(hypothesis.round)
+        if path.exists():
+            existing = Hypothesis.from_dict(json.loads(path.read_text(encoding="utf-8")))
+            if existing.hash != hypothesis.hash:
+                raise HypothesisImmutableError(
+                    f"round {hypothesis.round} already registered hypothesis {existing.hash[:12]}; "
+                    f"a registered hypothesis is immutable (record an amendment instead)"
+                )
+            return existing.hash
+        body = {**hypothesis.to_dict(), "hash": hypothesis.hash}
+        atomic_write_bytes(path, (json.dumps(body, sort_keys=True, indent=2, ensure_ascii=False) + "\n").encode())
+        self.append("hypothesis_registered", {"round": hypothesis.round, "hash": hypothesis.hash,
+                                              "predicted_delta": hypothesis.predicted_delta,
+                                              "change": dict(hypothesis.change)},
+                    key=f"hypothesis:{hypothesis.round}")
+        return hypothesis.hash
+
+    def hypothesis(self, round_key: str) -> Hypothesis | None:
+        path = self.hypothesis_path(round_key)
+        if not path.exists():
+            return None
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        hyp = Hypothesis.from_dict(raw)
+        if hyp.hash != raw.get("hash"):
+            raise HypothesisImmutableError(f"{path}: content no longer matches its registered hash")
+        return hyp
+
+    def require_hypothesis(self, round_key: str) -> Hypothesis:
+        hyp = self.hypothesis(round_key)
+        if hyp is None:
+            raise LedgerError(
+                f"round {round_key} has no registered hypothesis; training refuses to start without one "
+                f"(materialize registered_hypothesis first)"
+            )
+        return hyp
+
+    def amend_gate(self, round_key: str, new_gate: Gate, reason: str) -> dict[str, Any]:
+        """Record a gate amendment (shown beside the original on the card)."""
+        if not reason.strip():
+            raise LedgerError("a gate amendment needs a reason")
+        original = self.require_hypothesis(round_key)
+        existing = sorted((self.root / "amendments").glob(f"{round_key}-*.json"))
+        body = {"round": round_key, "original_gate": asdict(original.gate), "amended_gate": asdict(new_gate),
+                "reason": reason, "hypothesis_hash": original.hash, "requires_fresh_seeds": True}
+        atomic_write_bytes(self.root / "amendments" / f"{round_key}-{len(existing) + 1}.json", canonical_json(body))
+        self.append("gate_amended", body)
+        return body
+
+    def amendments(self, round_key: str) -> list[dict[str, Any]]:
+        return [json.loads(p.read_text()) for p in sorted((self.root / "amendments").glob(f"{round_key}-*.json"))]
+
+    def effective_gate(self, round_key: str) -> Gate:
+        amendments = self.amendments(round_key)
+        if amendments:
+            return Gate(**amendments[-1]["amended_gate"])
+        return self.require_hypothesis(round_key).gate
+
+    # -- releases ----------------------------------------------------------------------------
+    def release_dir(self, release: int) -> Path:
+        return self.root / "releases" / f"{release:04d}"
+
+    def releases(self) -> list[dict[str, Any]]:
+        """Every release card, oldest first, with its errata."""
+        out = []
+        for card in sorted((self.root / "releases").glob("*/card.json")):
+            body = json.loads(card.read_text(encoding="utf-8"))
+            body["errata"] = [json.loads(p.read_text()) for p in sorted((card.parent / "errata").glob("*.json"))]
+            out.append(body)
+        return out
+
+    def next_release_number(self) -> int:
+        return len(list((self.root / "releases").glob("*/card.json"))) + 1
+
+    def read_holdout_once(self, release: int, read: Any) -> Any:
+        """Call ``read()`` for the release's one holdout read and record it.
+
+        Raises:
+            HoldoutAlreadyReadError: the release already consumed its holdout.
+        """
+        marker = self.release_dir(release) / "holdout.json"
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
+        except FileExistsError:
+            raise HoldoutAlreadyReadError(
+                f"release {release} already read the holdout ({marker}); each release reads it once"
+            ) from None
+        try:
+            result = read()
+            os.write(fd, canonical_json({"release": release, "at": time.time(), "result": result}))
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            marker.unlink(missing_ok=True)  # a failed read did not consume the holdout
+            raise
+        os.close(fd)
+        self.append("holdout_read", {"release": release}, key=f"holdout:{release}")
+        return result
+
+    def holdout_result(self, release: int) -> Any:
+        marker = self.release_dir(release) / "holdout.json"
+        return json.loads(marker.read_text())["result"] if marker.exists() else None
+
+    def write_release_card(self, release: int, card: Mapping[str, Any], markdown: str) -> Path:
+        """Write a release card once; an identical retry is a no-op, any change is refused."""
+        d = self.release_dir(release)
+        payload = (json.dumps(card, sort_keys=True, indent=2, ensure_ascii=False, default=str) + "\n").encode()
+        try:
+            _write_once(d / "card.json", payload)
+            _write_once(d / "card.md", markdown.encode("utf-8"))
+        except FileExistsError as exc:
+            raise ReleaseCardExistsError(f"release card {exc} exists and is never rewritten; append an erratum") from None
+        for path in (d / "card.json", d / "card.md"):
+            path.chmod(0o444)
+        self.append("release_promoted", {"release": release, "round": card.get("round"),
+                                         "checkpoint_sha256": card.get("checkpoint_sha256")}, key=f"release:{release}")
+        return d
+
+    def append_erratum(self, release: int, field_name: str, old: Any, new: Any, reason: str) -> dict[str, Any]:
+        """Correct a card by appending; the old value stays visible beside the new one."""
+        d = self.release_dir(release)
+        if not (d / "card.json").exists():
+            raise LedgerError(f"release {release} has no card")
+        n = len(list((d / "errata").glob("*.json"))) + 1
+        body = {"release": release, "erratum": n, "field": field_name, "old": old, "new": new, "reason": reason,
+                "at": time.time()}
+        atomic_write_bytes(d / "errata" / f"{n:03d}.json", canonical_json(body))
+        self.append("erratum", body)
+        return body

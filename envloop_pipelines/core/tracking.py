@@ -1,0 +1,172 @@
+"""Experiment tracking: MLflow is the system of record.
+
+An experiment per task; a parent run per round; child runs for the hypothesis,
+training and evaluation; a registered model per task whose alias ``champion``
+moves only on promotion. The default store is SQLite under the EnvLoop home;
+``MLFLOW_TRACKING_URI`` (or an explicit URI) selects a server.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Protocol
+
+from envloop_pipelines.core.storage import envloop_home
+
+log = logging.getLogger(__name__)
+
+CHAMPION_ALIAS = "champion"
+#: MLflow's own tag that nests a run under its parent in the UI.
+PARENT_RUN_TAG = "mlflow.parentRunId"
+
+
+def default_tracking_uri(home: str | Path | None = None) -> str:
+    """``$MLFLOW_TRACKING_URI`` if set, else SQLite under the EnvLoop home."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    path = envloop_home(home) / "mlflow.db"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path}"
+
+
+def default_artifact_root(home: str | Path | None = None) -> str:
+    return (envloop_home(home) / "mlartifacts").as_uri()
+
+
+@dataclass(frozen=True)
+class TrackedRun:
+    run_id: str
+    experiment_id: str
+    url: str
+
+
+class Tracker(Protocol):
+    """What the loop needs from a tracking system (MLflow is the real one)."""
+
+    def start_run(self, experiment: str, name: str, *, parent_run_id: str | None = None,
+                  tags: Mapping[str, str] | None = None) -> TrackedRun: ...
+    def log_params(self, run_id: str, params: Mapping[str, Any]) -> None: ...
+    def log_metrics(self, run_id: str, metrics: Mapping[str, float], step: int | None = None) -> None: ...
+    def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None: ...
+    def log_artifact(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None: ...
+    def end_run(self, run_id: str, status: str = "FINISHED") -> None: ...
+    def register_version(self, model_name: str, source: str, run_id: str, tags: Mapping[str, str] | None = None) -> str: ...
+    def set_champion(self, model_name: str, version: str) -> None: ...
+    def champion_version(self, model_name: str) -> str | None: ...
+
+
+class MlflowTracker:
+    """:class:`Tracker` over ``mlflow.MlflowClient`` (SQLite, Postgres or an HTTP server)."""
+
+    def __init__(self, tracking_uri: str | None = None, *, home: str | Path | None = None,
+                 ui_base_url: str | None = None) -> None:
+        from mlflow import MlflowClient
+
+        self.tracking_uri = tracking_uri or default_tracking_uri(home)
+        self.artifact_root = default_artifact_root(home)
+        self.client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
+        self.ui_base_url = ui_base_url or (self.tracking_uri if self.tracking_uri.startswith("http") else None)
+
+    # -- runs --------------------------------------------------------------------------------
+    def experiment_id(self, name: str) -> str:
+        exp = self.client.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        artifact_location = None if self.tracking_uri.startswith("http") else f"{self.artifact_root}/{name}"
+        try:
+            return self.client.create_experiment(name, artifact_location=artifact_location)
+        except Exception:  # noqa: BLE001 - a concurrent creator won the race: read it back
+            exp = self.client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return exp.experiment_id
+
+    def run_url(self, experiment_id: str, run_id: str) -> str:
+        if self.ui_base_url:
+            return f"{self.ui_base_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+        return f"{self.tracking_uri}#/experiments/{experiment_id}/runs/{run_id}"
+
+    def start_run(self, experiment: str, name: str, *, parent_run_id: str | None = None,
+                  tags: Mapping[str, str] | None = None) -> TrackedRun:
+        exp_id = self.experiment_id(experiment)
+        all_tags = {k: str(v) for k, v in (tags or {}).items()}
+        if parent_run_id:
+            all_tags[PARENT_RUN_TAG] = parent_run_id
+        run = self.client.create_run(exp_id, run_name=name, tags=all_tags)
+        return TrackedRun(run.info.run_id, exp_id, self.run_url(exp_id, run.info.run_id))
+
+    def find_run(self, experiment: str, tags: Mapping[str, str]) -> TrackedRun | None:
+        """The most recent run of ``experiment`` carrying all ``tags`` (for idempotent retries)."""
+        exp = self.client.get_experiment_by_name(experiment)
+        if exp is None:
+            return None
+        query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+        runs = self.client.search_runs([exp.experiment_id], filter_string=query, max_results=1,
+                                       order_by=["attributes.start_time DESC"])
+        if not runs:
+            return None
+        return TrackedRun(runs[0].info.run_id, exp.experiment_id, self.run_url(exp.experiment_id, runs[0].info.run_id))
+
+    def log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        existing = self.client.get_run(run_id).data.params
+        fresh = [Param(k, str(v)[:6000]) for k, v in params.items() if k not in existing]
+        if fresh:
+            self.client.log_batch(run_id, params=fresh)
+
+    def log_metrics(self, run_id: str, metrics: Mapping[str, float], step: int | None = None) -> None:
+        import math
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(k.replace("@", "_"), float(v), now, step or 0) for k, v in metrics.items()
+                 if v is not None and math.isfinite(float(v))]
+        if batch:
+            self.client.log_batch(run_id, metrics=batch)
+
+    def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
+        for k, v in tags.items():
+            self.client.set_tag(run_id, k, str(v))
+
+    def log_artifact(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
+        path = Path(path)
+        if path.is_dir():
+            self.client.log_artifacts(run_id, str(path), artifact_path)
+        else:
+            self.client.log_artifact(run_id, str(path), artifact_path)
+
+    def end_run(self, run_id: str, status: str = "FINISHED") -> None:
+        self.client.set_terminated(run_id, status=status)
+
+    def run_data(self, run_id: str) -> Any:
+        return self.client.get_run(run_id)
+
+    # -- registry ----------------------------------------------------------------------------
+    def register_version(self, model_name: str, source: str, run_id: str, tags: Mapping[str, str] | None = None) -> str:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.create_registered_model(model_name)
+        except MlflowException:
+            pass  # already registered
+        mv = self.client.create_model_version(model_name, source=source, run_id=run_id,
+                                              tags={k: str(v) for k, v in (tags or {}).items()})
+        return str(mv.version)
+
+    def set_champion(self, model_name: str, version: str) -> None:
+        self.client.set_registered_model_alias(model_name, CHAMPION_ALIAS, version)
+
+    def champion_version(self, model_name: str) -> str | None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return str(self.client.get_model_version_by_alias(model_name, CHAMPION_ALIAS).version)
+        except MlflowException:
+            return None
