@@ -165,5 +165,13 @@ def demo(seed: int) -> None:
     click.echo(f"done in {time.perf_counter() - started:.1f}s")
 
 
+def _register_subcommands() -> None:
+    from envloop_pipelines.cli_sandbox import sandbox
+
+    main.add_command(sandbox)
+
+
+_register_subcommands()
+
 if __name__ == "__main__":  # pragma: no cover
     main()

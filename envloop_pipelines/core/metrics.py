@@ -42,7 +42,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
-from scipy import stats
 
 #: Mirrors ``envloop_pipelines.core.records.QUESTION_TYPES`` (not imported: that
 #: module pulls pyarrow, this one stays numpy + scipy).
@@ -812,6 +811,8 @@ def paired_delta(
     if n_clusters < 2:  # one record: every resample is that record
         return result
     with warnings.catch_warnings():
+        from scipy import stats  # imported here: scipy.stats costs ~1 s to import, and only the bootstrap needs it
+
         warnings.simplefilter("ignore", stats.DegenerateDataWarning)
         boot = stats.bootstrap(
             (np.arange(n_clusters),),

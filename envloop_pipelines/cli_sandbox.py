@@ -1,0 +1,119 @@
+"""``envloop sandbox``: run a command or a verifier in the sandbox and print the typed result as JSON.
+
+    envloop sandbox exec [--backend local|docker|k8s] [--cpu-s N --mem-mb N --wall-s N ...] -- CMD ARGS
+    envloop sandbox verify --task NAME --split test --predictions FILE [--kind rule|grader] [--items]
+    envloop sandbox info
+
+Exit status: 0 when the command (or the verifier) ended ``ok``, 1 when it did
+not (the JSON says why: timeout, cpu_limit, memory_exceeded, ...), 2 for a
+usage error.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import click
+
+from envloop_pipelines.core.sandbox.base import BACKENDS, SandboxLimits
+
+
+def _echo_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+def _limits(base: SandboxLimits, **given: Any) -> SandboxLimits:
+    chosen = {k: v for k, v in given.items() if v is not None}
+    try:
+        return replace(base, **chosen)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _backend_options(backend: str, image: str | None) -> dict[str, Any]:
+    if image is None:
+        return {}
+    if backend == "local":
+        raise click.BadParameter("--image applies to the docker and k8s backends", param_hint="--image")
+    return {"image": image}
+
+
+@click.group()
+def sandbox() -> None:
+    """Run commands and verifiers in the sandbox (local process, docker, or a Kubernetes Job)."""
+
+
+@sandbox.command("exec", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--backend", type=click.Choice(BACKENDS), default="local", show_default=True)
+@click.option("--cpu-s", type=float, default=None, help="CPU seconds per process (default 10).")
+@click.option("--mem-mb", type=int, default=None, help="Address space (local) or memory (docker, k8s) in MiB (default 2048).")
+@click.option("--wall-s", type=float, default=None, help="Wall-clock seconds for the whole run (default 30).")
+@click.option("--fsize-mb", type=int, default=None, help="Largest file the command may write, MiB (default 64).")
+@click.option("--nproc", type=int, default=None, help="Processes and threads (default 64).")
+@click.option("--nofile", type=int, default=None, help="Open files per process (default 256).")
+@click.option("--stdin", "stdin_path", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Feed this file to the command's stdin.")
+@click.option("--workdir", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="Run in this directory and keep its changes (default: a fresh temporary one).")
+@click.option("--image", default=None, help="Container image (docker, k8s).")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def sandbox_exec(backend: str, cpu_s: float | None, mem_mb: int | None, wall_s: float | None, fsize_mb: int | None,
+                 nproc: int | None, nofile: int | None, stdin_path: Path | None, workdir: Path | None, image: str | None,
+                 command: tuple[str, ...]) -> None:
+    """Run COMMAND in the sandbox and print its typed result (status, exit code, limits, output tails) as JSON."""
+    from envloop_pipelines.core.sandbox import make_sandbox
+
+    limits = _limits(SandboxLimits(), cpu_s=cpu_s, mem_mb=mem_mb, wall_s=wall_s, fsize_mb=fsize_mb, nproc=nproc, nofile=nofile)
+    box = make_sandbox(backend, limits=limits, **_backend_options(backend, image))
+    result = box.run(list(command), stdin=stdin_path.read_bytes() if stdin_path else None, workdir=workdir)
+    _echo_json(result.to_dict(include_channel=False))
+    sys.exit(0 if result.ok else 1)
+
+
+@sandbox.command("verify")
+@click.option("--task", required=True, help="Task name.")
+@click.option("--split", default="test", show_default=True, type=click.Choice(("train", "val", "dev", "test", "holdout")))
+@click.option("--predictions", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Predictions file (.parquet or .jsonl: record_id, question_id, option_keys, probs).")
+@click.option("--kind", type=click.Choice(("rule", "grader")), default="rule", show_default=True)
+@click.option("--grader", default="text_match", show_default=True, help="Scoring model of the grader kind.")
+@click.option("--snapshot", "snapshot_id", default=None, help="Snapshot id (default: the task's current one).")
+@click.option("--home", type=click.Path(file_okay=False, path_type=Path), default=None, help="EnvLoop home.")
+@click.option("--backend", type=click.Choice(("local", "docker")), default="local", show_default=True)
+@click.option("--image", default=None, help="Verifier image (docker).")
+@click.option("--wall-s", type=float, default=None, help="Wall-clock limit of the worker.")
+@click.option("--mem-mb", type=int, default=None, help="Memory limit of the worker, MiB.")
+@click.option("--items/--no-items", default=False, show_default=True, help="Include the per-item scores.")
+def sandbox_verify(task: str, split: str, predictions: Path, kind: str, grader: str, snapshot_id: str | None,
+                   home: Path | None, backend: str, image: str | None, wall_s: float | None, mem_mb: int | None,
+                   items: bool) -> None:
+    """Score PREDICTIONS on TASK's SPLIT with a verifier worker in the sandbox; print the report as JSON."""
+    from envloop_pipelines.core.sandbox import make_sandbox
+    from envloop_pipelines.core.verify.runner import DEFAULT_WORKER_LIMITS, VerifierRunner, verify_task
+
+    limits = _limits(DEFAULT_WORKER_LIMITS, wall_s=wall_s, mem_mb=mem_mb)
+    runner = VerifierRunner(make_sandbox(backend, limits=limits, **_backend_options(backend, image)), limits=limits)
+    try:
+        run = verify_task(task, split, predictions, kind=kind, snapshot_id=snapshot_id, home=home, runner=runner,
+                          grader=grader)
+    except FileNotFoundError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    _echo_json(run.to_dict(include_items=items))
+    sys.exit(0 if run.ok else 1)
+
+
+@sandbox.command("info")
+@click.option("--backend", type=click.Choice(BACKENDS), default="local", show_default=True)
+def sandbox_info(backend: str) -> None:
+    """What the backend can enforce on this host (network namespace, masking, uid switch, engine)."""
+    from envloop_pipelines.core.sandbox import make_sandbox
+
+    _echo_json(make_sandbox(backend).capabilities())
+
+
+__all__ = ["sandbox"]

@@ -1,0 +1,845 @@
+"""The local sandbox: a fresh, limited, isolated process on this machine.
+
+Threat model
+============
+
+The sandbox runs code we do not trust: a candidate's shell answer, a verifier
+worker parsing a predictions file a candidate wrote, a check script fed the
+state a candidate left. It must keep that code from reading the hidden labels,
+from planting a reward, from reaching the network, and from taking the machine
+down with it.
+
+Covered (when the host allows it; every run reports what it got):
+
+* **A fresh process** per run, ``start_new_session`` (its own session and
+  process group), with a **scrubbed environment** (PATH, HOME/TMPDIR in the
+  working directory, locale, thread counts; nothing of the caller's, so no
+  tokens or ``MLFLOW_TRACKING_URI`` leak in) and a **temporary working
+  directory** (or the caller's state directory for terminal-state checks).
+* **rlimits** set before ``exec``: address space (RLIMIT_AS), CPU seconds
+  (RLIMIT_CPU: SIGXCPU, SIGKILL a second later), file size (RLIMIT_FSIZE),
+  open files (RLIMIT_NOFILE), processes (RLIMIT_NPROC) and no core files.
+* **A wall-clock limit** that kills the whole process group and then every
+  process of the run's uid, so a child that called ``setsid`` to leave the
+  group dies too; the same sweep runs after a normal exit, so background jobs
+  never outlive the run (``processes_killed`` counts them).
+* **A fresh uid per run** (when we are root): the command runs as an
+  unprivileged uid nobody else uses (``setresuid``/``setresgid``, no
+  supplementary groups, ``PR_SET_NO_NEW_PRIVS`` so set-uid binaries gain
+  nothing). RLIMIT_NPROC counts processes per uid, so a fresh uid makes the
+  process limit exact and the cleanup sweep precise; the uid owns only the
+  working directory.
+* **No network**: a new network namespace (``unshare(CLONE_NEWNET)``) holding
+  only a loopback interface that is down, so connect, DNS and even
+  ``127.0.0.1`` (the MLflow server, the Dagster daemon) fail. Where the host
+  refuses the namespace (EPERM in an unprivileged container) the result says
+  ``network_isolated: false``; nothing pretends.
+* **Hidden files**: a new mount namespace (private propagation, so nothing
+  leaks back to the host) mounts an empty, read-only, mode-000 tmpfs over each
+  hidden path (by default ``<ENVLOOP_HOME>/verifier``, where the test and
+  holdout labels live) and a private tmpfs over ``/tmp``, ``/var/tmp`` and
+  ``/dev/shm`` (only the working directory and the interpreter's paths are
+  bound back in), so nothing a run writes outlives it there. **Why a mount
+  namespace and not only permissions**: the label files are written 0444 by
+  :mod:`envloop_pipelines.core.snapshots`, so "other" may read them wherever
+  the directories above are traversable; masking does not depend on how the
+  EnvLoop home was created. Directories the interpreter needs that are not
+  world-traversable (a pyenv Python under ``/root``) are exposed the same way:
+  a tmpfs over the ancestor with only the needed paths bound back, which also
+  hides the rest of ``/root``.
+* **The verifier gets its labels through a pipe**, never a path: the parent
+  reads the label file and writes the bytes to the worker's stdin, so the
+  worker needs no filesystem access to the labels and the masking above holds
+  for it too.
+* **The result channel** is a pipe the parent owns (``$ENVLOOP_RESULT_FD``),
+  opened only when the caller asks for it; the verdict never comes from a file
+  in the writable working directory, so a planted ``reward.json`` is ignored.
+* **Files the parent writes** into a working directory a previous run owned
+  are opened with ``O_NOFOLLOW`` through non-symlink directories, and the
+  ownership hand-over never follows a symlink nor touches a file with more
+  than one hard link, so a planted link cannot redirect root's writes.
+* **Typed results**: crashes, timeouts, limits and setup failures come back
+  as a :class:`~envloop_pipelines.core.sandbox.base.SandboxResult`, never as
+  an exception that ends the round.
+
+Not covered:
+
+* **Kernel exploits and side channels.** This is process isolation on a shared
+  kernel, not a VM; no seccomp filter narrows the syscalls. Use the docker or
+  k8s backend (or gVisor/Kata under them) where that matters.
+* **World-readable files** other than the hidden and masked paths (``/etc``,
+  the repository, the virtualenv) are readable; world-writable places outside
+  ``/tmp``, ``/var/tmp`` and ``/dev/shm`` (e.g. ``/run/lock``) stay writable.
+* **Disk use** is bounded per file (RLIMIT_FSIZE) and by the private tmpfs
+  size (``fsize_mb`` each), not in total inside the working directory (many files of the maximum
+  size are possible); use a quota or the docker backend's tmpfs size.
+* **Memory** is bounded per process as address space, not as resident memory
+  of the whole tree (cgroup v1 here; no per-run memory cgroup). ``nproc`` x
+  ``mem_mb`` is the worst case.
+* **CPU** is bounded per process; a tree of processes shares the wall limit.
+* **/proc** is the host's (no PID namespace): process lists and command lines
+  of other users are visible (not their environments or file descriptors), and
+  the killed processes' zombies are reaped by the host's init.
+* ``preexec_fn`` runs in the forked child of a possibly multi-threaded parent,
+  which CPython warns may deadlock if another thread held a lock at fork time.
+  The child only makes syscalls (unshare, mount, setrlimit, setresuid, prctl)
+  on values prepared in the parent; 64 runs from 8 threads did not hang here,
+  but the caveat stands (a small exec'd helper would remove it).
+* **Without root** there is no uid switch, no namespaces and no uid sweep (the
+  process-group kill still runs; RLIMIT_NPROC is then the caller's count plus
+  ``nproc``); the result flags say so, and ``strict=True`` refuses to run.
+* ``memory_exceeded`` is recognised from the command's own report
+  (``MemoryError``, ``bad_alloc``, ``Cannot allocate memory``), since RLIMIT_AS
+  makes allocations fail rather than killing the process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import itertools
+import logging
+import os
+import resource
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from envloop_pipelines.core.sandbox.base import (
+    RESULT_FD_ENV,
+    SandboxLimits,
+    SandboxResult,
+    SandboxStatus,
+    setup_error,
+)
+from envloop_pipelines.core.storage import envloop_home
+
+log = logging.getLogger(__name__)
+
+# <sched.h>, <sys/mount.h>, <sys/prctl.h>
+CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWNET = 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+
+#: Fresh uids come from here: above the usual subuid ranges (100000 + 65536 * k for a few users).
+DEFAULT_UID_RANGE: tuple[int, int] = (1_200_000, 1_000_000)
+#: Places every uid may write to; each gets a private tmpfs in the run's mount namespace.
+PRIVATE_TMP_DIRS: tuple[str, ...] = ("/tmp", "/var/tmp", "/dev/shm")
+_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_MEMORY_MARKERS = ("MemoryError", "std::bad_alloc", "Cannot allocate memory", "out of memory", "xmalloc: cannot allocate",
+                   "failed to map segment from shared object")
+_FSIZE_MARKERS = ("File too large", "[Errno 27]", "File size limit exceeded")
+_CPU_MARKERS = ("CPU time limit exceeded",)  # a shell reporting its child's SIGXCPU (exit 152)
+_uid_counter = itertools.count()
+_uid_lock = threading.Lock()
+
+
+# --------------------------------------------------------------------------- libc
+
+
+@functools.lru_cache(maxsize=1)
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+    libc.unshare.argtypes = [ctypes.c_int]
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    return libc
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _mount(source: bytes | None, target: bytes, fstype: bytes | None, flags: int, data: bytes | None) -> None:
+    _check(_libc().mount(source, target, fstype, flags, data), f"mount {target!r}")
+
+
+# --------------------------------------------------------------------------- host support
+
+
+@dataclass(frozen=True)
+class HostSupport:
+    """What the local backend can enforce on this host (probed once per process)."""
+
+    root: bool
+    network_namespace: bool
+    mount_namespace: bool
+    setuid: bool
+    detail: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"root": self.root, "network_namespace": self.network_namespace,
+                "mount_namespace": self.mount_namespace, "setuid": self.setuid, "detail": self.detail}
+
+
+def _probe(preexec: Callable[[], None]) -> str | None:
+    """Run ``true`` with ``preexec``; None when it worked, else the reason."""
+    try:
+        subprocess.run(["/bin/sh", "-c", ":"], preexec_fn=preexec, check=True, timeout=10,
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except (subprocess.SubprocessError, OSError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def probe_host() -> HostSupport:
+    """Try each isolation mechanism once in a throw-away child and remember the answer."""
+    libc = _libc()
+    reasons: list[str] = []
+
+    def netns() -> None:
+        _check(libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+
+    def mountns() -> None:
+        _check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+        _mount(None, b"/", None, MS_REC | MS_PRIVATE, None)
+        _mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, b"size=4k")
+
+    def setuid() -> None:
+        os.setresgid(DEFAULT_UID_RANGE[0], DEFAULT_UID_RANGE[0], DEFAULT_UID_RANGE[0])
+        os.setresuid(DEFAULT_UID_RANGE[0], DEFAULT_UID_RANGE[0], DEFAULT_UID_RANGE[0])
+
+    results = {}
+    for name, fn in (("network_namespace", netns), ("mount_namespace", mountns), ("setuid", setuid)):
+        reason = _probe(fn)
+        results[name] = reason is None
+        if reason:
+            reasons.append(f"{name}: {reason}")
+    support = HostSupport(root=os.geteuid() == 0, detail="; ".join(reasons) or "all mechanisms available", **results)
+    log.info("local sandbox host support: %s", support.as_dict())
+    return support
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def _world_traversable(path: Path) -> bool:
+    try:
+        return bool(os.stat(path).st_mode & stat.S_IXOTH)
+    except OSError:
+        return False
+
+
+def _is_under(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def _minimal(paths: Sequence[Path]) -> list[Path]:
+    """Drop paths that lie under another path of the list."""
+    out: list[Path] = []
+    for p in sorted(set(paths), key=lambda x: len(x.parts)):
+        if not any(_is_under(p, q) for q in out):
+            out.append(p)
+    return out
+
+
+def interpreter_paths() -> list[Path]:
+    """Paths the project's Python needs to start and import ``envloop_pipelines``."""
+    import envloop_pipelines
+
+    candidates = [Path(sys.prefix), Path(sys.base_prefix), Path(os.path.realpath(sys.executable)).parent,
+                  Path(envloop_pipelines.__file__).resolve().parent.parent]
+    candidates += [Path(p) for p in sys.path if p and os.path.isdir(p)]
+    return [p.resolve() for p in candidates if p.exists()]
+
+
+@dataclass(frozen=True)
+class _Overlay:
+    """A tmpfs over ``target`` with ``keep`` (absolute host paths under it) bound back in."""
+
+    target: Path
+    options: str
+    keep: tuple[Path, ...]
+    read_only: bool
+
+
+def _plan_overlays(keep: Sequence[Path], private_tmp: bool, tmp_size_mb: int) -> list[_Overlay]:
+    keep = _minimal([p.resolve() for p in keep if p.exists()])
+    targets: dict[Path, tuple[str, bool]] = {}
+    if private_tmp:
+        for name in PRIVATE_TMP_DIRS:
+            path = Path(name)
+            if path.is_dir() and not path.is_symlink():
+                targets[path.resolve()] = (f"size={tmp_size_mb}m,mode=1777", False)
+    # The topmost ancestor of a needed path that "other" cannot traverse (``/root`` 0700 with a
+    # pyenv Python inside): a read-only tmpfs over it with only the needed paths bound back.
+    for path in keep:
+        for ancestor in reversed(path.parents):
+            if ancestor != Path("/") and not _world_traversable(ancestor):
+                if not any(_is_under(ancestor, t) for t in targets):
+                    targets[ancestor] = ("size=64k,mode=755", True)
+                break
+    overlays = []
+    for target, (options, read_only) in sorted(targets.items(), key=lambda kv: len(kv[0].parts)):
+        inside = tuple(p for p in keep if p != target and _is_under(p, target))
+        overlays.append(_Overlay(target, options, inside, read_only))
+    return overlays
+
+
+# --------------------------------------------------------------------------- the child's setup
+
+
+class _ChildSetup:
+    """The ``preexec_fn``: namespaces, mounts, rlimits, then the uid switch, in that order.
+
+    Runs in the forked child before ``exec``; everything it needs is computed
+    in the parent, and a failure is written to ``error_fd`` before re-raising
+    (subprocess only says "Exception occurred in preexec_fn").
+    """
+
+    def __init__(
+        self,
+        *,
+        unshare_flags: int,
+        mount_ns: bool,
+        overlays: Sequence[_Overlay],
+        hidden: Sequence[Path],
+        rlimits: Sequence[tuple[int, tuple[int, int]]],
+        uid: int | None,
+        error_fd: int,
+    ) -> None:
+        self.unshare_flags = unshare_flags
+        self.mount_ns = mount_ns
+        self.overlays = [
+            (os.fsencode(o.target), o.options.encode(), [(os.fsencode(k), os.fsencode(k.relative_to(o.target))) for k in o.keep], o.read_only)
+            for o in overlays
+        ]
+        self.hidden = [os.fsencode(p) for p in hidden]
+        self.rlimits = list(rlimits)
+        self.uid = uid
+        self.error_fd = error_fd
+        self.libc = _libc()
+
+    def __call__(self) -> None:
+        try:
+            self._setup()
+        except BaseException as exc:  # report, then fail the spawn
+            try:
+                os.write(self.error_fd, f"{type(exc).__name__}: {exc}".encode()[:4000])
+            except OSError:
+                pass
+            raise
+
+    def _setup(self) -> None:
+        if self.unshare_flags:
+            _check(self.libc.unshare(self.unshare_flags), f"unshare({self.unshare_flags:#x})")
+        if self.mount_ns:
+            # Private propagation first: nothing mounted below reaches the host's namespace.
+            _mount(None, b"/", None, MS_REC | MS_PRIVATE, None)
+            for target, options, keep, read_only in self.overlays:
+                # Open the kept paths before the tmpfs covers them; bind them back through the fd.
+                fds = [(os.open(src, os.O_PATH), rel, os.path.isdir(src)) for src, rel in keep]
+                _mount(b"tmpfs", target, b"tmpfs", MS_NOSUID | MS_NODEV, options)
+                for fd, rel, is_dir in fds:
+                    dest = os.path.join(target, rel)
+                    if is_dir:
+                        os.makedirs(dest, mode=0o755, exist_ok=True)
+                    else:
+                        os.makedirs(os.path.dirname(dest), mode=0o755, exist_ok=True)
+                        os.close(os.open(dest, os.O_CREAT | os.O_WRONLY, 0o644))
+                    _mount(f"/proc/self/fd/{fd}".encode(), dest, None, MS_BIND | MS_REC, None)
+                    os.close(fd)
+                if read_only:
+                    _mount(None, target, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, options)
+            for path in self.hidden:
+                if not os.path.lexists(path):
+                    continue  # under a private tmpfs already: nothing there to read
+                if os.path.isdir(path):
+                    _mount(b"tmpfs", path, b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, b"size=4k,mode=000")
+                else:
+                    _mount(b"/dev/null", path, None, MS_BIND, None)
+                    _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY, None)
+        for which, limit in self.rlimits:
+            resource.setrlimit(which, limit)
+        if self.uid is not None:
+            os.setgroups([])
+            os.setresgid(self.uid, self.uid, self.uid)
+            os.setresuid(self.uid, self.uid, self.uid)
+        _check(self.libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
+        # After the uid switch: a credential change clears the parent-death signal.
+        _check(self.libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
+
+
+# --------------------------------------------------------------------------- I/O
+
+
+class _Tail:
+    """Drains a pipe, keeping the last ``keep`` bytes and the total count."""
+
+    def __init__(self, fd: int, keep: int) -> None:
+        self.fd, self.keep = fd, keep
+        self.buf = bytearray()
+        self.total = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while chunk := os.read(self.fd, 65536):
+                self.total += len(chunk)
+                self.buf += chunk
+                if len(self.buf) > 2 * self.keep:
+                    del self.buf[: len(self.buf) - self.keep]
+        except OSError:
+            pass
+
+    def text(self) -> str:
+        return bytes(self.buf[-self.keep:]).decode("utf-8", errors="replace")
+
+
+class _Channel:
+    """Drains the result pipe up to ``cap`` bytes; more is recorded as an overflow, never cut silently."""
+
+    def __init__(self, fd: int, cap: int) -> None:
+        self.fd, self.cap = fd, cap
+        self.buf = bytearray()
+        self.overflow = False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while chunk := os.read(self.fd, 1 << 20):
+                if len(self.buf) + len(chunk) > self.cap:
+                    self.overflow = True  # keep draining so the writer never blocks
+                    continue
+                self.buf += chunk
+        except OSError:
+            pass
+
+
+def _feed(fd: int, data: bytes) -> threading.Thread:
+    def run() -> None:
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+        except OSError:
+            pass  # the command closed stdin or died; its status says why
+        finally:
+            os.close(fd)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _processes_of(uid: int) -> list[int]:
+    """Live (non-zombie) processes whose real or effective uid is ``uid``."""
+    out = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/status", "rb") as fh:
+                text = fh.read()
+        except OSError:
+            continue
+        state = uids = None
+        for line in text.split(b"\n"):
+            if line.startswith(b"State:"):
+                state = line.split()[1]
+            elif line.startswith(b"Uid:"):
+                uids = line.split()[1:3]
+                break
+        if uids and state != b"Z" and str(uid).encode() in uids:
+            out.append(int(entry.name))
+    return out
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _sweep_uid(uid: int, deadline_s: float = 5.0) -> set[int]:
+    """SIGKILL every process of ``uid`` until none is left; returns the pids killed."""
+    killed: set[int] = set()
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        pids = _processes_of(uid)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.01)
+    return killed
+
+
+def _count_tasks_of_self() -> int:
+    """Threads of every process of our uid: RLIMIT_NPROC counts tasks, not processes."""
+    total = 0
+    for pid in _processes_of(os.getuid()):
+        try:
+            total += len(os.listdir(f"/proc/{pid}/task"))
+        except OSError:
+            continue
+    return total
+
+
+def _allocate_uid(uid_range: tuple[int, int]) -> int:
+    base, span = uid_range
+    with _uid_lock:
+        for _ in range(64):
+            uid = base + (os.getpid() * 7919 + next(_uid_counter) * 104729) % span
+            if not _processes_of(uid):
+                return uid
+    raise RuntimeError(f"no free uid in [{base}, {base + span}) after 64 tries")
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _safe_write(root: Path, rel: str, data: bytes) -> None:
+    """Write ``root/rel`` without following any symlink a previous run may have planted."""
+    parts = Path(rel).parts
+    if not parts or Path(rel).is_absolute() or ".." in parts:
+        raise ValueError(f"file name {rel!r} must be a relative path inside the working directory")
+    current = root
+    for part in parts[:-1]:
+        current = current / part
+        if current.is_symlink():
+            raise ValueError(f"{current} is a symlink; refusing to write through it")
+        current.mkdir(exist_ok=True)
+    fd = os.open(current / parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+
+
+def _chown_tree(root: Path, uid: int) -> None:
+    """Give the run's uid its working directory.
+
+    Never follows symlinks and skips files with more than one hard link: a
+    previous run's link to a file outside the directory must not make us
+    change that file's owner.
+    """
+    os.chown(root, uid, uid, follow_symlinks=False)
+    os.chmod(root, 0o700)
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode) or (not stat.S_ISDIR(st.st_mode) and st.st_nlink > 1):
+                continue
+            os.chown(path, uid, uid, follow_symlinks=False)
+
+
+# --------------------------------------------------------------------------- the backend
+
+
+def classify(
+    *,
+    exit_code: int | None,
+    sig: int | None,
+    cpu_s: float,
+    limits: SandboxLimits,
+    timed_out: bool,
+    stderr: str,
+    stdout: str = "",
+) -> tuple[SandboxStatus, str]:
+    """Name what ended a run, most specific cause first."""
+    if timed_out:
+        return "timeout", f"killed at the wall limit of {limits.wall_s:g}s"
+    if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_s >= limits.cpu_s - 0.05):
+        return "cpu_limit", f"CPU limit of {limits.cpu_s:g}s reached (used {cpu_s:.2f}s)"
+    if sig == signal.SIGXFSZ:
+        return "file_size_exceeded", f"wrote past the file size limit of {limits.fsize_mb} MiB (SIGXFSZ)"
+    if exit_code == 0 and sig is None:
+        return "ok", "exited 0"
+    text = stderr + "\n" + stdout
+    if exit_code == 128 + signal.SIGXCPU and any(m in text for m in _CPU_MARKERS):
+        return "cpu_limit", f"a child reached the CPU limit of {limits.cpu_s:g}s (SIGXCPU)"
+    if any(m in text for m in _MEMORY_MARKERS):
+        return "memory_exceeded", f"an allocation failed under the address-space limit of {limits.mem_mb} MiB"
+    if any(m in text for m in _FSIZE_MARKERS):
+        return "file_size_exceeded", f"a write failed at the file size limit of {limits.fsize_mb} MiB (EFBIG)"
+    if sig is not None:
+        return "killed", f"killed by signal {signal.Signals(sig).name if sig in signal.valid_signals() else sig}"
+    return "error", f"exited {exit_code}"
+
+
+class LocalSandbox:
+    """Runs commands in a fresh, limited, isolated process on this machine (see the threat model above).
+
+    Args:
+        limits: default limits of a run.
+        isolate_network: run in a new network namespace where the host allows it.
+        mask_paths: mask the hidden paths in the run's mount namespace (the namespace itself is used
+            whenever the host allows it: it also exposes the interpreter and gives private temp dirs).
+        switch_uid: run as a fresh unprivileged uid (root only).
+        hidden_paths: paths never readable inside; None means ``<ENVLOOP_HOME>/verifier``,
+            resolved at each run (never at import time).
+        readable_paths: paths the command must reach even below a directory "other" cannot
+            traverse (the interpreter's paths are always included).
+        private_tmp: a private tmpfs over ``/tmp``, ``/var/tmp``, ``/dev/shm`` (the working directory and
+            the interpreter's paths are bound back in).
+        work_root: where temporary working directories are made (default: the system temp dir).
+        uid_range: ``(first, count)`` of the uids handed out per run.
+        strict: refuse to run (status ``error``) when network isolation or masking is unavailable.
+    """
+
+    backend = "local"
+
+    def __init__(
+        self,
+        limits: SandboxLimits | None = None,
+        *,
+        isolate_network: bool = True,
+        mask_paths: bool = True,
+        switch_uid: bool = True,
+        hidden_paths: Sequence[str | Path] | None = None,
+        readable_paths: Sequence[str | Path] = (),
+        private_tmp: bool = True,
+        work_root: str | Path | None = None,
+        uid_range: tuple[int, int] = DEFAULT_UID_RANGE,
+        strict: bool = False,
+    ) -> None:
+        self.limits = limits or SandboxLimits()
+        self.isolate_network = isolate_network
+        self.mask_paths = mask_paths
+        self.switch_uid = switch_uid
+        self.hidden_paths = None if hidden_paths is None else tuple(Path(p) for p in hidden_paths)
+        self.readable_paths = tuple(Path(p) for p in readable_paths)
+        self.private_tmp = private_tmp
+        self.work_root = None if work_root is None else Path(work_root)
+        if len(uid_range) != 2 or uid_range[0] < 1000 or uid_range[1] < 1:
+            raise ValueError(f"uid_range must be (first >= 1000, count >= 1), got {uid_range!r}")
+        self.uid_range = uid_range
+        self.strict = strict
+
+    def capabilities(self) -> dict[str, Any]:
+        support = probe_host()
+        return {
+            "backend": self.backend,
+            **support.as_dict(),
+            "network_isolated": self.isolate_network and support.network_namespace,
+            "hidden_paths_masked": self.mask_paths and support.mount_namespace,
+            "private_tmp": self.private_tmp and support.mount_namespace,
+            "uid_switch": self.switch_uid and support.setuid,
+        }
+
+    def _hidden(self, extra: Sequence[str | Path]) -> list[Path]:
+        base = [envloop_home() / "verifier"] if self.hidden_paths is None else list(self.hidden_paths)
+        # Resolved: the mount lands on the real directory, whatever alias a command uses to reach it.
+        return [Path(p).resolve() for p in [*base, *extra]]
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        limits: SandboxLimits | None = None,
+        stdin: bytes | None = None,
+        workdir: str | Path | None = None,
+        files: Mapping[str, bytes] | None = None,
+        env: Mapping[str, str] | None = None,
+        result_channel: bool = False,
+        hidden_paths: Sequence[str | Path] = (),
+    ) -> SandboxResult:
+        """Run ``argv``; see :meth:`envloop_pipelines.core.sandbox.base.Sandbox.run`."""
+        limits = limits or self.limits
+        if not argv:
+            return setup_error(self.backend, "empty command", limits)
+        support = probe_host()
+        net = self.isolate_network and support.network_namespace
+        # The mount namespace also exposes the interpreter below /root and gives private temp dirs,
+        # so it is used whenever the host allows it; mask_paths only decides the hidden-path masks.
+        mount_ns = support.mount_namespace
+        masked = mount_ns and self.mask_paths
+        uid = None
+        if self.switch_uid and support.setuid:
+            try:
+                uid = _allocate_uid(self.uid_range)
+            except RuntimeError as exc:
+                return setup_error(self.backend, str(exc), limits)
+        if self.strict and not (net and masked):
+            return setup_error(self.backend, f"strict sandbox refused: host support {support.as_dict()}", limits)
+
+        own_dir = workdir is None
+        try:
+            work = Path(tempfile.mkdtemp(prefix="envloop-sandbox-", dir=self.work_root)) if own_dir else Path(workdir).resolve()
+        except OSError as exc:
+            return setup_error(self.backend, f"working directory: {exc}", limits)
+        try:
+            hidden = self._hidden(hidden_paths) if self.mask_paths else []
+            return self._run(argv, limits, stdin, work, files or {}, env or {}, result_channel, hidden, net, mount_ns,
+                             masked, uid)
+        finally:
+            if own_dir:
+                shutil.rmtree(work, ignore_errors=True)
+
+    def _run(
+        self,
+        argv: Sequence[str],
+        limits: SandboxLimits,
+        stdin: bytes | None,
+        work: Path,
+        files: Mapping[str, bytes],
+        extra_env: Mapping[str, str],
+        result_channel: bool,
+        hidden: list[Path],
+        net: bool,
+        mount_ns: bool,
+        masked: bool,
+        uid: int | None,
+    ) -> SandboxResult:
+        def fail(detail: str) -> SandboxResult:
+            return setup_error(self.backend, detail, limits)
+
+        if not work.is_dir():
+            return fail(f"working directory {work} does not exist")
+        covering = [h for h in hidden if _is_under(work, h)]
+        if covering:
+            return fail(f"hidden path {covering[0]} contains the working directory {work}")
+        try:
+            for rel, data in files.items():
+                _safe_write(work, rel, data)
+            if uid is not None:
+                _chown_tree(work, uid)
+        except (OSError, ValueError) as exc:
+            return fail(f"preparing {work}: {exc}")
+
+        env = {
+            # The project's interpreter first, so `python` means the one that has our packages.
+            "PATH": f"{os.path.dirname(sys.executable)}:{_PATH}",
+            "HOME": str(work), "TMPDIR": str(work), "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
+            "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1",
+            # One BLAS/OpenMP thread: threads count against RLIMIT_NPROC and the cores are shared.
+            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+            **{str(k): str(v) for k, v in extra_env.items()},
+        }
+        mb = 1024 * 1024
+        nproc = limits.nproc if uid is not None else _count_tasks_of_self() + limits.nproc
+        cpu = max(1, int(round(limits.cpu_s)))
+        rlimits = [
+            (resource.RLIMIT_AS, (limits.mem_mb * mb, limits.mem_mb * mb)),
+            (resource.RLIMIT_CPU, (cpu, cpu + 1)),  # SIGXCPU at the limit, SIGKILL a second later
+            (resource.RLIMIT_FSIZE, (limits.fsize_mb * mb, limits.fsize_mb * mb)),
+            (resource.RLIMIT_NOFILE, (limits.nofile, limits.nofile)),
+            (resource.RLIMIT_NPROC, (nproc, nproc)),
+            (resource.RLIMIT_CORE, (0, 0)),
+        ]
+        overlays = _plan_overlays([*interpreter_paths(), *self.readable_paths, work], self.private_tmp,
+                                  limits.fsize_mb) if mount_ns else []
+        flags = (CLONE_NEWNET if net else 0) | (CLONE_NEWNS | CLONE_NEWIPC if mount_ns else 0)
+
+        err_r, err_w = os.pipe()
+        chan_r = chan_w = -1
+        pass_fds: tuple[int, ...] = ()
+        if result_channel:
+            chan_r, chan_w = os.pipe()
+            env[RESULT_FD_ENV] = str(chan_w)
+            pass_fds = (chan_w,)
+        setup = _ChildSetup(unshare_flags=flags, mount_ns=mount_ns, overlays=overlays, hidden=hidden,
+                            rlimits=rlimits, uid=uid, error_fd=err_w)
+        started = time.monotonic()
+        spawn_error: BaseException | None = None
+        try:
+            proc = subprocess.Popen(
+                list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=work,
+                env=env, start_new_session=True, preexec_fn=setup, pass_fds=pass_fds, close_fds=True,
+                restore_signals=True,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            spawn_error = exc
+        finally:
+            os.close(err_w)
+        if spawn_error is not None:
+            reason = os.read(err_r, 4096).decode(errors="replace")
+            os.close(err_r)
+            for fd in (chan_r, chan_w):
+                if fd >= 0:
+                    os.close(fd)
+            if uid is not None:
+                _sweep_uid(uid)
+            return fail(f"{type(spawn_error).__name__}: {spawn_error}" + (f" ({reason})" if reason else ""))
+        os.close(err_r)
+        channel = None
+        if result_channel:
+            os.close(chan_w)  # the child holds the only write end now
+            channel = _Channel(chan_r, limits.channel_bytes)
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        out = _Tail(proc.stdout.fileno(), limits.tail_bytes)
+        err = _Tail(proc.stderr.fileno(), limits.tail_bytes)
+        feeder = _feed(os.dup(proc.stdin.fileno()), stdin or b"")
+        proc.stdin.close()
+
+        waited: dict[str, Any] = {}
+        done = threading.Event()
+
+        def wait() -> None:
+            _, status, usage = os.wait4(proc.pid, 0)
+            waited.update(status=status, usage=usage)
+            done.set()
+
+        threading.Thread(target=wait, daemon=True).start()
+        timed_out = not done.wait(limits.wall_s)
+        # Stray background jobs, setsid escapees, a fork bomb's children: counted before the kill
+        # (SIGKILL is delivered asynchronously, so a count after it undercounts), then killed.
+        strays = set(_processes_of(uid)) if uid is not None else set()
+        _kill_group(proc.pid)
+        if timed_out:
+            done.wait(10)
+        if uid is not None:
+            strays |= _sweep_uid(uid)
+        strays.discard(proc.pid)
+        for reader in (out, err, *( [channel] if channel else [] )):
+            reader.thread.join(5)
+        feeder.join(1)
+        wall = time.monotonic() - started
+        for pipe in (proc.stdout, proc.stderr):
+            pipe.close()
+        if channel is not None:
+            os.close(chan_r)
+
+        status_word = waited.get("status")
+        usage = waited.get("usage")
+        exit_code = sig = None
+        if status_word is not None:
+            if os.WIFSIGNALED(status_word):
+                sig = os.WTERMSIG(status_word)
+            else:
+                exit_code = os.waitstatus_to_exitcode(status_word)
+            proc.returncode = os.waitstatus_to_exitcode(status_word)
+        cpu_s = (usage.ru_utime + usage.ru_stime) if usage is not None else 0.0
+        stdout_text, stderr_text = out.text(), err.text()
+        status, detail = classify(exit_code=exit_code, sig=sig, cpu_s=cpu_s, limits=limits, timed_out=timed_out,
+                                  stderr=stderr_text, stdout=stdout_text)
+        channel_text = None
+        if channel is not None:
+            channel_text = bytes(channel.buf).decode("utf-8", errors="replace")
+            if channel.overflow and status == "ok":
+                status, detail = "error", f"the result channel carried more than {limits.channel_bytes} bytes"
+        return SandboxResult(
+            ok=status == "ok", exit_code=exit_code, signal=sig, status=status, wall_s=round(wall, 4),
+            cpu_s=round(cpu_s, 4), stdout_tail=stdout_text, stderr_tail=stderr_text, network_isolated=net,
+            backend=self.backend, pid=proc.pid, hidden_paths_masked=masked, uid=uid if uid is not None else os.getuid(),
+            processes_killed=len(strays), detail=detail, channel=channel_text, stdout_bytes=out.total,
+            stderr_bytes=err.total, limits=limits.to_dict(),
+        )
+
+
+__all__ = ["HostSupport", "LocalSandbox", "classify", "interpreter_paths", "probe_host"]

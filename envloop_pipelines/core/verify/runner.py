@@ -1,0 +1,209 @@
+"""Run a verifier as its own process in the sandbox and read its verdict from the result channel.
+
+The parent (this module) is the only place that touches label files: it reads
+them through :func:`~envloop_pipelines.core.verify.labels.read_hidden_labels`
+(or an open split's labels), sends the bytes to the worker's stdin, copies the
+predictions file into the sandbox's fresh working directory, and reads the
+report from the pipe it owns. Nothing the worker (or anything else in the
+sandbox) writes to a file counts. The parent then checks that the report
+scored exactly the bytes it sent (the predictions and labels sha256).
+
+Every outcome is a :class:`VerifierRun`: a crashed, killed or timed-out worker
+gives ``status`` from the sandbox and ``report=None``, never an exception and
+never a zero score.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+import pyarrow as pa
+
+from envloop_pipelines.core.sandbox import Sandbox, SandboxLimits, SandboxResult, make_sandbox
+from envloop_pipelines.core.storage import envloop_home, sha256_bytes
+from envloop_pipelines.core.verify.protocol import VerifierReport, labels_to_bytes, prediction_format
+
+log = logging.getLogger(__name__)
+
+#: A worker maps ~0.75 GiB of address space importing numpy, scipy and pyarrow (with Arrow's
+#: system allocator; mimalloc would reserve another ~0.8 GiB arena up front), then scores.
+DEFAULT_WORKER_LIMITS = SandboxLimits(cpu_s=120.0, mem_mb=2048, wall_s=180.0, fsize_mb=16, nofile=256, nproc=64)
+#: Arrow's default pool (mimalloc) sizes its up-front reservation to whatever RLIMIT_AS leaves, and
+#: a later import then fails to map a shared library; the system allocator reserves nothing.
+WORKER_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system"}
+RunStatus = Literal["ok", "error", "timeout", "cpu_limit", "memory_exceeded", "killed", "file_size_exceeded"]
+
+
+@dataclass(frozen=True)
+class VerifierRun:
+    """One sandboxed verifier run.
+
+    Attributes:
+        status: ``ok`` when a report came back and checks out; else the sandbox's status
+            (``error`` when the worker reported a failure or the channel was unusable).
+        report: the report, or None.
+        sandbox: the sandbox's typed result (stdout/stderr tails, limits, isolation flags).
+        worker_pid: the pid the worker reported (it matches ``sandbox.pid`` on the local backend).
+        error: what went wrong, in words.
+        elapsed_s: the worker's own time from start to report (imports included).
+    """
+
+    status: RunStatus
+    report: VerifierReport | None
+    sandbox: SandboxResult
+    worker_pid: int | None = None
+    error: str | None = None
+    elapsed_s: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_dict(self, *, include_items: bool = True) -> dict[str, Any]:
+        report = None
+        if self.report is not None:
+            report = self.report.to_dict() if include_items else self.report.aggregate()
+        return {
+            "status": self.status,
+            "ok": self.ok,
+            "error": self.error,
+            "worker_pid": self.worker_pid,
+            "elapsed_s": self.elapsed_s,
+            "report": report,
+            "sandbox": self.sandbox.to_dict(include_channel=False),
+        }
+
+
+class VerifierRunner:
+    """Runs ``python -m envloop_pipelines.core.verify.worker`` in a sandbox.
+
+    Args:
+        sandbox: the sandbox (default: the local backend).
+        limits: the worker's limits (default: :data:`DEFAULT_WORKER_LIMITS`).
+        python: the interpreter inside the sandbox (default: this one; a container's ``python``).
+    """
+
+    def __init__(self, sandbox: Sandbox | None = None, *, limits: SandboxLimits | None = None, python: str | None = None) -> None:
+        self.sandbox = sandbox or make_sandbox("local")
+        self.limits = limits or DEFAULT_WORKER_LIMITS
+        self.python = python or (sys.executable if self.sandbox.backend == "local" else "python")
+
+    def run(
+        self,
+        predictions: str | Path | bytes,
+        labels: pa.Table | bytes,
+        *,
+        kind: str = "rule",
+        predictions_format: str | None = None,
+        grader: str = "text_match",
+        threshold: float = 0.5,
+        safety_families: Sequence[str] = (),
+        hidden_paths: Sequence[str | Path] = (),
+    ) -> VerifierRun:
+        """Score ``predictions`` against ``labels`` in a fresh sandboxed worker.
+
+        Args:
+            predictions: a predictions file path, or its bytes with ``predictions_format``.
+            labels: the label table or its Parquet bytes (from :func:`labels_to_bytes`).
+            kind: ``rule`` or ``grader``.
+            predictions_format: ``parquet`` or ``jsonl`` when ``predictions`` is bytes.
+            grader: the grader kind's scoring model.
+            threshold: the grader kind's pass threshold.
+            safety_families: families whose false-negative rate the rule report includes.
+            hidden_paths: more paths to mask inside the sandbox (the labels' directory).
+        """
+        if kind not in ("rule", "grader"):
+            raise ValueError(f"verifier kind {kind!r} does not run as a worker; allowed: rule, grader")
+        if isinstance(predictions, (str, Path)):
+            fmt = predictions_format or prediction_format(predictions)
+            pred_bytes = Path(predictions).read_bytes()
+        else:
+            if predictions_format is None:
+                raise ValueError("predictions_format is required when predictions are bytes")
+            fmt, pred_bytes = predictions_format, predictions
+        label_bytes = labels if isinstance(labels, bytes) else labels_to_bytes(labels)
+        name = f"predictions.{fmt}"
+        argv = self.worker_argv(kind, name, grader=grader, threshold=threshold, safety_families=safety_families)
+        result = self.sandbox.run(argv, limits=self.limits, stdin=label_bytes, files={name: pred_bytes},
+                                  env=WORKER_ENV, result_channel=True, hidden_paths=hidden_paths)
+        return self._read(result, sha256_bytes(pred_bytes), sha256_bytes(label_bytes))
+
+    def worker_argv(self, kind: str, predictions_name: str, *, grader: str, threshold: float,
+                    safety_families: Sequence[str]) -> list[str]:
+        """The worker's command line: labels on stdin (fd 0), the verdict on the result channel."""
+        argv = [self.python, "-m", "envloop_pipelines.core.verify.worker", "--kind", kind, "--predictions",
+                predictions_name, "--labels-fd", "0", "--result-fd", "env", "--grader", grader, "--threshold", str(threshold)]
+        for family in safety_families:
+            argv += ["--safety-family", family]
+        return argv
+
+    @staticmethod
+    def _read(result: SandboxResult, pred_sha: str, label_sha: str) -> VerifierRun:
+        payload: dict[str, Any] | None = None
+        if result.channel:
+            try:
+                payload = json.loads(result.channel)
+            except json.JSONDecodeError as exc:
+                return VerifierRun("error", None, result, error=f"result channel is not JSON: {exc}")
+        if not result.ok:
+            error = (payload or {}).get("error") or result.detail
+            return VerifierRun(result.status, None, result, worker_pid=(payload or {}).get("worker_pid"),
+                               error=f"{result.status}: {error}")
+        if payload is None:
+            return VerifierRun("error", None, result, error="the worker exited 0 but sent nothing on the result channel")
+        if not payload.get("ok"):
+            return VerifierRun("error", None, result, worker_pid=payload.get("worker_pid"), error=payload.get("error"))
+        try:
+            report = VerifierReport.from_dict(payload["report"])
+        except (KeyError, TypeError, ValueError) as exc:
+            return VerifierRun("error", None, result, error=f"malformed report: {exc!r}")
+        prov = report.provenance
+        if prov.get("predictions_sha256") != pred_sha or prov.get("labels_sha256") != label_sha:
+            return VerifierRun("error", None, result, worker_pid=payload.get("worker_pid"),
+                               error="the report does not name the predictions and labels that were sent (sha256 differs)")
+        return VerifierRun("ok", report, result, worker_pid=payload.get("worker_pid"), elapsed_s=payload.get("elapsed_s"))
+
+
+def task_labels(task: str, split: str, *, snapshot_id: str | None = None, home: str | Path | None = None) -> pa.Table:
+    """The labels of ``split``: hidden splits through the verifier's reader, open ones from the snapshot."""
+    from envloop_pipelines.core.splits import HIDDEN_SPLITS
+
+    if split in HIDDEN_SPLITS:
+        from envloop_pipelines.core.verify.labels import read_hidden_labels
+
+        return read_hidden_labels(task, split, snapshot_id=snapshot_id, home=home)
+    from envloop_pipelines.core.snapshots import open_task
+
+    return open_task(task, snapshot_id=snapshot_id, home=home).labels(split)
+
+
+def verify_task(
+    task: str,
+    split: str,
+    predictions: str | Path,
+    *,
+    kind: str = "rule",
+    snapshot_id: str | None = None,
+    home: str | Path | None = None,
+    runner: VerifierRunner | None = None,
+    **options: Any,
+) -> VerifierRun:
+    """Score a predictions file on a task's split in a sandboxed worker.
+
+    The labels' directory (``<home>/verifier``) is masked inside the sandbox
+    even when ``home`` is not the default one.
+    """
+    labels = task_labels(task, split, snapshot_id=snapshot_id, home=home)
+    runner = runner or VerifierRunner()
+    run = runner.run(predictions, labels, kind=kind, hidden_paths=[envloop_home(home) / "verifier"], **options)
+    log.info("verifier run %s", json.dumps({"task": task, "split": split, "status": run.status,
+                                             "n_items": run.report.n_items if run.report else None}))
+    return run
+
+
+__all__ = ["DEFAULT_WORKER_LIMITS", "WORKER_ENV", "VerifierRun", "VerifierRunner", "task_labels", "verify_task"]

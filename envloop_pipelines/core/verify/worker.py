@@ -1,0 +1,99 @@
+"""The verifier worker: the process that scores, run inside the sandbox.
+
+    python -m envloop_pipelines.core.verify.worker --kind rule \\
+        --predictions predictions.parquet --labels-fd 0 --result-fd env
+
+It reads the predictions file named on the command line and the labels from
+an inherited file descriptor (``--labels-fd``, the parent writes the label
+Parquet bytes into it) or an explicit path (``--labels``, for running a worker
+by hand), scores, and writes one JSON object to the result channel
+(``--result-fd env`` means ``$ENVLOOP_RESULT_FD``; default stdout)::
+
+    {"ok": true, "worker_pid": 1234, "elapsed_s": 0.12, "report": {...}}
+    {"ok": false, "worker_pid": 1234, "error": "..."}
+
+It imports nothing of the model side and needs no access to the labels
+directory: the sandbox masks it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Sequence
+
+from envloop_pipelines.core.sandbox.base import RESULT_FD_ENV
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="envloop-verify-worker", description=__doc__.split("\n")[0])
+    p.add_argument("--kind", choices=("rule", "grader"), default="rule")
+    p.add_argument("--predictions", required=True, type=Path, help="the predictions file (.parquet or .jsonl)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--labels", type=Path, help="a label Parquet file (running a worker by hand)")
+    src.add_argument("--labels-fd", type=int, help="read the label Parquet bytes from this inherited descriptor")
+    p.add_argument("--result-fd", default="1", help="descriptor of the result channel, or 'env' for $ENVLOOP_RESULT_FD")
+    p.add_argument("--grader", default="text_match", help="scoring model of the grader kind (name or module:factory)")
+    p.add_argument("--threshold", type=float, default=0.5, help="grader score that counts as correct")
+    p.add_argument("--safety-family", action="append", default=[], help="families whose FNR the rule report includes")
+    return p
+
+
+def _result_fd(value: str) -> int:
+    if value == "env":
+        raw = os.environ.get(RESULT_FD_ENV)
+        if raw is None:
+            raise SystemExit(f"--result-fd env but ${RESULT_FD_ENV} is not set")
+        return int(raw)
+    return int(value)
+
+
+def _write(fd: int, payload: dict) -> None:
+    data = (json.dumps(payload, allow_nan=False) + "\n").encode("utf-8")
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    fd = _result_fd(args.result_fd)
+    started = time.perf_counter()
+    try:
+        # Imported here so argument errors answer fast and the import cost shows in elapsed_s.
+        from envloop_pipelines.core.storage import sha256_bytes
+        from envloop_pipelines.core.verify.protocol import labels_from_bytes, prediction_format, score_file
+
+        if args.labels_fd is not None:
+            with os.fdopen(args.labels_fd, "rb", closefd=False) as fh:
+                label_bytes = fh.read()
+        else:
+            label_bytes = args.labels.read_bytes()
+        labels = labels_from_bytes(label_bytes)
+        if args.kind == "rule":
+            from envloop_pipelines.core.verify.rule import RuleVerifier
+
+            verifier = RuleVerifier(safety_families=args.safety_family)
+        else:
+            from envloop_pipelines.core.verify.grader import ModelGrader
+
+            verifier = ModelGrader(args.grader, threshold=args.threshold)
+        predictions = args.predictions.read_bytes()
+        report = score_file(verifier, predictions, prediction_format(args.predictions), labels,
+                            labels_sha256=sha256_bytes(label_bytes))
+        _write(fd, {"ok": True, "worker_pid": os.getpid(), "elapsed_s": round(time.perf_counter() - started, 6),
+                    "report": report.to_dict()})
+        return 0
+    except Exception as exc:  # the parent gets a typed failure, and the traceback on stderr
+        traceback.print_exc()
+        _write(fd, {"ok": False, "worker_pid": os.getpid(), "error": f"{type(exc).__name__}: {exc}"})
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,275 @@
+"""Verifiers: per-item scores, explicit failures, the sandboxed worker, determinism, independence."""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from click.testing import CliRunner
+
+from envloop_pipelines.cli_sandbox import sandbox as sandbox_cli
+from envloop_pipelines.core import metrics
+from envloop_pipelines.core.datasets import import_file
+from envloop_pipelines.core.sandbox import SandboxLimits, probe_host
+from envloop_pipelines.core.verify.grader import GradeRequest, ModelGrader, TextMatchScorer, load_scoring_model
+from envloop_pipelines.core.verify.labels import read_hidden_labels
+from envloop_pipelines.core.verify.protocol import (
+    PredictionFileError,
+    VerifierReport,
+    labels_to_bytes,
+    parse_predictions,
+    score_file,
+    write_predictions,
+)
+from envloop_pipelines.core.verify.rule import RuleVerifier
+from envloop_pipelines.core.verify.runner import DEFAULT_WORKER_LIMITS, VerifierRunner, verify_task
+
+from .test_snapshots import dataset
+
+PACKAGE = Path(__file__).resolve().parents[2] / "envloop_pipelines"
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("verify")
+    home = root / "home"
+    snap = import_file(dataset(root), "tickets", home=home)
+    labels = read_hidden_labels("tickets", "test", home=home)
+    return {"home": home, "snap": snap, "labels": labels, "root": root}
+
+
+def oracle_rows(labels: pa.Table, *, confidence: float = 0.9) -> list[dict[str, Any]]:
+    """Predictions putting ``confidence`` on the labelled option (the soft label's argmax for soft items)."""
+    rows = []
+    for r in labels.to_pylist():
+        keys = r["option_keys"]
+        target = int(np.argmax(r["soft_label"])) if r["soft_label"] is not None else r["label"]
+        rest = (1 - confidence) / (len(keys) - 1)
+        rows.append({"record_id": r["record_id"], "question_id": r["question_id"], "option_keys": keys,
+                     "probs": [confidence if i == target else rest for i in range(len(keys))]})
+    return rows
+
+
+# --------------------------------------------------------------------------- the rule verifier
+
+
+def test_rule_scores_match_core_metrics(task: dict[str, Any]) -> None:
+    labels = task["labels"]
+    rows = oracle_rows(labels)
+    report = RuleVerifier().score(rows, labels)
+    assert report.n_items == labels.num_rows == report.n_scored and report.complete
+    assert report.n_missing == report.n_invalid == report.n_extra == 0
+    hard = [i for i in report.items if i.correct is not None]
+    soft = [i for i in report.items if i.correct is None]
+    assert hard and soft  # the fixture has both kinds (priority carries a soft label)
+    assert all(i.correct and i.score == 1.0 for i in hard) and report.accuracy_all == 1.0
+    # Per item: Brier against the one-hot label, 0.9 on the label of a 3-option question -> 0.1^2 + 2 * 0.05^2.
+    queue = next(i for i in report.items if i.question_id == "queue")
+    assert queue.brier == pytest.approx(0.1 ** 2 + 2 * 0.05 ** 2) and queue.nll == pytest.approx(-math.log(0.9))
+    # Soft item: the soft label {1: .5, 2: .5}; argmax at 1 -> score .5, Brier against the soft target.
+    prio = next(i for i in report.items if i.question_id == "priority")
+    expected = np.sum((np.array([1 / 30, 0.9, 1 / 30, 1 / 30]) - np.array([0, 0.5, 0.5, 0])) ** 2)
+    assert prio.score == pytest.approx(0.5) and prio.brier == pytest.approx(expected)
+    # The aggregate is core.metrics.summarize, and the per-item scores average to it.
+    probs = [np.array(r["probs"]) for r in rows]
+    rows_l = labels.to_pylist()
+    lab = [r["label"] if r["soft_label"] is None else -1 for r in rows_l]
+    soft_l = [None if r["soft_label"] is None else np.array(r["soft_label"]) for r in rows_l]
+    assert report.metrics["brier"] == pytest.approx(metrics.brier(probs, lab, soft_labels=soft_l))
+    assert report.metrics["brier"] == pytest.approx(np.mean([i.brier for i in report.items]))
+    assert report.metrics["nll"] == pytest.approx(np.mean([i.nll for i in report.items]))
+    assert report.metrics["accuracy"] == 1.0 and report.metrics["n_questions"] == labels.num_rows
+
+
+def test_missing_extra_and_invalid_rows_are_explicit_failures(task: dict[str, Any]) -> None:
+    labels = task["labels"]
+    rows = oracle_rows(labels)
+    missing = rows.pop(0)
+    rows[0] = {**rows[0], "probs": [p * 0.9 for p in rows[0]["probs"]]}  # sums to 0.9
+    rows[1] = {**rows[1], "option_keys": [*rows[1]["option_keys"][:-1], "bogus"]}
+    rows[2] = {**rows[2], "probs": [float("nan")] + rows[2]["probs"][1:]}
+    rows[3] = {**rows[3], "probs": [-0.1, 1.1] + [0.0] * (len(rows[3]["probs"]) - 2)}
+    rows.append(dict(rows[4]))  # a duplicate row
+    rows.append({"record_id": "nobody", "question_id": "queue", "option_keys": ["a", "b"], "probs": [0.5, 0.5]})
+    report = RuleVerifier().score(rows, labels)
+    by_key = {(i.record_id, i.question_id): i for i in report.items}
+    gone = by_key[(missing["record_id"], missing["question_id"])]
+    assert gone.status == "missing" and gone.score == 0.0 and gone.error == "no prediction for this question"
+    errors = [by_key[(r["record_id"], r["question_id"])].error for r in rows[:5]]
+    assert errors[0].startswith("probs sum to 0.900000, not 1")
+    assert errors[1].startswith("option_keys do not match the question's options (missing") and "'bogus'" in errors[1]
+    assert errors[2] == "probs contain a non-finite value"
+    assert errors[3] == "probs contain a negative value"
+    assert errors[4].startswith("2 prediction rows for this question")
+    assert (report.n_missing, report.n_invalid, report.n_extra) == (1, 5, 1)
+    assert report.n_scored + report.n_missing + report.n_invalid == report.n_items
+    assert report.extra_ids == (("nobody", "queue"),) and not report.complete
+    assert report.metrics["n_questions"] == report.n_scored  # the aggregate covers scored items only ...
+    hard_failures = sum(1 for i in report.items if i.status != "scored" and i.correct is False)
+    hard = sum(1 for i in report.items if i.correct is not None)
+    assert report.accuracy_all == pytest.approx((hard - hard_failures) / hard)  # ... accuracy_all counts failures
+    assert report.mean_score == pytest.approx(sum(i.score for i in report.items) / report.n_items)
+
+
+def test_options_in_any_order_score_the_same(task: dict[str, Any]) -> None:
+    labels = task["labels"]
+    rows = oracle_rows(labels, confidence=0.7)
+    shuffled = [{**r, "option_keys": r["option_keys"][::-1], "probs": r["probs"][::-1]} for r in rows]
+    assert RuleVerifier().score(shuffled, labels).items == RuleVerifier().score(rows, labels).items
+
+
+def test_jsonl_and_parquet_files_give_the_same_scores(task: dict[str, Any], tmp_path: Path) -> None:
+    labels = task["labels"]
+    rows = oracle_rows(labels, confidence=0.6)
+    a = write_predictions(tmp_path / "p.jsonl", rows).read_bytes()
+    b = write_predictions(tmp_path / "p.parquet", rows).read_bytes()
+    ra = score_file(RuleVerifier(), a, "jsonl", labels)
+    rb = score_file(RuleVerifier(), b, "parquet", labels)
+    assert ra.items == rb.items and ra.metrics == rb.metrics
+    bad = score_file(RuleVerifier(), b"not parquet", "parquet", labels)
+    assert bad.file_error.startswith("not a readable Parquet file") and bad.n_missing == bad.n_items and bad.n_scored == 0
+    with pytest.raises(PredictionFileError, match="missing column"):
+        parse_predictions(labels_to_bytes(labels.select(["record_id"])), "parquet")
+    broken = parse_predictions(b'{"record_id": "r"}\nnot json\n', "jsonl")
+    assert broken[1]["_error"].startswith("invalid JSON") and broken[1]["_row"] == 2
+
+
+def test_report_round_trips_through_json(task: dict[str, Any]) -> None:
+    report = RuleVerifier().score(oracle_rows(task["labels"])[1:], task["labels"])
+    again = VerifierReport.from_dict(json.loads(json.dumps(report.to_dict(), allow_nan=False)))
+    assert again.fingerprint() == report.fingerprint() and again.items == report.items
+
+
+# --------------------------------------------------------------------------- the grader
+
+
+def test_model_grader_scores_answers_with_a_scoring_model(task: dict[str, Any]) -> None:
+    labels = task["labels"]
+    rows = oracle_rows(labels)
+    text = {"queue": "billing", "refund": "true"}
+    for r in rows:
+        r["answer"] = text.get(r["question_id"], "1")
+    rows[0]["answer"] = "the billing queue"  # partial credit: token F1 = 2 * (1/3 * 1) / (1/3 + 1) = 0.5
+    report = ModelGrader("text_match", threshold=0.6).score(rows[:-1], labels)
+    assert report.kind == "grader" and report.n_missing == 1
+    first = report.items[0]
+    assert first.score == pytest.approx(0.5) and first.correct is False
+    assert all(i.score == 1.0 and i.correct for i in report.items[1:-1] if i.correct is not None)
+    assert report.provenance["scoring_model"] == "text_match/1"
+    scorer = TextMatchScorer()
+    req = GradeRequest("r", "q", ("a", "b"), None, (0.25, 0.75), "b", None)
+    assert list(scorer.grade([req])) == [0.75]
+    with pytest.raises(ValueError, match="package.module:factory"):
+        load_scoring_model("nonsense")
+
+
+# --------------------------------------------------------------------------- the sandboxed worker
+
+
+def test_sandboxed_verifier_is_deterministic_and_matches_in_process(task: dict[str, Any], tmp_path: Path) -> None:
+    labels = task["labels"]
+    path = write_predictions(tmp_path / "preds.parquet", oracle_rows(labels, confidence=0.8)[2:])
+    runner = VerifierRunner()
+    runs = [runner.run(path, labels) for _ in range(3)]
+    assert all(r.ok for r in runs), [r.error for r in runs]
+    assert len({r.report.fingerprint() for r in runs}) == 1  # the same verdict, three times
+    local = score_file(RuleVerifier(), path.read_bytes(), "parquet", labels, labels_sha256=runs[0].report.provenance["labels_sha256"])
+    assert local.fingerprint() == runs[0].report.fingerprint()
+    for run in runs:
+        assert run.worker_pid == run.sandbox.pid != os.getpid()  # its own process
+        assert run.sandbox.backend == "local" and run.sandbox.status == "ok"
+    assert len({r.worker_pid for r in runs}) == 3
+    support = probe_host()
+    assert runs[0].sandbox.network_isolated == support.network_namespace
+    assert runs[0].sandbox.hidden_paths_masked == support.mount_namespace
+    assert runs[0].report.n_missing == 2
+
+
+class _HostileRunner(VerifierRunner):
+    """A 'worker' that plants a reward file and prints a perfect report everywhere but the channel."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(limits=SandboxLimits(wall_s=20))
+        self.code = code
+
+    def worker_argv(self, kind: str, predictions_name: str, **_: Any) -> list[str]:
+        return [self.python, "-c", self.code]
+
+
+FAKE = json.dumps({"ok": True, "worker_pid": 1, "report": {"kind": "rule", "mean_score": 1.0}})
+
+
+def test_a_planted_reward_is_ignored(task: dict[str, Any], tmp_path: Path) -> None:
+    path = write_predictions(tmp_path / "p.jsonl", oracle_rows(task["labels"]))
+    plant = f"open('reward.json', 'w').write('{{\"reward\": 1.0}}')\nopen('report.json', 'w').write({FAKE!r})\nprint({FAKE!r})\n"
+    silent = _HostileRunner(plant).run(path, task["labels"])
+    assert silent.status == "error" and silent.report is None
+    assert silent.error == "the worker exited 0 but sent nothing on the result channel"
+    forged = _HostileRunner(
+        "import os, json\n"
+        "report = {'kind': 'rule', 'n_items': 0, 'n_scored': 0, 'n_missing': 0, 'n_invalid': 0, 'n_extra': 0,"
+        " 'complete': True, 'metrics': {}, 'accuracy_all': 1.0, 'mean_score': 1.0, 'items': [], 'provenance': {}}\n"
+        "os.write(int(os.environ['ENVLOOP_RESULT_FD']), json.dumps({'ok': True, 'report': report}).encode())\n"
+    ).run(path, task["labels"])
+    assert forged.status == "error" and forged.report is None and "sha256 differs" in forged.error
+
+
+def test_worker_failures_are_typed_runs(task: dict[str, Any], tmp_path: Path) -> None:
+    path = write_predictions(tmp_path / "p.jsonl", oracle_rows(task["labels"]))
+    garbage = VerifierRunner(limits=SandboxLimits(wall_s=30, mem_mb=2048)).run(path, b"these are not labels")
+    assert garbage.status == "error" and garbage.report is None and garbage.error.startswith("error: ArrowInvalid")
+    assert "Traceback" in garbage.sandbox.stderr_tail
+    starved = VerifierRunner(limits=SandboxLimits(wall_s=30, mem_mb=200)).run(path, task["labels"])
+    assert starved.status == "memory_exceeded" and starved.report is None
+    slow = VerifierRunner(limits=SandboxLimits(wall_s=0.3, mem_mb=2048)).run(path, task["labels"])
+    assert slow.status == "timeout" and slow.report is None and slow.error.startswith("timeout")
+
+
+def test_verify_task_and_the_cli(task: dict[str, Any], tmp_path: Path) -> None:
+    path = write_predictions(tmp_path / "p.jsonl", oracle_rows(task["labels"]))
+    run = verify_task("tickets", "test", path, home=task["home"])
+    assert run.ok and run.report.complete and run.report.accuracy_all == 1.0
+    result = CliRunner().invoke(sandbox_cli, ["verify", "--task", "tickets", "--split", "test", "--predictions", str(path),
+                                              "--home", str(task["home"]), "--kind", "grader"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["status"] == "ok" and out["report"]["kind"] == "grader" and "items" not in out["report"]
+    assert out["report"]["n_items"] == task["labels"].num_rows and out["worker_pid"] == out["sandbox"]["pid"]
+    assert DEFAULT_WORKER_LIMITS.mem_mb >= 1024
+
+
+# --------------------------------------------------------------------------- independence
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return names
+
+
+def _modules_under(*parts: str) -> Sequence[Path]:
+    root = PACKAGE.joinpath(*parts)
+    return sorted(root.rglob("*.py")) if root.is_dir() else []
+
+
+def test_the_model_side_never_imports_the_verifier_and_vice_versa() -> None:
+    model_side = [*_modules_under("core", "model"), *_modules_under("core", "benchmark")]
+    for path in model_side:
+        bad = sorted(n for n in _imports(path) if n.startswith("envloop_pipelines.core.verify"))
+        assert not bad, f"{path} imports {bad}"
+    for path in _modules_under("core", "verify"):
+        bad = sorted(n for n in _imports(path) if n.startswith("envloop_pipelines.core.model"))
+        assert not bad, f"{path} imports {bad}"
