@@ -273,3 +273,21 @@ def test_the_model_side_never_imports_the_verifier_and_vice_versa() -> None:
     for path in _modules_under("core", "verify"):
         bad = sorted(n for n in _imports(path) if n.startswith("envloop_pipelines.core.model"))
         assert not bad, f"{path} imports {bad}"
+
+
+def test_paired_comparison_runs_inside_the_sandboxed_verifier(task: dict[str, Any], tmp_path: Path) -> None:
+    labels = task["labels"]
+    better = write_predictions(tmp_path / "better.parquet", oracle_rows(labels, confidence=0.9))
+    uniform = [dict(r, probs=[1 / len(r["option_keys"])] * len(r["option_keys"])) for r in oracle_rows(labels)]
+    worse = write_predictions(tmp_path / "worse.parquet", uniform)
+    run = VerifierRunner().run(better, labels, baseline_predictions=worse, seed=3)
+    assert run.ok, run.error
+    assert run.baseline_report is not None and run.baseline_report.metrics["brier"] > run.report.metrics["brier"]
+    brier = run.paired["deltas"]["brier"]
+    # Same questions, candidate − baseline: the oracle's Brier is lower on every question.
+    assert brier["delta"] == pytest.approx(run.report.metrics["brier"] - run.baseline_report.metrics["brier"])
+    assert brier["ci_high"] < 0
+    assert run.paired["n_questions"] == labels.num_rows and run.paired["n_excluded"] == 0
+    same = VerifierRunner().run(better, labels, baseline_predictions=better)
+    assert same.paired["deltas"]["family_macro_accuracy"] == {**same.paired["deltas"]["family_macro_accuracy"],
+                                                              "delta": 0.0, "ci_low": 0.0, "ci_high": 0.0}

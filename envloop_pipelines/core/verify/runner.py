@@ -59,6 +59,8 @@ class VerifierRun:
     worker_pid: int | None = None
     error: str | None = None
     elapsed_s: float | None = None
+    baseline_report: VerifierReport | None = None
+    paired: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -75,6 +77,9 @@ class VerifierRun:
             "worker_pid": self.worker_pid,
             "elapsed_s": self.elapsed_s,
             "report": report,
+            "baseline_report": None if self.baseline_report is None else (
+                self.baseline_report.to_dict() if include_items else self.baseline_report.aggregate()),
+            "paired": self.paired,
             "sandbox": self.sandbox.to_dict(include_channel=False),
         }
 
@@ -104,6 +109,8 @@ class VerifierRunner:
         threshold: float = 0.5,
         safety_families: Sequence[str] = (),
         hidden_paths: Sequence[str | Path] = (),
+        baseline_predictions: str | Path | None = None,
+        seed: int = 0,
     ) -> VerifierRun:
         """Score ``predictions`` against ``labels`` in a fresh sandboxed worker.
 
@@ -116,6 +123,9 @@ class VerifierRunner:
             threshold: the grader kind's pass threshold.
             safety_families: families whose false-negative rate the rule report includes.
             hidden_paths: more paths to mask inside the sandbox (the labels' directory).
+            baseline_predictions: the champion's predictions file: the worker scores it too and
+                returns paired deltas (candidate − baseline) with record-clustered bootstrap CIs.
+            seed: the bootstrap seed of the paired deltas.
         """
         if kind not in ("rule", "grader"):
             raise ValueError(f"verifier kind {kind!r} does not run as a worker; allowed: rule, grader")
@@ -129,9 +139,16 @@ class VerifierRunner:
         label_bytes = labels if isinstance(labels, bytes) else labels_to_bytes(labels)
         name = f"predictions.{fmt}"
         argv = self.worker_argv(kind, name, grader=grader, threshold=threshold, safety_families=safety_families)
-        result = self.sandbox.run(argv, limits=self.limits, stdin=label_bytes, files={name: pred_bytes},
+        files = {name: pred_bytes}
+        base_sha = None
+        if baseline_predictions is not None:
+            base_name = f"baseline.{prediction_format(baseline_predictions)}"
+            files[base_name] = Path(baseline_predictions).read_bytes()
+            base_sha = sha256_bytes(files[base_name])
+            argv += ["--baseline-predictions", base_name, "--seed", str(seed)]
+        result = self.sandbox.run(argv, limits=self.limits, stdin=label_bytes, files=files,
                                   env=WORKER_ENV, result_channel=True, hidden_paths=hidden_paths)
-        return self._read(result, sha256_bytes(pred_bytes), sha256_bytes(label_bytes))
+        return self._read(result, sha256_bytes(pred_bytes), sha256_bytes(label_bytes), base_sha)
 
     def worker_argv(self, kind: str, predictions_name: str, *, grader: str, threshold: float,
                     safety_families: Sequence[str]) -> list[str]:
@@ -143,7 +160,7 @@ class VerifierRunner:
         return argv
 
     @staticmethod
-    def _read(result: SandboxResult, pred_sha: str, label_sha: str) -> VerifierRun:
+    def _read(result: SandboxResult, pred_sha: str, label_sha: str, baseline_sha: str | None = None) -> VerifierRun:
         payload: dict[str, Any] | None = None
         if result.channel:
             try:
@@ -166,7 +183,17 @@ class VerifierRunner:
         if prov.get("predictions_sha256") != pred_sha or prov.get("labels_sha256") != label_sha:
             return VerifierRun("error", None, result, worker_pid=payload.get("worker_pid"),
                                error="the report does not name the predictions and labels that were sent (sha256 differs)")
-        return VerifierRun("ok", report, result, worker_pid=payload.get("worker_pid"), elapsed_s=payload.get("elapsed_s"))
+        baseline = None
+        if baseline_sha is not None:
+            try:
+                baseline = VerifierReport.from_dict(payload["baseline_report"])
+            except (KeyError, TypeError, ValueError) as exc:
+                return VerifierRun("error", None, result, error=f"malformed baseline report: {exc!r}")
+            if baseline.provenance.get("predictions_sha256") != baseline_sha or "paired" not in payload:
+                return VerifierRun("error", None, result, worker_pid=payload.get("worker_pid"),
+                                   error="the baseline report does not name the baseline predictions that were sent")
+        return VerifierRun("ok", report, result, worker_pid=payload.get("worker_pid"), elapsed_s=payload.get("elapsed_s"),
+                           baseline_report=baseline, paired=payload.get("paired"))
 
 
 def task_labels(task: str, split: str, *, snapshot_id: str | None = None, home: str | Path | None = None) -> pa.Table:

@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--grader", default="text_match", help="scoring model of the grader kind (name or module:factory)")
     p.add_argument("--threshold", type=float, default=0.5, help="grader score that counts as correct")
     p.add_argument("--safety-family", action="append", default=[], help="families whose FNR the rule report includes")
+    p.add_argument("--baseline-predictions", type=Path, default=None,
+                   help="a second predictions file (the champion): also scored, plus paired deltas (rule kind)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed of the paired deltas")
     return p
 
 
@@ -86,8 +89,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         predictions = args.predictions.read_bytes()
         report = score_file(verifier, predictions, prediction_format(args.predictions), labels,
                             labels_sha256=sha256_bytes(label_bytes))
-        _write(fd, {"ok": True, "worker_pid": os.getpid(), "elapsed_s": round(time.perf_counter() - started, 6),
-                    "report": report.to_dict()})
+        payload = {"ok": True, "worker_pid": os.getpid(), "report": report.to_dict()}
+        if args.baseline_predictions is not None:
+            from envloop_pipelines.core.verify.compare import paired_comparison
+            from envloop_pipelines.core.verify.protocol import parse_predictions
+
+            baseline = args.baseline_predictions.read_bytes()
+            baseline_fmt = prediction_format(args.baseline_predictions)
+            payload["baseline_report"] = score_file(verifier, baseline, baseline_fmt, labels,
+                                                    labels_sha256=sha256_bytes(label_bytes)).to_dict()
+            payload["paired"] = paired_comparison(
+                parse_predictions(predictions, prediction_format(args.predictions)),
+                parse_predictions(baseline, baseline_fmt), labels, seed=args.seed,
+            )
+        payload["elapsed_s"] = round(time.perf_counter() - started, 6)
+        _write(fd, payload)
         return 0
     except Exception as exc:  # the parent gets a typed failure, and the traceback on stderr
         traceback.print_exc()
