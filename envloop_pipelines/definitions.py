@@ -1,9 +1,25 @@
-"""Composes ``defs/`` into the one Definitions object Dagster loads.
-
-The round's assets land with the round issue; until then the code location is
-valid and empty (no placeholder assets).
-"""
+"""Composes ``defs/`` into the one Definitions object Dagster loads."""
 
 import dagster as dg
 
-defs = dg.Definitions()
+from envloop_pipelines.defs.rounds.assets import ROUND_ASSETS, noise_floor, round_job, setup_job, task_benchmark
+from envloop_pipelines.defs.rounds.checks import ROUND_CHECKS
+from envloop_pipelines.defs.rounds.schedules import nightly_loop
+from envloop_pipelines.defs.rounds.sensors import failed_round_sensor, next_round_sensor
+from envloop_pipelines.resources.loop import LoopResource, MlflowResource
+
+defs = dg.Definitions(
+    assets=[task_benchmark, noise_floor, *ROUND_ASSETS],
+    asset_checks=ROUND_CHECKS,
+    jobs=[round_job, setup_job],
+    schedules=[nightly_loop],
+    sensors=[next_round_sensor, failed_round_sensor],
+    resources={
+        "loop": LoopResource(
+            task=dg.EnvVar("ENVLOOP_TASK").get_value("personal_agent"),
+            recipe=dg.EnvVar("ENVLOOP_RECIPE").get_value("packaged:decision_head_cpu.yaml"),
+            recipe_overrides_json=dg.EnvVar("ENVLOOP_RECIPE_OVERRIDES").get_value("{}"),
+        ),
+        "mlflow": MlflowResource(),
+    },
+)

@@ -1,0 +1,113 @@
+"""A loop of rounds and its budget: rounds, patience without gain, wall time.
+
+The active loop lives in ``<home>/loops/<task>/loop.json``. Starting a loop
+with the id of the active one is a no-op, so a replayed schedule tick never
+starts a second loop; every run request carries the run key
+``<loop id>:<round>``, so a replayed sensor tick never starts a second run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from envloop_pipelines.core.loop.ledger import Ledger
+from envloop_pipelines.core.storage import atomic_write_json, envloop_home
+
+
+@dataclass(frozen=True)
+class LoopBudget:
+    max_rounds: int = 2
+    patience: int = 2
+    max_wall_s: float = 24 * 3600.0
+
+    def __post_init__(self) -> None:
+        if self.max_rounds < 1 or self.patience < 1 or self.max_wall_s <= 0:
+            raise ValueError(f"loop budget must be positive: {self}")
+
+
+@dataclass(frozen=True)
+class LoopState:
+    loop_id: str
+    task: str
+    first_round: int
+    budget: LoopBudget
+    started_at: float
+
+
+@dataclass(frozen=True)
+class NextRound:
+    """What the loop wants next: a round key, or None with the reason."""
+
+    round: str | None
+    reason: str
+    run_key: str | None = None
+
+
+def _path(task: str, home: str | Path | None) -> Path:
+    return envloop_home(home) / "loops" / task / "loop.json"
+
+
+def _decided(ledger: Ledger) -> dict[str, dict]:
+    return {e["round"]: e for e in ledger.events("round_decided")}
+
+
+def last_round_number(task: str, home: str | Path | None = None) -> int:
+    """The highest round number the task has started (0 when none)."""
+    rounds = envloop_home(home) / "loops" / task / "rounds"
+    numbers = [int(p.name[1:]) for p in rounds.glob("r*") if p.name[1:].isdigit()] if rounds.exists() else []
+    decided = [int(k[1:]) for k in _decided(Ledger(task, home))]
+    return max(numbers + decided + [0])
+
+
+def start_loop(task: str, loop_id: str, budget: LoopBudget, *, home: str | Path | None = None,
+               now: float | None = None) -> LoopState:
+    """Start (or, for the same id, keep) the task's active loop; its first round follows the last one."""
+    current = load_loop(task, home)
+    if current is not None and current.loop_id == loop_id:
+        return current
+    state = LoopState(loop_id=loop_id, task=task, first_round=last_round_number(task, home) + 1, budget=budget,
+                      started_at=time.time() if now is None else now)
+    atomic_write_json(_path(task, home), {**asdict(state), "budget": asdict(budget)}, overwrite=True)
+    Ledger(task, home).append("loop_started", {"loop_id": loop_id, "first_round": state.first_round,
+                                               "budget": asdict(budget)}, key=f"loop:{loop_id}")
+    return state
+
+
+def load_loop(task: str, home: str | Path | None = None) -> LoopState | None:
+    path = _path(task, home)
+    if not path.exists():
+        return None
+    raw = json.loads(path.read_text())
+    return LoopState(loop_id=raw["loop_id"], task=raw["task"], first_round=raw["first_round"],
+                     budget=LoopBudget(**raw["budget"]), started_at=raw["started_at"])
+
+
+def next_round(task: str, *, home: str | Path | None = None, now: float | None = None) -> NextRound:
+    """The loop's next round if its budget is not spent and its last round was decided."""
+    from envloop_pipelines.core.loop.round import round_key
+
+    state = load_loop(task, home)
+    if state is None:
+        return NextRound(None, "no active loop")
+    ledger = Ledger(task, home)
+    decided = _decided(ledger)
+    mine = [k for k in sorted(decided) if int(k[1:]) >= state.first_round]
+    started = max(last_round_number(task, home), state.first_round - 1)
+    expected = round_key(state.first_round + len(mine) - 1) if mine else None
+    if started >= state.first_round and round_key(started) not in decided:
+        return NextRound(None, f"round {round_key(started)} is not decided yet")
+    if len(mine) >= state.budget.max_rounds:
+        reason = f"budget spent: {len(mine)} of {state.budget.max_rounds} rounds"
+    elif len(mine) >= state.budget.patience and not any(decided[k]["promoted"] for k in mine[-state.budget.patience:]):
+        reason = f"patience spent: {state.budget.patience} rounds without a promotion"
+    elif (time.time() if now is None else now) - state.started_at > state.budget.max_wall_s:
+        reason = f"wall time spent: {state.budget.max_wall_s:.0f}s"
+    else:
+        key = round_key(max(started, state.first_round - 1) + 1)
+        return NextRound(key, f"round {len(mine) + 1} of {state.budget.max_rounds} (after {expected or 'start'})",
+                         run_key=f"{state.loop_id}:{key}")
+    ledger.append("loop_stopped", {"loop_id": state.loop_id, "reason": reason}, key=f"loop_stopped:{state.loop_id}")
+    return NextRound(None, reason)

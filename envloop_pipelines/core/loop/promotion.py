@@ -1,0 +1,143 @@
+"""The noise floor and the promotion decision.
+
+A difference smaller than the measured floor is not a result, however it
+looks. The floor is the spread (max − min) of the primary metric over K null
+arms identical to the control but for the seed; each family gets its own
+floor. A candidate is promoted only when its paired delta against the
+champion clears the registered gate *and* the floor, its CI is above zero
+(when the gate asks), and every guard holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping, Sequence
+
+from envloop_pipelines.core.loop.ledger import Gate
+from envloop_pipelines.core.storage import canonical_json, sha256_bytes
+
+
+class ArmIdentityError(ValueError):
+    """Null arms differ in something other than the seed."""
+
+
+def arm_identity(recipe: Mapping[str, Any], data_hash: str) -> str:
+    """What must be equal across null arms: the recipe without its seed, and the data."""
+    body = {k: v for k, v in recipe.items() if k != "seed"}
+    return sha256_bytes(canonical_json({"recipe": body, "data": data_hash}))
+
+
+def check_arm_identity(arms: Sequence[tuple[Mapping[str, Any], str]]) -> str:
+    """Raise unless every arm has the same identity; return it. Runs before any compute."""
+    identities = {arm_identity(recipe, data) for recipe, data in arms}
+    if len(identities) != 1:
+        raise ArmIdentityError(f"null arms must be identical to the control but for the seed; got {len(identities)} configs")
+    seeds = [recipe.get("seed") for recipe, _ in arms]
+    if len(set(seeds)) != len(seeds):
+        raise ArmIdentityError(f"null arms need distinct seeds, got {seeds}")
+    return identities.pop()
+
+
+@dataclass(frozen=True)
+class NoiseFloor:
+    """Spread of the metrics over K null arms."""
+
+    key: str
+    metric: str
+    values: tuple[float, ...]
+    floor: float
+    family_floors: Mapping[str, float]
+    arms: tuple[Mapping[str, Any], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["values"] = list(self.values)
+        d["arms"] = [dict(a) for a in self.arms]
+        d["family_floors"] = dict(self.family_floors)
+        return d
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> "NoiseFloor":
+        return cls(key=raw["key"], metric=raw["metric"], values=tuple(raw["values"]), floor=raw["floor"],
+                   family_floors=dict(raw["family_floors"]), arms=tuple(raw.get("arms", ())))
+
+
+def noise_floor_from_arms(key: str, metric: str, arm_metrics: Sequence[Mapping[str, float]],
+                          arms: Sequence[Mapping[str, Any]] = ()) -> NoiseFloor:
+    """The floor of ``metric`` and of each family's accuracy from null-arm metrics."""
+    if len(arm_metrics) < 2:
+        raise ValueError(f"a noise floor needs at least 2 null arms, got {len(arm_metrics)}")
+    values = tuple(float(m[metric]) for m in arm_metrics)
+    families = sorted({k.split("/", 1)[1] for m in arm_metrics for k in m if k.startswith("acc/")})
+    family_floors = {}
+    for fam in families:
+        vals = [float(m[f"acc/{fam}"]) for m in arm_metrics if m.get(f"acc/{fam}") is not None]
+        family_floors[fam] = max(vals) - min(vals) if vals else 0.0
+    return NoiseFloor(key=key, metric=metric, values=values, floor=max(values) - min(values),
+                      family_floors=family_floors, arms=tuple(arms))
+
+
+@dataclass(frozen=True)
+class PromotionDecision:
+    promote: bool
+    reasons: tuple[str, ...]
+    checks: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"promote": self.promote, "reasons": list(self.reasons), "checks": dict(self.checks)}
+
+
+def decide_promotion(
+    gate: Gate,
+    delta: Mapping[str, float],
+    floor: NoiseFloor,
+    candidate: Mapping[str, Any],
+    champion: Mapping[str, Any],
+    safety_families: Sequence[str] = (),
+) -> PromotionDecision:
+    """Apply the registered gate, the noise floor and the guards.
+
+    Args:
+        gate: the (possibly amended) gate registered with the hypothesis.
+        delta: the paired delta of the primary metric, candidate − champion:
+            ``{"delta", "ci_low", "ci_high"}``.
+        floor: the noise floor for this benchmark version and recipe.
+        candidate: the candidate's test metrics (``metrics.summarize`` keys).
+        champion: the champion's test metrics on the same questions.
+        safety_families: families whose false-negative rate is guarded.
+    """
+    sign = 1.0 if gate.direction == "increase" else -1.0
+    gain = sign * float(delta["delta"])
+    ci_low = sign * float(delta["ci_low"]) if sign > 0 else -float(delta["ci_high"])
+    bar = max(gate.min_delta, gate.floor_multiplier * floor.floor)
+    checks: dict[str, Any] = {"gain": gain, "bar": bar, "noise_floor": floor.floor, "min_delta": gate.min_delta,
+                              "ci_low": ci_low}
+    reasons: list[str] = []
+    if not gain > bar:
+        reasons.append(f"gain {gain:+.4f} on {gate.primary_metric} does not exceed the bar {bar:.4f} "
+                       f"(max of gate {gate.min_delta:.4f} and noise floor {floor.floor:.4f} x {gate.floor_multiplier})")
+    if gate.require_ci_above_zero and not ci_low > 0:
+        reasons.append(f"the {gate.primary_metric} CI lower end {ci_low:+.4f} is not above zero")
+    ece = candidate.get("ece")
+    checks["ece"] = ece
+    if ece is not None and ece > gate.max_ece:
+        reasons.append(f"calibration guard: ECE {ece:.4f} > {gate.max_ece:.4f}")
+    for fam in safety_families:
+        key = f"fnr/{fam}"
+        new, old = candidate.get(key), champion.get(key)
+        checks[key] = {"candidate": new, "champion": old}
+        if new is not None and old is not None and new - old > gate.max_safety_fnr_increase:
+            reasons.append(f"safety guard: {key} rose {old:.4f} -> {new:.4f} (limit +{gate.max_safety_fnr_increase:.4f})")
+    drops = {}
+    for key, old in champion.items():
+        if not key.startswith("acc/") or old is None or candidate.get(key) is None:
+            continue
+        fam = key.split("/", 1)[1]
+        allowed = max(floor.family_floors.get(fam, 0.0), gate.family_drop_tolerance)
+        drop = old - candidate[key]
+        drops[fam] = drop
+        if drop > allowed:
+            reasons.append(f"family guard: {fam} accuracy fell {drop:.4f} (> its noise {allowed:.4f})")
+    checks["family_drops"] = drops
+    return PromotionDecision(promote=not reasons, reasons=tuple(reasons) or ("cleared the gate, the floor and every guard",),
+                             checks=checks)

@@ -1,0 +1,183 @@
+"""Environment synthesis: new training examples aimed at the mined failure clusters.
+
+Every synthesized row carries provenance to the cluster it targets. Two
+generators ship, behind one protocol; a user plugs in their own with a
+``module:attribute`` spec or the ``envloop.environment_generators`` entry point:
+
+- :class:`BuiltinTargetedGenerator` (the built-in benchmark): the generator's
+  targeted mode, for **new users only**, in the training surface form.
+- :class:`VariantGenerator` (imported data): label-preserving variants of
+  training questions in the clusters' families: option order permutations,
+  negation of noul questions with the label flipped, paraphrase templates, and
+  re-weighting (repeats) of similar training examples.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from envloop_pipelines.core.loop.mining import FailureCluster
+from envloop_pipelines.core.records import QUESTION_SCHEMA, questions_table, records_from_objects
+
+#: A synthesized or base training row: the question table plus where the row came from.
+SNAPSHOT_SCHEMA = QUESTION_SCHEMA.append(pa.field("provenance", pa.string(), nullable=False))
+ENTRY_POINT_GROUP = "envloop.environment_generators"
+
+
+@dataclass(frozen=True)
+class SynthesisRequest:
+    """What a round asks a generator for."""
+
+    round: str
+    clusters: tuple[FailureCluster, ...]
+    n_examples: int
+    seed: int
+
+
+class EnvironmentGenerator(Protocol):
+    """Makes training rows aimed at failure clusters (``SNAPSHOT_SCHEMA``)."""
+
+    name: str
+
+    def synthesize(self, request: SynthesisRequest, train: pa.Table) -> pa.Table: ...
+
+
+def allocate(clusters: Sequence[FailureCluster], n_examples: int) -> list[int]:
+    """Split ``n_examples`` across clusters in proportion to their excess errors (at least 1 each)."""
+    if not clusters or n_examples <= 0:
+        return [0] * len(clusters)
+    weights = np.array([max(c.excess_errors, 0.0) + 1.0 for c in clusters])
+    raw = weights / weights.sum() * n_examples
+    counts = np.maximum(np.floor(raw).astype(int), 1)
+    while counts.sum() > n_examples and counts.max() > 1:
+        counts[int(np.argmax(counts))] -= 1
+    for i in np.argsort(-(raw - np.floor(raw)))[: max(n_examples - int(counts.sum()), 0)]:
+        counts[i] += 1
+    return counts.tolist()
+
+
+def _provenance(request: SynthesisRequest, cluster: FailureCluster, generator: str, kind: str, **extra: Any) -> str:
+    return json.dumps({"round": request.round, "cluster": cluster.name, "generator": generator, "kind": kind, **extra},
+                      sort_keys=True, ensure_ascii=False)
+
+
+def with_provenance(table: pa.Table, provenance: Sequence[str] | str) -> pa.Table:
+    values = [provenance] * table.num_rows if isinstance(provenance, str) else list(provenance)
+    return table.select(QUESTION_SCHEMA.names).cast(QUESTION_SCHEMA).append_column(
+        pa.field("provenance", pa.string(), nullable=False), pa.array(values, pa.string()))
+
+
+class BuiltinTargetedGenerator:
+    """The built-in benchmark's targeted mode: new users, aimed at each cluster's family and variant."""
+
+    name = "builtin_targeted"
+
+    def __init__(self, benchmark_config: Any) -> None:
+        self.config = benchmark_config
+
+    def synthesize(self, request: SynthesisRequest, train: pa.Table) -> pa.Table:
+        from envloop_pipelines.core.benchmark import FAMILIES, VARIANTS, generate_targeted
+
+        parts = []
+        for i, (cluster, n) in enumerate(zip(request.clusters, allocate(request.clusters, request.n_examples))):
+            if n == 0:
+                continue
+            family = cluster.key.get("family") if cluster.key.get("family") in FAMILIES else None
+            variant = cluster.key.get("variant") if cluster.key.get("variant") in VARIANTS else None
+            objects = generate_targeted(self.config, n_records=n, family=family, variant=variant,
+                                        seed=request.seed * 1000 + i, id_prefix=f"{request.round}c{i}")
+            records = records_from_objects([(o, k) for k, o in enumerate(objects, 1)], file=f"<synthesis {cluster.name}>",
+                                           token_budget=None)
+            parts.append(with_provenance(questions_table(records),
+                                         _provenance(request, cluster, self.name, "targeted_new_users",
+                                                     family=family, variant=variant)))
+        return pa.concat_tables(parts) if parts else SNAPSHOT_SCHEMA.empty_table()
+
+
+_PARAPHRASES: tuple[str, ...] = (
+    "{q}",
+    "Question: {q}",
+    "Decide the following. {q}",
+    "Based only on the information given: {q}",
+)
+
+
+class VariantGenerator:
+    """Label-preserving variants of training questions in the clusters' families (imported data)."""
+
+    name = "label_preserving_variants"
+
+    def synthesize(self, request: SynthesisRequest, train: pa.Table) -> pa.Table:
+        rng = np.random.default_rng(request.seed)
+        rows = [r for r in train.to_pylist() if r.get("label") is not None]
+        out: list[dict[str, Any]] = []
+        provenance: list[str] = []
+        for cluster, n in zip(request.clusters, allocate(request.clusters, request.n_examples)):
+            pool = [r for r in rows if r["family"] == cluster.key.get("family", r["family"])
+                    and (cluster.key.get("variant") in (None, "unknown") or r.get("variant") == cluster.key.get("variant"))]
+            pool = pool or [r for r in rows if r["family"] == cluster.key.get("family")]
+            if not pool:
+                continue
+            for _ in range(n):
+                row = dict(pool[int(rng.integers(len(pool)))])
+                kind = self._vary(row, rng, rid_suffix=f"~{request.round}-{len(out)}")
+                out.append(row)
+                provenance.append(_provenance(request, cluster, self.name, kind, source_record=row["record_id"].split("~")[0]))
+        if not out:
+            return SNAPSHOT_SCHEMA.empty_table()
+        return with_provenance(pa.Table.from_pylist(out, schema=QUESTION_SCHEMA), provenance)
+
+    @staticmethod
+    def _vary(row: dict[str, Any], rng: np.random.Generator, rid_suffix: str) -> str:
+        """Apply one label-preserving transformation in place; return its kind."""
+        row["record_id"] = row["record_id"] + rid_suffix
+        choices = ["paraphrase", "reweight"]
+        if row["type"] == "choice" and len(row["option_keys"]) > 2:
+            choices.append("option_permutation")
+        if row["type"] == "noul" and row.get("soft_label") is None:
+            choices.append("negation")
+        kind = choices[int(rng.integers(len(choices)))]
+        if kind == "option_permutation":
+            order = rng.permutation(len(row["option_keys"])).tolist()
+            label_key = row["option_keys"][row["label"]]
+            row["option_keys"] = [row["option_keys"][i] for i in order]
+            row["option_texts"] = [row["option_texts"][i] for i in order]
+            row["label"] = row["option_keys"].index(label_key)
+            if row.get("soft_label") is not None:
+                row["soft_label"] = [row["soft_label"][i] for i in order]
+        elif kind == "negation":
+            # Same options, the question asked the other way round: the label flips.
+            row["instructions_text"] = f"Is the following false? {row['instructions_text']}"
+            row["option_texts"] = [row["option_texts"][1], row["option_texts"][0]]
+            row["label"] = 1 - row["label"]
+        elif kind == "paraphrase":
+            template = _PARAPHRASES[1 + int(rng.integers(len(_PARAPHRASES) - 1))]
+            row["instructions_text"] = template.format(q=row["instructions_text"])
+        return kind
+
+
+def load_generator(spec: str, **kwargs: Any) -> EnvironmentGenerator:
+    """A generator by entry-point name or ``module:attribute`` (a class or a factory)."""
+    builtin = {"builtin_targeted": BuiltinTargetedGenerator, "label_preserving_variants": VariantGenerator}
+    if spec in builtin:
+        factory: Any = builtin[spec]
+    elif ":" in spec:
+        module, _, attr = spec.partition(":")
+        factory = getattr(importlib.import_module(module), attr)
+    else:
+        found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == spec]
+        if not found:
+            raise ValueError(f"unknown environment generator {spec!r}: use {', '.join(builtin)}, an entry point in "
+                             f"{ENTRY_POINT_GROUP!r}, or 'module:attribute'")
+        factory = found[0].load()
+    generator = factory(**kwargs) if isinstance(factory, type) or callable(factory) else factory
+    if not hasattr(generator, "synthesize"):
+        raise TypeError(f"environment generator {spec!r} has no synthesize(request, train) method")
+    return generator

@@ -1,0 +1,1 @@
+"""The round as Dagster assets: the thin layer over ``core.loop.round``."""

@@ -1,0 +1,38 @@
+"""Automation: the next round after each decision, and failed rounds into the ledger."""
+
+
+import dagster as dg
+
+from envloop_pipelines.core.loop.budget import next_round
+from envloop_pipelines.core.loop.ledger import Ledger
+from envloop_pipelines.defs.rounds.assets import promotion_decision, round_job
+from envloop_pipelines.defs.rounds.partitions import rounds
+from envloop_pipelines.resources.loop import LoopResource
+
+
+@dg.asset_sensor(asset_key=promotion_decision.key, job=round_job, minimum_interval_seconds=30,
+                 default_status=dg.DefaultSensorStatus.RUNNING)
+def next_round_sensor(context: dg.SensorEvaluationContext, asset_event: dg.EventLogEntry,
+                      loop: LoopResource) -> dg.SensorResult | dg.SkipReason:
+    """After a round is decided, add the next partition and request its run while the loop's budget lasts."""
+    cfg = loop.config()
+    nxt = next_round(cfg.task, home=cfg.home)
+    if nxt.round is None:
+        return dg.SkipReason(nxt.reason)
+    return dg.SensorResult(
+        run_requests=[dg.RunRequest(partition_key=nxt.round, run_key=nxt.run_key, tags={"envloop/loop": nxt.run_key})],
+        dynamic_partitions_requests=[rounds.build_add_request([nxt.round])],
+    )
+
+
+@dg.run_failure_sensor(monitored_jobs=[round_job], default_status=dg.DefaultSensorStatus.RUNNING)
+def failed_round_sensor(context: dg.RunFailureSensorContext, loop: LoopResource) -> None:
+    """Record a failed round in the ledger (with the Dagster run and its error)."""
+    cfg = loop.config()
+    run = context.dagster_run
+    Ledger(cfg.task, cfg.home).append(
+        "round_failed",
+        {"round": run.tags.get("dagster/partition"), "dagster_run_id": run.run_id,
+         "error": context.failure_event.message if context.failure_event else None},
+        key=f"failed:{run.run_id}",
+    )
