@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -148,27 +147,15 @@ def data_show(task: str, as_json: bool) -> None:
         _print_summary(summary)
 
 
-# --------------------------------------------------------------------------- demo
-
-
-@main.command("demo")
-@click.option("--seed", type=int, default=0, show_default=True)
-def demo(seed: int) -> None:
-    """The main job on the embedded defaults: generate and import the built-in benchmark, print its summary."""
-    from envloop_pipelines.core.datasets import generate_builtin_task
-
-    started = time.perf_counter()
-    result = generate_builtin_task(task="personal_agent", seed=seed)
-    click.echo(f"built-in benchmark: {result['records']} records written to {result['path']} "
-               f"(generate {result['generate_s']:.2f}s, import {result['import_s']:.2f}s)")
-    _print_summary(result["summary"])
-    click.echo(f"done in {time.perf_counter() - started:.1f}s")
-
-
 def _register_subcommands() -> None:
+    from envloop_pipelines import cli_round
+    from envloop_pipelines.cli_model import evaluate, train
     from envloop_pipelines.cli_sandbox import sandbox
 
     main.add_command(sandbox)
+    main.add_command(train)
+    main.add_command(evaluate)
+    cli_round.register(main)
 
 
 _register_subcommands()

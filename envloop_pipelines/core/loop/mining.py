@@ -20,6 +20,13 @@ import pyarrow as pa
 #: State length buckets in characters (short notes, a paragraph, a page, long).
 LENGTH_BUCKETS: tuple[tuple[int, str], ...] = ((400, "short"), (900, "medium"), (1600, "long"))
 CLUSTER_KEYS: tuple[str, ...] = ("family", "type", "transition", "variant", "length", "renderer")
+#: Coarser groupings tried in turn when no cluster at the finer one reaches the minimum size (small dev sets).
+FALLBACK_GROUPINGS: tuple[tuple[str, ...], ...] = (
+    CLUSTER_KEYS,
+    ("family", "type", "transition", "variant"),
+    ("family", "variant"),
+    ("family",),
+)
 
 
 @dataclass(frozen=True)
@@ -75,6 +82,19 @@ def length_bucket(n_chars: int) -> str:
         if n_chars < limit:
             return name
     return "very_long"
+
+
+def mine_failures_with_fallback(questions: pa.Table, predictions: pa.Table, *, threshold: float,
+                                min_cluster_size: int = 3, max_examples: int = 5) -> FailureReport:
+    """:func:`mine_failures` at the finest grouping that yields a cluster (see :data:`FALLBACK_GROUPINGS`)."""
+    report = None
+    for grouping in FALLBACK_GROUPINGS:
+        report = mine_failures(questions, predictions, threshold=threshold, min_cluster_size=min_cluster_size,
+                               max_examples=max_examples, group_by=grouping)
+        if report.clusters:
+            break
+    assert report is not None
+    return report
 
 
 def mine_failures(

@@ -16,7 +16,7 @@ import json
 import logging
 import shutil
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from envloop_pipelines.core.loop.contamination import ContaminationConfig, check_contamination
 from envloop_pipelines.core.loop.ledger import Gate, Hypothesis, Ledger, LedgerError
-from envloop_pipelines.core.loop.mining import FailureCluster, FailureReport, mine_failures
+from envloop_pipelines.core.loop.mining import FailureCluster, mine_failures_with_fallback
 from envloop_pipelines.core.loop.promotion import (
     NoiseFloor,
     PromotionDecision,
@@ -416,7 +416,7 @@ def failure_mining(config: LoopConfig, key: str) -> dict[str, Any]:
     d = RoundPaths(config).round_dir(key)
     base = _require(d / "baseline_eval.json", "baseline_eval")
     dev = open_task(config.task, home=config.home).table("dev")
-    report = mine_failures(dev, pq.read_table(base["predictions"]), threshold=base["automation_threshold"])
+    report = mine_failures_with_fallback(dev, pq.read_table(base["predictions"]), threshold=base["automation_threshold"])
     result = {"round": key, **report.to_dict()}
     atomic_write_json(d / "failure_mining.json", result, overwrite=True)
     return result
@@ -486,7 +486,7 @@ def registered_hypothesis(config: LoopConfig, key: str, tracker: MlflowTracker, 
         benchmark_version=snapshot.benchmark_version,
         change=proposal.get("change") or {"kind": "data", "generator": synth["generator"], "clusters": synth["clusters"],
                                           "n_new_examples": synth["n_rows"], "synthesis_sha256": synth["sha256"],
-                                          "recipe_overrides": dict(config.recipe_overrides)},
+                                          "loop_recipe_overrides": dict(config.recipe_overrides)},
         predicted_delta=predicted,
         gate=Gate(**proposal.get("gate", {})),
         seeds=tuple(proposal.get("seeds") or (recipe.seed + 1000 + round_number(key),)),
@@ -581,7 +581,8 @@ def lora_checkpoint(config: LoopConfig, key: str, tracker: MlflowTracker, *, run
     snapshot = open_task(config.task, home=config.home)
     require_same_benchmark(hypothesis.benchmark_version, snapshot.benchmark_version)
     champ = champion(config)
-    recipe = config.load_recipe().replace(seed=hypothesis.seeds[0])
+    # The hypothesis may change the recipe (a recipe diff is a hypothesis too); the seed is the registered one.
+    recipe = config.load_recipe().replace(**dict(hypothesis.change.get("recipe_overrides") or {}), seed=hypothesis.seeds[0])
     run = child_run(tracker, config, key, "training", {**(run_tags or {}), "envloop.hypothesis_hash": hypothesis.hash})
     tracker.log_params(run.run_id, {**{f"recipe.{k}": v for k, v in recipe_to_dict(recipe).items()},
                                     "snapshot_sha256": snap["sha256"], "init_from": champ["checkpoint_sha256"],

@@ -124,8 +124,8 @@ class Recipe:
     max_length: int = 256
     lora: LoraSpec = field(default_factory=LoraSpec)
     head_hidden: int = 256
-    lr: float = 5e-4
-    head_lr: float = 2e-3
+    lr: float = 1e-3
+    head_lr: float = 3e-3
     epochs: int = 3
     max_steps: int | None = None
     batch_size: int = 16

@@ -199,7 +199,7 @@ def promotion_decision(context: dg.AssetExecutionContext, loop: LoopResource, ml
 ROUND_ASSETS = [baseline_eval, failure_mining, environment_synthesis, registered_hypothesis,
                 training_dataset_snapshot, lora_checkpoint, independent_reeval, promotion_decision]
 
-round_job = dg.define_asset_job("round_job", selection=dg.AssetSelection.assets(*ROUND_ASSETS), partitions_def=rounds,
+round_job = dg.define_asset_job("round_job", selection=dg.AssetSelection.assets(*ROUND_ASSETS),
                                 description="One round of the loop, for one partition of `rounds`.")
 setup_job = dg.define_asset_job("setup_job", selection=dg.AssetSelection.assets(task_benchmark, noise_floor),
                                 description="The benchmark and the noise floor (and the first champion).")

@@ -1,0 +1,118 @@
+"""Decision-model quality on the built-in benchmark's test split, measured side by side in one run.
+
+    .venv/bin/python bench/bench_model_quality.py [--users 240] [--override epochs=2 ...]
+
+Three models on the same splits, each calibrated on val (one temperature per
+question type), each scored on test by the sandboxed verifier:
+
+- the trained model: the default CPU recipe (``decision_head_cpu.yaml``), LoRA + head;
+- the untrained packaged model: the same readout before training (random head);
+- TF-IDF + logistic regression per family (scikit-learn).
+
+Prints family-macro accuracy, Brier, ECE after calibration and coverage at 5%
+error, and the trained model's ratios to each baseline. Target: the trained
+model beats both baselines on accuracy and Brier, with calibrated ECE ≤ 0.05.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from envloop_pipelines.cli_round import _parse_overrides  # noqa: E402
+from envloop_pipelines.core.baseline import TfidfBaseline  # noqa: E402
+from envloop_pipelines.core.benchmark import SAFETY_FAMILIES  # noqa: E402
+from envloop_pipelines.core.datasets import generate_builtin_task  # noqa: E402
+from envloop_pipelines.core.loop.round import resolve_recipe_path, write_table  # noqa: E402
+from envloop_pipelines.core.model.calibration import fit_calibration  # noqa: E402
+from envloop_pipelines.core.model.predict import DecisionModel, predictions_table  # noqa: E402
+from envloop_pipelines.core.model.readout import questions_from_table  # noqa: E402
+from envloop_pipelines.core.model.recipe import load_recipe  # noqa: E402
+from envloop_pipelines.core.model.training import build_trainable_model, train_checkpoint  # noqa: E402
+from envloop_pipelines.core.snapshots import open_task  # noqa: E402
+from envloop_pipelines.core.verify.runner import verify_task  # noqa: E402
+
+KEYS = ("family_macro_accuracy", "brier", "ece", "coverage_at_5pct", "nll", "fnr/needs_approval")
+
+
+def score(task: str, home: Path, name: str, table) -> dict:  # noqa: ANN001
+    path = write_table(home / f"{name}-test.parquet", table)
+    run = verify_task(task, "test", path, home=home, safety_families=SAFETY_FAMILIES)
+    if not run.ok:
+        raise SystemExit(f"verifier failed for {name}: {run.error}")
+    return dict(run.report.metrics)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--users", type=int, default=None, help="benchmark users (default: the benchmark default)")
+    parser.add_argument("--recipe", default="packaged:decision_head_cpu.yaml")
+    parser.add_argument("--override", action="append", default=[], help="recipe override KEY=VALUE")
+    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    args = parser.parse_args()
+
+    home = Path(tempfile.mkdtemp(prefix="bench-quality-"))
+    gen = generate_builtin_task(task="personal_agent", n_users=args.users, home=home)
+    snapshot = open_task("personal_agent", home=home)
+    train, val, test = snapshot.table("train"), snapshot.table("val"), snapshot.table("test")
+    print(f"benchmark {snapshot.benchmark_version}: train={train.num_rows} val={val.num_rows} test={test.num_rows} "
+          f"questions ({gen['records']} records)")
+    recipe = load_recipe(resolve_recipe_path(args.recipe))
+    if args.override:
+        recipe = recipe.replace(**_parse_overrides(tuple(args.override)))
+    results: dict[str, dict] = {}
+    timings: dict[str, float] = {}
+
+    t0 = time.perf_counter()
+    tfidf = TfidfBaseline().fit(train, val)
+    results["tfidf_lr"] = score("personal_agent", home, "tfidf", tfidf.predict_table(test))
+    timings["tfidf_lr"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    untrained, _ = build_trainable_model(recipe)
+    model = DecisionModel(untrained.eval(), batch_size=recipe.eval_batch_size)
+    val_q = questions_from_table(val)
+    logits = model.predict_logits(val_q)
+    model.calibration = fit_calibration(
+        logits, [q.label if q.label is not None else -1 for q in val_q], [q.type for q in val_q],
+        soft_labels=[None if q.soft_label is None else np.asarray(q.soft_label) for q in val_q],
+        error_budget=recipe.error_budget)
+    results["untrained_packaged"] = score("personal_agent", home, "untrained",
+                                          predictions_table(model.predict(questions_from_table(test))))
+    timings["untrained_packaged"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    ckpt = train_checkpoint(train, val, recipe, home / "trained", data_hash=snapshot.snapshot_id)
+    train_s = time.perf_counter() - t0
+    trained = DecisionModel.load(ckpt)
+    results["trained"] = score("personal_agent", home, "trained", predictions_table(trained.predict(questions_from_table(test))))
+    timings["trained"] = time.perf_counter() - t0
+
+    print(f"\nrecipe: {args.recipe} {dict(_parse_overrides(tuple(args.override)))}; training {train_s:.0f}s "
+          f"({train.num_rows * recipe.epochs / train_s:.1f} training examples/s over {recipe.epochs} epochs)")
+    print(f"{'model':<20}" + "".join(f"{k:>22}" for k in KEYS) + f"{'time s':>9}")
+    for name, m in results.items():
+        print(f"{name:<20}" + "".join(f"{m.get(k, float('nan')) if m.get(k) is not None else float('nan'):>22.4f}"
+                                      for k in KEYS) + f"{timings[name]:>9.0f}")
+    t, u, b = results["trained"], results["untrained_packaged"], results["tfidf_lr"]
+    print("\nratios (trained / baseline): "
+          f"accuracy x{t['family_macro_accuracy'] / u['family_macro_accuracy']:.2f} vs untrained, "
+          f"x{t['family_macro_accuracy'] / b['family_macro_accuracy']:.2f} vs TF-IDF; "
+          f"Brier x{t['brier'] / u['brier']:.2f} vs untrained, x{t['brier'] / b['brier']:.2f} vs TF-IDF (lower is better)")
+    verdict = (t["family_macro_accuracy"] > max(u["family_macro_accuracy"], b["family_macro_accuracy"])
+               and t["brier"] < min(u["brier"], b["brier"]) and t["ece"] <= 0.05)
+    print(f"target (beats both on accuracy and Brier, calibrated ECE <= 0.05): {'MET' if verdict else 'NOT MET'}")
+    if args.out:
+        args.out.write_text(json.dumps({"results": results, "timings": timings, "train_s": train_s}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

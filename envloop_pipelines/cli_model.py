@@ -1,0 +1,68 @@
+"""``envloop train`` and ``envloop eval``: the entry points a training pod runs."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+
+from envloop_pipelines.cli_round import _parse_overrides
+
+
+@click.command("train")
+@click.option("--task", required=True, help="Task name (its current snapshot).")
+@click.option("--recipe", "recipe_path", required=True, help="Recipe YAML (a path or packaged:<file>).")
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="New checkpoint directory.")
+@click.option("--init-from", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="Continue from this checkpoint (the champion) instead of the base model.")
+@click.option("--override", "overrides", multiple=True, help="Recipe override KEY=VALUE (repeatable).")
+def train(task: str, recipe_path: str, out: Path, init_from: Path | None, overrides: tuple[str, ...]) -> None:
+    """Train a decision model on TASK's train split, calibrate on val, write a checkpoint to OUT."""
+    from envloop_pipelines.core.loop.round import resolve_recipe_path
+    from envloop_pipelines.core.model.recipe import RecipeError, load_recipe
+    from envloop_pipelines.core.model.training import train_checkpoint
+    from envloop_pipelines.core.snapshots import open_task
+
+    try:
+        recipe = load_recipe(resolve_recipe_path(recipe_path))
+        if overrides:
+            recipe = recipe.replace(**_parse_overrides(overrides))
+    except (RecipeError, FileNotFoundError, TypeError, ValueError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--recipe/--override") from None
+    if out.exists():
+        raise click.BadParameter(f"{out} exists; checkpoints are never overwritten", param_hint="--out")
+    snapshot = open_task(task)
+    started = time.perf_counter()
+    ckpt = train_checkpoint(snapshot.table("train"), snapshot.table("val"), recipe, out,
+                            data_hash=snapshot.snapshot_id, init_from=init_from)
+    metrics = json.loads((ckpt / "metrics.json").read_text())
+    click.echo(json.dumps({"checkpoint": str(ckpt), "train_s": round(time.perf_counter() - started, 1),
+                           "benchmark_version": snapshot.benchmark_version, "metrics": metrics}, indent=2, default=str))
+
+
+@click.command("eval")
+@click.option("--checkpoint", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--task", required=True)
+@click.option("--split", type=click.Choice(["dev", "val", "train"]), default="dev", show_default=True,
+              help="An open split; test and holdout are scored by the verifier only.")
+@click.option("--json", "as_json", is_flag=True)
+def evaluate(checkpoint: Path, task: str, split: str, as_json: bool) -> None:
+    """Metrics of a checkpoint on an open split of TASK (the checkpoint's manifest is verified first)."""
+    from envloop_pipelines.core.benchmark import SAFETY_FAMILIES
+    from envloop_pipelines.core.model.predict import evaluate_checkpoint
+    from envloop_pipelines.core.snapshots import open_task
+
+    snapshot = open_task(task)
+    result = evaluate_checkpoint(checkpoint, snapshot.table(split), safety_families=SAFETY_FAMILIES)
+    result["split"], result["benchmark_version"] = split, snapshot.benchmark_version
+    if as_json:
+        click.echo(json.dumps(result, indent=2, default=str))
+        return
+    click.echo(f"{checkpoint} on {task}/{split} ({snapshot.benchmark_version})")
+    for key, value in result.items():
+        if isinstance(value, float):
+            click.echo(f"  {key:<28} {value:.4f}")
+        elif isinstance(value, int):
+            click.echo(f"  {key:<28} {value}")

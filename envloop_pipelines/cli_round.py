@@ -1,0 +1,254 @@
+"""``envloop round``, ``releases``, ``ledger``, ``ui`` and the demo: the loop from the command line.
+
+Rounds run through Dagster (the same jobs the UI launches) on the instance in
+``$DAGSTER_HOME`` (default ``<envloop home>/dagster``, SQLite), so every run
+shows up in ``envloop ui`` afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from envloop_pipelines.core.storage import envloop_home
+
+
+def _parse_overrides(pairs: tuple[str, ...]) -> dict[str, Any]:
+    import yaml
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} must look like KEY=VALUE", param_hint="--override")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def dagster_home() -> Path:
+    """``$DAGSTER_HOME``, or ``<envloop home>/dagster`` with the project's local ``dagster.yaml``."""
+    home = Path(os.environ.get("DAGSTER_HOME") or envloop_home() / "dagster").resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    config = home / "dagster.yaml"
+    if not config.exists():
+        config.write_text("telemetry:\n  enabled: false\n", encoding="utf-8")
+    os.environ["DAGSTER_HOME"] = str(home)
+    return home
+
+
+#: Dagster's console logger at WARNING: the CLI prints its own one line per step.
+QUIET: dict[str, Any] = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+
+
+def run_loop(*, loop_settings: dict[str, Any], rounds: int, patience: int, max_wall_s: float,
+             proposal: dict[str, Any] | None = None, echo: Any = click.echo) -> list[dict[str, Any]]:
+    """Set up the benchmark and noise floor, then run rounds while the loop's budget lasts."""
+    import dagster as dg
+
+    from envloop_pipelines.core.loop.budget import LoopBudget, next_round, start_loop
+    from envloop_pipelines.definitions import defs
+    from envloop_pipelines.defs.rounds.partitions import rounds as rounds_partitions
+    from envloop_pipelines.resources.loop import LoopResource, MlflowResource
+
+    dagster_home()
+    instance = dg.DagsterInstance.get()
+    loop = LoopResource(**loop_settings)
+    cfg = loop.config()
+    resources = {"loop": loop, "mlflow": MlflowResource()}
+    timings: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    setup = defs.get_job_def("setup_job")
+    result = setup.execute_in_process(instance=instance, resources=resources, run_config=QUIET)
+    timings.append({"step": "setup (benchmark + noise floor)", "s": time.perf_counter() - started,
+                    "success": result.success})
+    echo(f"setup: benchmark and noise floor ready ({timings[-1]['s']:.0f}s)")
+    state = start_loop(cfg.task, f"cli-{int(time.time())}", LoopBudget(max_rounds=rounds, patience=patience,
+                                                                       max_wall_s=max_wall_s), home=cfg.home)
+    job = defs.get_job_def("round_job")
+    while True:
+        nxt = next_round(cfg.task, home=cfg.home)
+        if nxt.round is None:
+            echo(f"loop {state.loop_id} stops: {nxt.reason}")
+            break
+        instance.add_dynamic_partitions(rounds_partitions.name, [nxt.round])
+        t0 = time.perf_counter()
+        run_config: dict[str, Any] = dict(QUIET)
+        if proposal is not None:
+            run_config["ops"] = {"registered_hypothesis": {"config": {"proposal_json": json.dumps(proposal)}}}
+        out = job.execute_in_process(instance=instance, resources=resources, partition_key=nxt.round,
+                                     run_config=run_config, tags={"envloop/loop": nxt.run_key}, raise_on_error=False)
+        timings.append({"step": f"round {nxt.round}", "s": time.perf_counter() - t0, "success": out.success})
+        if not out.success:
+            echo(f"round {nxt.round} failed; see `envloop ledger` and the Dagster run {out.run_id}")
+            break
+        decision = json.loads((envloop_home(cfg.home) / "loops" / cfg.task / "rounds" / nxt.round /
+                               "promotion_decision.json").read_text())
+        verdict = f"promoted as release {decision['release']}" if decision["promote"] else "rejected"
+        echo(f"round {nxt.round}: {verdict} (delta {decision['delta']['delta']:+.4f}, floor {decision['noise_floor']:.4f}; "
+             f"{timings[-1]['s']:.0f}s)")
+        for reason in decision["reasons"]:
+            echo(f"  - {reason}")
+    return timings
+
+
+def print_releases(task: str, as_json: bool = False) -> None:
+    from envloop_pipelines.core.loop.ledger import Ledger
+
+    releases = Ledger(task).releases()
+    if as_json:
+        click.echo(json.dumps(releases, indent=2, default=str))
+        return
+    if not releases:
+        click.echo(f"task {task}: no releases yet")
+        return
+    click.echo(f"release chain of {task}:")
+    click.echo(f"{'release':>7}  {'round':<9} {'parent':>6}  {'holdout acc':>11} {'holdout brier':>13} {'test acc':>8}  checkpoint")
+    for r in releases:
+        h, t = r.get("holdout") or {}, r.get("test") or {}
+        click.echo(f"{r['release']:>7}  {r['round']:<9} {str(r.get('parent_release') or '-'):>6}  "
+                   f"{h.get('family_macro_accuracy', float('nan')):>11.4f} {h.get('brier', float('nan')):>13.4f} "
+                   f"{t.get('family_macro_accuracy', float('nan')):>8.4f}  {r['checkpoint_sha256'][:12]}")
+        for e in r.get("errata", []):
+            click.echo(f"         erratum {e['erratum']}: {e['field']} {e['old']} -> {e['new']} ({e['reason']})")
+
+
+def _loop_options(fn):  # noqa: ANN001, ANN202 - click decorator
+    options = [
+        click.option("--task", default="personal_agent", show_default=True),
+        click.option("--recipe", default="packaged:decision_head_cpu.yaml", show_default=True,
+                     help="Recipe file (packaged:<name> or a path)."),
+        click.option("--override", "overrides", multiple=True, help="Recipe override KEY=VALUE (repeatable)."),
+        click.option("--noise-arms", type=int, default=3, show_default=True),
+        click.option("--synthesized", "n_synthesized", type=int, default=120, show_default=True,
+                     help="New training examples per round."),
+        click.option("--generator", default="builtin_targeted", show_default=True,
+                     help="builtin_targeted | label_preserving_variants | module:attribute"),
+        click.option("--users", type=int, default=None, help="Built-in benchmark size (when generated)."),
+        click.option("--records-per-user", type=int, default=None),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _settings(task: str, recipe: str, overrides: tuple[str, ...], noise_arms: int, n_synthesized: int, generator: str,
+              users: int | None, records_per_user: int | None) -> dict[str, Any]:
+    return {"task": task, "recipe": recipe, "recipe_overrides_json": json.dumps(_parse_overrides(overrides)),
+            "noise_arms": noise_arms, "n_synthesized": n_synthesized, "generator": generator,
+            "builtin_users": users, "builtin_records_per_user": records_per_user}
+
+
+@click.group("round")
+def round_group() -> None:
+    """Run rounds of the loop."""
+
+
+@round_group.command("start")
+@_loop_options
+@click.option("--rounds", type=int, default=1, show_default=True, help="Round budget of this loop.")
+@click.option("--patience", type=int, default=2, show_default=True, help="Stop after this many rounds without gain.")
+@click.option("--max-wall-s", type=float, default=6 * 3600, show_default=True)
+@click.option("--hypothesis", "hypothesis_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="A person's hypothesis (JSON: change, predicted_delta, gate, seeds, rationale).")
+def round_start(task: str, recipe: str, overrides: tuple[str, ...], noise_arms: int, n_synthesized: int, generator: str,
+                users: int | None, records_per_user: int | None, rounds: int, patience: int, max_wall_s: float,
+                hypothesis_file: Path | None) -> None:
+    """Start a loop of rounds and run it to the end of its budget."""
+    proposal = None
+    if hypothesis_file is not None:
+        try:
+            proposal = json.loads(hypothesis_file.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise click.BadParameter(f"{hypothesis_file}: line {exc.lineno}: {exc.msg}", param_hint="--hypothesis") from None
+        if not isinstance(proposal, dict):
+            raise click.BadParameter(f"{hypothesis_file}: must be a JSON object", param_hint="--hypothesis")
+    run_loop(loop_settings=_settings(task, recipe, overrides, noise_arms, n_synthesized, generator, users, records_per_user),
+             rounds=rounds, patience=patience, max_wall_s=max_wall_s, proposal=proposal)
+    print_releases(task)
+
+
+@round_group.command("add")
+@click.option("--task", default="personal_agent", show_default=True)
+def round_add(task: str) -> None:
+    """Add the next round partition (for `dagster asset materialize --partition`) and print its key."""
+    import dagster as dg
+
+    from envloop_pipelines.core.loop.budget import last_round_number
+    from envloop_pipelines.core.loop.round import round_key
+
+    dagster_home()
+    instance = dg.DagsterInstance.get()
+    existing = instance.get_dynamic_partitions("rounds")
+    key = round_key(max([last_round_number(task)] + [int(k[1:]) for k in existing]) + 1)
+    instance.add_dynamic_partitions("rounds", [key])
+    click.echo(key)
+
+
+@click.command("releases")
+@click.option("--task", default="personal_agent", show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def releases(task: str, as_json: bool) -> None:
+    """The release chain: one card per release, holdout first, errata beside."""
+    print_releases(task, as_json)
+
+
+@click.command("ledger")
+@click.option("--task", default="personal_agent", show_default=True)
+@click.option("--kind", default=None, help="Only events of this kind (hypothesis_registered, candidate_rejected, ...).")
+@click.option("--json", "as_json", is_flag=True)
+def ledger(task: str, kind: str | None, as_json: bool) -> None:
+    """Every hypothesis, arm, rejected candidate and release of the task's loop."""
+    from envloop_pipelines.core.loop.ledger import Ledger
+
+    events = list(Ledger(task).events(kind))
+    if as_json:
+        click.echo(json.dumps(events, indent=2, default=str))
+        return
+    for e in events:
+        detail = {k: v for k, v in e.items() if k not in ("event_id", "at", "kind", "task", "candidate", "champion")}
+        click.echo(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(e['at']))}  {e['kind']:<22} "
+                   f"{json.dumps(detail, default=str)[:200]}")
+
+
+@click.command("ui")
+@click.option("--port", type=int, default=3000, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True)
+def ui(port: int, host: str) -> None:
+    """Start `dagster dev` on this project's workspace (the Dagster UI and daemon)."""
+    home = dagster_home()
+    workspace = Path(__file__).resolve().parents[1] / "workspace.yaml"
+    argv = [str(Path(sys.executable).with_name("dagster")), "dev", "-h", host, "-p", str(port)]
+    argv += ["-w", str(workspace)] if workspace.exists() else ["-m", "envloop_pipelines.definitions"]
+    click.echo(f"DAGSTER_HOME={home}; {' '.join(argv)}")
+    raise SystemExit(subprocess.call(argv))
+
+
+#: The README's main job: two rounds on the built-in benchmark, sized to finish in minutes on 2 CPU cores.
+DEMO_OVERRIDES = ("max_steps=40", "max_length=192")
+
+
+@click.command("demo")
+@click.option("--rounds", type=int, default=2, show_default=True)
+def demo(rounds: int) -> None:
+    """The main job on the embedded defaults: a two-round loop on the built-in benchmark, then the release chain."""
+    started = time.perf_counter()
+    timings = run_loop(loop_settings=_settings("personal_agent", "packaged:decision_head_cpu.yaml", DEMO_OVERRIDES, 2,
+                                               120, "builtin_targeted", None, None),
+                       rounds=rounds, patience=rounds, max_wall_s=3600)
+    print_releases("personal_agent")
+    click.echo("timings: " + ", ".join(f"{t['step']} {t['s']:.0f}s" for t in timings))
+    click.echo(f"demo finished in {time.perf_counter() - started:.0f}s; MLflow: sqlite under {envloop_home()}, "
+               f"Dagster runs: `envloop ui`")
+
+
+def register(main: click.Group) -> None:
+    for command in (round_group, releases, ledger, ui):
+        main.add_command(command)
+    main.add_command(demo, "demo")

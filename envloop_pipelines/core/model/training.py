@@ -1,0 +1,481 @@
+"""LoRA SFT of a readout, calibration on val, and the checkpoint: :func:`train_checkpoint`.
+
+Training runs on ``transformers.Trainer`` with a custom loss (soft
+cross-entropy over each question's options), a custom collator (questions have
+ragged option counts), and its optimizer split into two learning rates (``lr``
+for LoRA, ``head_lr`` for the decision head). The Trainer brings the schedule,
+gradient accumulation and clipping, bf16 and DeepSpeed on a GPU.
+
+Determinism: ``transformers.set_seed(recipe.seed)`` before the model is built
+(LoRA and head initialisation), a sampler with its own seeded generator (the
+data order is a function of the seed alone), no dataloader workers, and
+``torch.use_deterministic_algorithms(True, warn_only=True)`` for the duration
+of training (restored afterwards).
+
+DeepSpeed: the recipe's config path goes to ``TrainingArguments(deepspeed=…)``
+when a CUDA device is present; on CPU it is ignored with a log line, and so is
+``precision: bf16``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import torch
+from torch.utils.data import Dataset, RandomSampler
+
+from envloop_pipelines.core.model.calibration import fit_calibration
+from envloop_pipelines.core.model.checkpoint import (
+    build_provenance,
+    load_checkpoint,
+    write_checkpoint,
+)
+from envloop_pipelines.core.model.predict import (
+    DecisionModel,
+    QuestionPrediction,
+    evaluate_checkpoint,
+    json_safe,
+    predictions_table,
+    score_predictions,
+)
+from envloop_pipelines.core.model.readout import (
+    Encoded,
+    QuestionInput,
+    ReadoutModel,
+    as_questions,
+    build_readout_model,
+    soft_cross_entropy,
+)
+from envloop_pipelines.core.model.recipe import Recipe, resolve_deepspeed
+from envloop_pipelines.core.records import Record
+
+log = logging.getLogger(__name__)
+
+TableLike = pa.Table | Sequence[Record] | Sequence[QuestionInput]
+
+
+class IncompatibleInitError(ValueError):
+    """``init_from`` names a checkpoint whose readout, base model or LoRA shape differs from the recipe's."""
+
+
+# --------------------------------------------------------------------------- data
+
+
+class _QuestionDataset(Dataset):
+    """Encoded questions with their targets, in a fixed order."""
+
+    def __init__(self, encoded: Sequence[Encoded], targets: Sequence[np.ndarray]) -> None:
+        self.encoded = list(encoded)
+        self.targets = list(targets)
+
+    def __len__(self) -> int:
+        return len(self.encoded)
+
+    def __getitem__(self, i: int) -> tuple[Encoded, np.ndarray]:
+        return self.encoded[i], self.targets[i]
+
+
+class _Collator:
+    """The readout's collate plus padded targets (ragged options → one tensor)."""
+
+    def __init__(self, model: ReadoutModel) -> None:
+        self.model = model
+
+    def __call__(self, items: Sequence[tuple[Encoded, np.ndarray]]) -> dict[str, torch.Tensor]:
+        batch = self.model.collate([e for e, _ in items])
+        k = batch["option_mask"].shape[1]
+        targets = torch.zeros((len(items), k), dtype=torch.float32)
+        for i, (_, t) in enumerate(items):
+            targets[i, : len(t)] = torch.as_tensor(t, dtype=torch.float32)
+        batch["targets"] = targets
+        return batch
+
+
+def _targets(questions: Sequence[QuestionInput], split: str) -> list[np.ndarray]:
+    out, missing = [], []
+    for q in questions:
+        t = q.target()
+        if t is None:
+            missing.append(q.key)
+        else:
+            out.append(t)
+    if missing:
+        shown = ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else "")
+        raise ValueError(f"{split}: {len(missing)} question(s) have neither label nor soft_label: {shown}")
+    return out
+
+
+# --------------------------------------------------------------------------- trainer
+
+
+def _trainer_class() -> type:
+    """The Trainer subclass (built lazily: importing ``transformers.Trainer`` is slow)."""
+    from transformers import Trainer, TrainerCallback
+
+    class _EpochLossCallback(TrainerCallback):
+        def __init__(self, owner: Any) -> None:
+            self.owner = owner
+            self._t0 = 0.0
+
+        def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.owner.epoch_index += 1
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self._t0 = time.perf_counter()
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            self.owner.step_seconds.append(time.perf_counter() - self._t0)
+
+    class ReadoutTrainer(Trainer):
+        """Soft cross-entropy over each question's options; two learning rates; a seeded data order."""
+
+        # compute_loss returns a per-micro-batch mean: let the Trainer divide by grad_accum.
+        loss_is_scaled_for_ga = False
+
+        def __init__(self, *args: Any, recipe: Recipe, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.recipe = recipe
+            self.epoch_index = -1
+            self.loss_log: list[tuple[int, float, int]] = []  # (epoch, loss, questions)
+            self.step_seconds: list[float] = []
+            self.add_callback(_EpochLossCallback(self))
+
+        def compute_loss(self, model: Any, inputs: dict[str, torch.Tensor], return_outputs: bool = False,
+                         num_items_in_batch: Any = None) -> Any:
+            targets = inputs.pop("targets")
+            logits = model(**inputs)
+            loss = soft_cross_entropy(logits, inputs["option_mask"], targets)
+            if model.training:
+                self.loss_log.append((max(self.epoch_index, 0), float(loss.detach()), int(targets.shape[0])))
+            return (loss, logits) if return_outputs else loss
+
+        def create_optimizer(self, model: Any = None) -> torch.optim.Optimizer:
+            if self.optimizer is None:
+                opt_model = self.model if model is None else model
+                groups: dict[tuple[float, float], list[torch.nn.Parameter]] = {}
+                for name, p in opt_model.named_parameters():
+                    if not p.requires_grad:
+                        continue
+                    lr = self.recipe.head_lr if name.startswith("head.") else self.recipe.lr
+                    decay = 0.0 if (p.ndim < 2) else self.recipe.weight_decay  # no decay on biases
+                    groups.setdefault((lr, decay), []).append(p)
+                self.optimizer = torch.optim.AdamW(
+                    [{"params": ps, "lr": lr, "weight_decay": wd} for (lr, wd), ps in groups.items()],
+                    lr=self.recipe.lr,
+                    betas=(0.9, 0.999),
+                    eps=1e-8,
+                )
+            return self.optimizer
+
+        def _get_train_sampler(self, train_dataset: Any = None) -> torch.utils.data.Sampler:
+            ds = train_dataset if train_dataset is not None else self.train_dataset
+            return RandomSampler(ds, generator=torch.Generator().manual_seed(self.recipe.seed))
+
+    return ReadoutTrainer
+
+
+@contextlib.contextmanager
+def _deterministic() -> Iterator[None]:
+    """``torch.use_deterministic_algorithms(True, warn_only=True)`` for the block, then restore."""
+    was, was_warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=was_warn)
+
+
+def _deepspeed_config(recipe: Recipe, cuda: bool) -> Path | None:
+    """The DeepSpeed config to pass through, or None (no config, or no GPU)."""
+    import json
+    import os
+
+    path = resolve_deepspeed(recipe)
+    if path is None:
+        return None
+    if not cuda:
+        log.info("recipe.deepspeed=%s ignored: no CUDA device (DeepSpeed runs on GPUs only)", recipe.deepspeed)
+        return None
+    stage = json.loads(path.read_text()).get("zero_optimization", {}).get("stage", 0)
+    if stage == 3:
+        # ZeRO-3 shards the parameters themselves; the adapter, head and end-of-training
+        # predictions here read whole parameters. LoRA's optimizer state is small: ZeRO-2 suffices.
+        raise ValueError(f"recipe field 'deepspeed': {recipe.deepspeed!r} uses ZeRO stage 3, which train_checkpoint does not support; use stage 0-2")
+    if "WORLD_SIZE" not in os.environ:
+        # Launched as one plain process (not by deepspeed/torchrun/accelerate): a world of one.
+        for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29511")):
+            os.environ.setdefault(key, value)
+        log.info("DeepSpeed in a single process: RANK=0 WORLD_SIZE=1 (launch with accelerate/deepspeed for several GPUs)")
+    return path
+
+
+def _training_arguments(recipe: Recipe, output_dir: str) -> Any:
+    from transformers import TrainingArguments
+
+    cuda = torch.cuda.is_available()
+    deepspeed = _deepspeed_config(recipe, cuda)
+    bf16 = recipe.precision == "bf16"
+    if bf16 and not cuda:
+        log.info("recipe.precision=bf16 ignored on CPU: training in fp32")
+        bf16 = False
+    return TrainingArguments(
+        output_dir=output_dir,
+        num_train_epochs=recipe.epochs,
+        max_steps=recipe.max_steps if recipe.max_steps is not None else -1,
+        per_device_train_batch_size=recipe.batch_size,
+        gradient_accumulation_steps=recipe.grad_accum,
+        learning_rate=recipe.lr,
+        weight_decay=recipe.weight_decay,
+        warmup_steps=recipe.warmup_ratio,  # a float in [0, 1) is a ratio of the total steps
+        lr_scheduler_type=recipe.lr_scheduler,
+        max_grad_norm=recipe.max_grad_norm,
+        seed=recipe.seed,
+        data_seed=recipe.seed,
+        bf16=bf16,
+        deepspeed=str(deepspeed) if deepspeed is not None else None,
+        use_cpu=not cuda,
+        save_strategy="no",
+        eval_strategy="no",
+        logging_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+        dataloader_pin_memory=False,
+        label_names=["targets"],
+    )
+
+
+# --------------------------------------------------------------------------- model building
+
+
+def _check_init_compatible(recipe: Recipe, saved: Recipe, ckpt_dir: Path) -> None:
+    problems = []
+    for name in ("readout", "base_model"):
+        if getattr(recipe, name) != getattr(saved, name):
+            problems.append(f"{name}: recipe {getattr(recipe, name)!r} vs checkpoint {getattr(saved, name)!r}")
+    for name in ("r", "target_modules"):
+        if getattr(recipe.lora, name) != getattr(saved.lora, name):
+            problems.append(f"lora.{name}: recipe {getattr(recipe.lora, name)!r} vs checkpoint {getattr(saved.lora, name)!r}")
+    if recipe.readout == "decision_head" and recipe.head_hidden != saved.head_hidden:
+        problems.append(f"head_hidden: recipe {recipe.head_hidden} vs checkpoint {saved.head_hidden}")
+    if problems:
+        raise IncompatibleInitError(f"init_from {ckpt_dir}: cannot continue training: " + "; ".join(problems))
+
+
+def build_trainable_model(recipe: Recipe, *, init_from: str | Path | None = None) -> tuple[ReadoutModel, str | None]:
+    """The model to train: fresh LoRA and head (seeded), or a checkpoint's adapter and head.
+
+    Returns:
+        The model (train mode, LoRA and head trainable) and the init checkpoint's hash (or None).
+
+    Raises:
+        IncompatibleInitError: the checkpoint's readout, base model, LoRA rank/targets or head width differ.
+        CheckpointIntegrityError: the checkpoint fails verification.
+    """
+    from transformers import set_seed
+
+    set_seed(recipe.seed)
+    if init_from is None:
+        model = build_readout_model(recipe, trainable=True)
+        init_hash = None
+    else:
+        from envloop_pipelines.core.model.checkpoint import read_recipe
+
+        init_from = Path(init_from)
+        _check_init_compatible(recipe, read_recipe(init_from), init_from)
+        ckpt = load_checkpoint(init_from, trainable=True)
+        model, init_hash = ckpt.model, ckpt.checkpoint_hash
+        if recipe.lora.dropout != ckpt.recipe.lora.dropout or recipe.lora.alpha != ckpt.recipe.lora.alpha:
+            log.info("init_from: LoRA alpha/dropout come from the checkpoint's adapter (%s), not the recipe", init_from)
+    model.train()
+    return model, init_hash
+
+
+def _as_loaded(model: ReadoutModel, recipe: Recipe) -> ReadoutModel:
+    """The trained model as :func:`load_checkpoint` will rebuild it, in eval mode.
+
+    Usually the trained model itself. When training changed the dtype of its
+    weights (DeepSpeed with bf16 casts the whole module, base included), a fresh
+    fp32 base gets the trained adapter and head instead, so that the
+    end-of-training predictions are exactly what the checkpoint reproduces.
+    """
+    if all(p.dtype == torch.float32 for p in model.parameters()):
+        model.eval()
+        for p in model.parameters():
+            p.requires_grad_(False)
+        return model
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
+    adapter = {k: v.detach().float().cpu() for k, v in get_peft_model_state_dict(model.encoder).items()}
+    head = {k: (v.float() if v.is_floating_point() else v) for k, v in model.head_state_dict().items()}
+    device = next(model.parameters()).device
+    log.info("rebuilding the trained model in fp32 on a fresh base (training left %s weights)", {str(p.dtype) for p in model.parameters()})
+    fresh = build_readout_model(recipe, trainable=False)
+    set_peft_model_state_dict(fresh.encoder, adapter)
+    fresh.load_head_state_dict(head)
+    return fresh.to(device).eval()
+
+
+# --------------------------------------------------------------------------- the public entry point
+
+
+def _epoch_losses(loss_log: Sequence[tuple[int, float, int]]) -> list[dict[str, float]]:
+    by_epoch: dict[int, list[tuple[float, int]]] = {}
+    for epoch, loss, n in loss_log:
+        by_epoch.setdefault(epoch, []).append((loss, n))
+    return [
+        {"epoch": e + 1, "mean_loss": float(sum(l * n for l, n in rows) / sum(n for _, n in rows)), "micro_batches": len(rows)}
+        for e, rows in sorted(by_epoch.items())
+    ]
+
+
+def train_checkpoint(
+    train_table: TableLike,
+    val_table: TableLike,
+    recipe: Recipe,
+    out_dir: str | Path,
+    *,
+    data_hash: str,
+    init_from: str | Path | None = None,
+    eval_table: TableLike | None = None,
+    eval_split: str = "val",
+) -> Path:
+    """Train a readout with LoRA, calibrate it on val, and write a checkpoint directory.
+
+    Args:
+        train_table: Training questions (a question table, records, or questions), labelled.
+        val_table: Validation questions, labelled: calibration (per-type temperature and
+            the automation threshold at ``recipe.error_budget``) is fitted on them.
+        recipe: The recipe.
+        out_dir: The checkpoint directory to create (must not exist).
+        data_hash: The data snapshot hash, stored in ``data.json`` and the provenance.
+        init_from: A checkpoint to continue from (its adapter and head), instead of the base model.
+        eval_table: Questions whose end-of-training predictions go to
+            ``predictions.parquet`` (default: ``val_table``).
+        eval_split: Name of that split, recorded in ``data.json``.
+
+    Returns:
+        The checkpoint directory.
+    """
+    out_dir = Path(out_dir)
+    if out_dir.exists():
+        raise FileExistsError(f"checkpoint directory {out_dir} already exists; checkpoints are never overwritten")
+    if not isinstance(data_hash, str) or not data_hash:
+        raise ValueError("data_hash must be a non-empty string (the data snapshot hash)")
+    train_q, val_q = as_questions(train_table), as_questions(val_table)
+    eval_q = val_q if eval_table is None else as_questions(eval_table)
+    if not train_q:
+        raise ValueError("train: no questions to train on")
+    if not val_q:
+        raise ValueError("val: no questions to calibrate on")
+    train_targets = _targets(train_q, "train")
+    _targets(val_q, "val")
+
+    t_start = time.perf_counter()
+    with _deterministic():
+        model, init_hash = build_trainable_model(recipe, init_from=init_from)
+        encoded = model.encode_many(train_q)
+        n_trunc = sum(e.truncated for e in encoded)
+        if n_trunc:
+            log.warning("train: %d of %d questions had their state truncated to max_length=%d", n_trunc, len(encoded), recipe.max_length)
+        n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        n_total = sum(p.numel() for p in model.parameters())
+        with tempfile.TemporaryDirectory(prefix="envloop-trainer-") as tmp:
+            trainer = _trainer_class()(
+                model=model,
+                args=_training_arguments(recipe, tmp),
+                train_dataset=_QuestionDataset(encoded, train_targets),
+                data_collator=_Collator(model),
+                recipe=recipe,
+            )
+            from transformers.trainer_callback import PrinterCallback
+
+            trainer.remove_callback(PrinterCallback)
+            t_train = time.perf_counter()
+            result = trainer.train()
+            train_seconds = time.perf_counter() - t_train
+            loss_log, step_seconds = list(trainer.loss_log), list(trainer.step_seconds)
+            model = trainer.model  # unwrapped (DeepSpeed keeps its engine in model_wrapped)
+            main_process = trainer.is_world_process_zero()
+            del trainer
+    if not main_process:
+        # Several processes trained together (DeepSpeed/DDP): rank 0 alone calibrates and writes.
+        log.info("not the main process: leaving calibration and the checkpoint %s to rank 0", out_dir)
+        return out_dir
+    model = _as_loaded(model, recipe)
+
+    # Calibration on val: raw logits → per-type temperature and automation threshold.
+    dm = DecisionModel(model, None, batch_size=recipe.eval_batch_size)
+    val_raw = dm.predict(val_q)
+    calibration = fit_calibration(
+        [p.logits for p in val_raw],
+        [q.label if q.label is not None else -1 for q in val_q],
+        [q.type for q in val_q],
+        soft_labels=[None if q.soft_label is None else np.asarray(q.soft_label) for q in val_q],
+        error_budget=recipe.error_budget,
+    )
+    dm.calibration = calibration
+    val_cal = dm.recalibrate(val_raw)
+    eval_preds: list[QuestionPrediction] = val_cal if eval_table is None else dm.predict(eval_q)
+
+    epochs = _epoch_losses(loss_log)
+    n_steps = int(result.global_step)
+    metrics: dict[str, Any] = {
+        "train": {
+            "n_questions": len(train_q),
+            "n_truncated": int(n_trunc),
+            "n_state_tokens_dropped": int(sum(e.n_state_tokens_dropped for e in encoded)),
+            "epochs": epochs,
+            "first_epoch_loss": epochs[0]["mean_loss"] if epochs else None,
+            "last_epoch_loss": epochs[-1]["mean_loss"] if epochs else None,
+            "steps": n_steps,
+            "seconds": train_seconds,
+            "seconds_per_step": float(np.mean(step_seconds)) if step_seconds else None,
+            "questions_per_second": sum(n for _, _, n in loss_log) / train_seconds if train_seconds > 0 else None,
+            "trainable_parameters": int(n_trainable),
+            "total_parameters": int(n_total),
+        },
+        "val": {
+            "uncalibrated": score_predictions(val_raw, val_q, error_budget=recipe.error_budget, raw=True),
+            "calibrated": score_predictions(val_cal, val_q, error_budget=recipe.error_budget),
+        },
+        "calibration": calibration.to_dict(),
+        "eval": score_predictions(eval_preds, eval_q, error_budget=recipe.error_budget),
+        "eval_split": eval_split,
+        "wall_seconds": time.perf_counter() - t_start,
+    }
+    provenance = build_provenance(recipe, data_hash, init_from_hash=init_hash)
+    data = {"data_hash": data_hash, "eval_split": eval_split, "n_train": len(train_q), "n_val": len(val_q), "n_eval": len(eval_q)}
+    log.info(
+        "trained %s: %d steps in %.1fs, loss %.4f → %.4f; val nll %.4f → %.4f after calibration",
+        recipe.readout, n_steps, train_seconds, metrics["train"]["first_epoch_loss"] or math.nan,
+        metrics["train"]["last_epoch_loss"] or math.nan,
+        metrics["val"]["uncalibrated"].get("nll") or math.nan, metrics["val"]["calibrated"].get("nll") or math.nan,
+    )
+    return write_checkpoint(
+        out_dir,
+        model=model,
+        recipe=recipe,
+        calibration=calibration,
+        data=data,
+        metrics=json_safe(metrics),
+        provenance=provenance,
+        predictions=predictions_table(eval_preds),
+    )
+
+
+__all__ = [
+    "IncompatibleInitError",
+    "build_trainable_model",
+    "evaluate_checkpoint",
+    "train_checkpoint",
+]

@@ -1,0 +1,219 @@
+"""The loop's core pieces: mining, synthesis, contamination, promotion, budget, ledger."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from envloop_pipelines.core.loop.budget import LoopBudget, next_round, start_loop
+from envloop_pipelines.core.loop.contamination import check_contamination
+from envloop_pipelines.core.loop.ledger import Gate, Hypothesis, Ledger, LedgerError
+from envloop_pipelines.core.loop.mining import mine_failures, mine_failures_with_fallback
+from envloop_pipelines.core.loop.promotion import (
+    ArmIdentityError,
+    check_arm_identity,
+    decide_promotion,
+    noise_floor_from_arms,
+)
+from envloop_pipelines.core.loop.synthesis import SNAPSHOT_SCHEMA, SynthesisRequest, VariantGenerator, allocate, load_generator
+from envloop_pipelines.core.records import QUESTION_SCHEMA
+
+
+def question_rows(n: int = 12) -> list[dict]:
+    rows = []
+    for i in range(n):
+        fam = "route" if i % 2 else "refund"
+        keys = ["billing", "shipping", "account"] if fam == "route" else ["true", "false"]
+        rows.append({"record_id": f"r{i}", "question_id": fam, "family": fam, "type": "choice" if fam == "route" else "noul",
+                     "group": f"u{i}", "state_text": f"state number {i} " * 5, "instructions_text": f"question about {fam}?",
+                     "option_keys": keys, "option_texts": [None] * len(keys), "variant": "clean" if i < 8 else "buried",
+                     "renderer": "a", "label": 0, "soft_label": None})
+    return rows
+
+
+def predictions_for(rows: list[dict], wrong: set[int], confidence: float = 0.9) -> pa.Table:
+    out = []
+    for i, r in enumerate(rows):
+        k = len(r["option_keys"])
+        target = 1 if i in wrong else 0
+        probs = [(1 - confidence) / (k - 1)] * k
+        probs[target] = confidence
+        out.append({"record_id": r["record_id"], "question_id": r["question_id"], "option_keys": r["option_keys"],
+                    "probs": probs})
+    return pa.Table.from_pylist(out)
+
+
+def test_mining_ranks_the_cluster_with_excess_errors_first() -> None:
+    rows = question_rows(12)
+    # Every "route" question (odd i) is wrong: route errors are in excess, refund has none.
+    wrong = {i for i in range(12) if i % 2}
+    report = mine_failures(pa.Table.from_pylist(rows, schema=QUESTION_SCHEMA), predictions_for(rows, wrong),
+                           threshold=0.8, group_by=("family", "transition"))
+    assert report.n_errors == 6 and report.n_confident_errors == 6 and report.error_rate == 0.5
+    top = report.clusters[0]
+    assert top.key == {"family": "route", "transition": "billing->shipping"}
+    # 6 route questions, all wrong; the overall rate predicts 3: excess 3.
+    assert (top.n, top.errors, top.excess_errors) == (6, 6, 3.0)
+    assert report.by_family["refund"]["errors"] == 0 and len(top.example_ids) == 5
+
+
+def test_mining_falls_back_to_coarser_groups_on_small_data() -> None:
+    rows = question_rows(6)
+    for i, row in enumerate(rows):
+        row["renderer"] = f"renderer{i}"  # every question alone in its finest cluster
+    table = pa.Table.from_pylist(rows, schema=QUESTION_SCHEMA)
+    preds = predictions_for(rows, {1, 3})
+    assert not mine_failures(table, preds, threshold=0.99, min_cluster_size=3).clusters
+    report = mine_failures_with_fallback(table, preds, threshold=0.99, min_cluster_size=3)
+    assert report.clusters and set(report.clusters[0].key) == {"family", "type", "transition", "variant"}
+
+
+def test_variant_generator_preserves_labels() -> None:
+    rows = question_rows(12)
+    table = pa.Table.from_pylist(rows, schema=QUESTION_SCHEMA)
+    report = mine_failures(table, predictions_for(rows, {1, 3, 5}), threshold=0.5, group_by=("family",))
+    request = SynthesisRequest(round="r0001", clusters=report.clusters, n_examples=40, seed=1)
+    out = VariantGenerator().synthesize(request, table)
+    assert out.schema.equals(SNAPSHOT_SCHEMA) and out.num_rows == 40
+    originals = {r["record_id"]: r for r in rows}
+    kinds = set()
+    for row in out.to_pylist():
+        provenance = json.loads(row["provenance"])
+        kinds.add(provenance["kind"])
+        source = originals[provenance["source_record"]]
+        assert provenance["cluster"] == "family=route" and row["family"] == "route"
+        # The labelled option is the same option, wherever it moved.
+        assert row["option_keys"][row["label"]] == source["option_keys"][source["label"]]
+    assert {"option_permutation", "paraphrase"} <= kinds
+
+
+def test_noul_negation_flips_the_label() -> None:
+    row = question_rows(1)[0]
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        r = dict(row)
+        if VariantGenerator._vary(r, rng, "~x") == "negation":
+            assert r["label"] == 1 - row["label"] and r["instructions_text"].startswith("Is the following false?")
+            break
+    else:
+        pytest.fail("no negation drawn in 20 tries")
+
+
+def test_allocation_follows_excess_errors() -> None:
+    from envloop_pipelines.core.loop.mining import FailureCluster
+
+    clusters = [FailureCluster({"family": "a"}, 10, 8, 2, 0.8, 6.0, ()), FailureCluster({"family": "b"}, 10, 3, 0, 0.3, 1.0, ())]
+    counts = allocate(clusters, 90)
+    assert sum(counts) == 90 and counts[0] > counts[1] >= 1
+
+
+def test_generator_plugins_resolve_by_name_and_path() -> None:
+    assert load_generator("label_preserving_variants").name == "label_preserving_variants"
+    assert load_generator("envloop_pipelines.core.loop.synthesis:VariantGenerator").name == "label_preserving_variants"
+    with pytest.raises(ValueError, match="unknown environment generator 'nope'"):
+        load_generator("nope")
+
+
+def test_contamination_exact_near_and_ngram() -> None:
+    story = ("Paolo asked the agent to pay Ben for the ski trip deposit, and the agent knows that Paolo allows payments "
+             "to Ben and Wren without asking as long as they stay under the spending limit of two hundred and fifty "
+             "dollars, while any other recipient needs an explicit approval first, and quiet hours run from nine at "
+             "night until six in the morning with nothing louder than a digest during them except at noon sharp.")
+    reference = [("test/1", story),
+                 ("test/2", "Completely different words about invoices, refunds and a billing address in Lisbon.")]
+    near = reference[0][1].replace("noon", "dusk")
+    rows = [("a", reference[0][1].upper()), ("b", near), ("c", "Nothing in common with anything else here at all"),
+            ("d", " ".join(story.split()[:40]) + " and then " + " ".join(f"word{i}" for i in range(18)))]
+    report = check_contamination(rows, reference)
+    assert [f["id"] for f in report.exact] == ["a"]
+    assert [f["id"] for f in report.near_duplicate] == ["b"]
+    assert [f["id"] for f in report.ngram_overlap] == ["d"]
+    assert report.flagged_rows == {0, 1, 3} and not report.clean
+
+
+def test_arm_identity_is_checked_before_compute() -> None:
+    recipe = {"lr": 1e-3, "seed": 0}
+    assert check_arm_identity([(recipe, "d"), ({**recipe, "seed": 1}, "d")])
+    with pytest.raises(ArmIdentityError, match="but for the seed"):
+        check_arm_identity([(recipe, "d"), ({**recipe, "seed": 1, "lr": 2e-3}, "d")])
+    with pytest.raises(ArmIdentityError, match="but for the seed"):
+        check_arm_identity([(recipe, "d"), ({**recipe, "seed": 1}, "other-data")])
+    with pytest.raises(ArmIdentityError, match="distinct seeds"):
+        check_arm_identity([(recipe, "d"), (recipe, "d")])
+
+
+def test_noise_floor_and_promotion_gate() -> None:
+    floor = noise_floor_from_arms("k", "family_macro_accuracy",
+                                  [{"family_macro_accuracy": 0.60, "acc/a": 0.5}, {"family_macro_accuracy": 0.63, "acc/a": 0.58}])
+    assert floor.floor == pytest.approx(0.03) and floor.family_floors["a"] == pytest.approx(0.08)
+    gate = Gate(min_delta=0.01)
+    champion = {"ece": 0.03, "acc/a": 0.6, "fnr/needs_approval": 0.10}
+    good = {"ece": 0.03, "acc/a": 0.61, "fnr/needs_approval": 0.10}
+    assert decide_promotion(gate, {"delta": 0.05, "ci_low": 0.01, "ci_high": 0.09}, floor, good, champion,
+                            ["needs_approval"]).promote
+    # Within the floor: not a result.
+    small = decide_promotion(gate, {"delta": 0.02, "ci_low": 0.005, "ci_high": 0.04}, floor, good, champion)
+    assert not small.promote and "noise floor 0.0300" in small.reasons[0]
+    # CI crossing zero.
+    assert "CI lower end" in decide_promotion(gate, {"delta": 0.05, "ci_low": -0.01, "ci_high": 0.1}, floor, good,
+                                              champion).reasons[0]
+    # Guards: calibration, safety FNR, a family falling more than its own noise.
+    bad = {"ece": 0.2, "acc/a": 0.4, "fnr/needs_approval": 0.2}
+    reasons = decide_promotion(gate, {"delta": 0.05, "ci_low": 0.01, "ci_high": 0.09}, floor, bad, champion,
+                               ["needs_approval"]).reasons
+    assert any("calibration guard" in r for r in reasons)
+    assert any("safety guard" in r for r in reasons)
+    assert any("family guard: a" in r for r in reasons)
+
+
+def hypothesis(round_key: str = "r0001", **kw) -> Hypothesis:
+    return Hypothesis(task="t", round=round_key, benchmark_version="t@abc", change={"kind": "data"}, predicted_delta=0.01,
+                      gate=Gate(), seeds=(1,), recipe_hash="h", **kw)
+
+
+def test_gate_amendment_is_recorded_beside_the_original(tmp_path: Path) -> None:
+    ledger = Ledger("t", tmp_path)
+    ledger.register_hypothesis(hypothesis())
+    with pytest.raises(LedgerError, match="needs a reason"):
+        ledger.amend_gate("r0001", Gate(min_delta=0.0), " ")
+    ledger.amend_gate("r0001", Gate(min_delta=0.0, max_ece=0.1), "ECE guard too strict for 3-level scores")
+    assert ledger.effective_gate("r0001").max_ece == 0.1
+    (amendment,) = ledger.amendments("r0001")
+    assert amendment["original_gate"]["max_ece"] == Gate().max_ece and amendment["requires_fresh_seeds"]
+    assert ledger.hypothesis("r0001").gate == Gate()  # the registered hypothesis is unchanged
+
+
+def test_tampered_hypothesis_file_is_detected(tmp_path: Path) -> None:
+    ledger = Ledger("t", tmp_path)
+    ledger.register_hypothesis(hypothesis())
+    path = ledger.hypothesis_path("r0001")
+    body = json.loads(path.read_text())
+    body["predicted_delta"] = 0.5
+    path.write_text(json.dumps(body))
+    with pytest.raises(LedgerError, match="no longer matches its registered hash"):
+        ledger.hypothesis("r0001")
+
+
+def test_budget_stops_on_rounds_patience_and_wall_time(tmp_path: Path) -> None:
+    home = tmp_path
+    start_loop("t", "L1", LoopBudget(max_rounds=3, patience=2, max_wall_s=100), home=home, now=0.0)
+    ledger = Ledger("t", home)
+    first = next_round("t", home=home, now=1.0)
+    assert (first.round, first.run_key) == ("r0001", "L1:r0001")
+    (home / "loops" / "t" / "rounds" / "r0001").mkdir(parents=True)
+    assert next_round("t", home=home, now=1.0).round is None  # r0001 not decided yet
+    ledger.append("round_decided", {"round": "r0001", "promoted": False, "observed_delta": 0.0}, key="decided:r0001")
+    assert next_round("t", home=home, now=1.0).run_key == "L1:r0002"
+    (home / "loops" / "t" / "rounds" / "r0002").mkdir(parents=True)
+    ledger.append("round_decided", {"round": "r0002", "promoted": False, "observed_delta": 0.0}, key="decided:r0002")
+    stop = next_round("t", home=home, now=1.0)
+    assert stop.round is None and "patience spent" in stop.reason
+    # A new loop starts after the last round; the same loop id again is a no-op (a replayed schedule tick).
+    start_loop("t", "L2", LoopBudget(max_rounds=5, patience=5, max_wall_s=10), home=home, now=0.0)
+    assert start_loop("t", "L2", LoopBudget(max_rounds=1), home=home).budget.max_rounds == 5
+    assert next_round("t", home=home, now=5.0).round == "r0003"
+    assert "wall time spent" in next_round("t", home=home, now=50.0).reason

@@ -1,0 +1,58 @@
+"""The asset graph, pinned: a change to keys, deps, partitions, checks, jobs, schedules or sensors shows up here."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from envloop_pipelines.definitions import defs
+
+EXPECTED_DEPS = {
+    "task_benchmark": set(),
+    "noise_floor": {"task_benchmark"},
+    "baseline_eval": {"noise_floor"},
+    "failure_mining": {"baseline_eval"},
+    "environment_synthesis": {"failure_mining"},
+    "registered_hypothesis": {"environment_synthesis"},
+    "training_dataset_snapshot": {"environment_synthesis"},
+    "lora_checkpoint": {"training_dataset_snapshot", "registered_hypothesis"},
+    "independent_reeval": {"lora_checkpoint"},
+    "promotion_decision": {"independent_reeval"},
+}
+UNPARTITIONED = {"task_benchmark", "noise_floor"}
+EXPECTED_CHECKS = {
+    ("training_dataset_snapshot", "snapshot_schema_is_valid", True),
+    ("training_dataset_snapshot", "snapshot_is_uncontaminated", True),
+    ("lora_checkpoint", "checkpoint_reproduces", False),
+    ("independent_reeval", "candidate_is_calibrated", False),
+}
+
+
+def test_asset_graph_snapshot() -> None:
+    repo = defs.get_repository_def()
+    graph = repo.asset_graph
+    deps = {
+        key.to_user_string(): {p.to_user_string() for p in graph.get(key).parent_keys}
+        for key in graph.get_all_asset_keys()
+    }
+    assert deps == EXPECTED_DEPS
+    for key in graph.get_all_asset_keys():
+        partitions = graph.get(key).partitions_def
+        if key.to_user_string() in UNPARTITIONED:
+            assert partitions is None
+        else:
+            assert isinstance(partitions, dg.DynamicPartitionsDefinition) and partitions.name == "rounds"
+    checks = {(k.asset_key.to_user_string(), k.name, graph.get_check_spec(k).blocking) for k in graph.asset_check_keys}
+    assert checks == EXPECTED_CHECKS
+    assert {j.name for j in repo.get_all_jobs() if not j.name.startswith("__")} == {"round_job", "setup_job"}
+    assert {s.name: s.cron_schedule for s in repo.schedule_defs} == {"nightly_loop": "0 2 * * *"}
+    assert {s.name for s in repo.sensor_defs} == {"next_round_sensor", "failed_round_sensor"}
+    training = graph.get(dg.AssetKey("lora_checkpoint"))
+    assert "dagster-k8s/config" in repo.assets_defs_by_key[dg.AssetKey("lora_checkpoint")].op.tags
+    assert training.group_name == "round"
+
+
+def test_asset_descriptions_are_short_sentences() -> None:
+    graph = defs.get_repository_def().asset_graph
+    for key in graph.get_all_asset_keys():
+        description = graph.get(key).description or ""
+        assert description and len(description) < 200, key
