@@ -568,10 +568,10 @@ def lora_checkpoint(config: LoopConfig, key: str, tracker: MlflowTracker, *, run
     """LoRA SFT from the champion on the round's snapshot; refuses without a registered hypothesis."""
     from envloop_pipelines.core.model.recipe import recipe_to_dict
 
-    paths = RoundPaths(config)
-    d = paths.round_dir(key)
     ledger = Ledger(config.task, config.home)
     hypothesis = ledger.require_hypothesis(key)  # rule 1: no hypothesis, no training
+    paths = RoundPaths(config)
+    d = paths.round_dir(key)
     if tracker.find_run(config.task, {"envloop.round": key, "envloop.kind": "hypothesis"}) is None:
         raise LedgerError(f"round {key}: the hypothesis is not in MLflow; training refuses to start")
     snap = _require(d / "training_dataset_snapshot.json", "training_dataset_snapshot")

@@ -1,0 +1,121 @@
+"""One round on the default benchmark: wall time per asset, and Dagster's orchestration overhead.
+
+    .venv/bin/python bench/bench_round.py [--override max_steps=40 ...]
+
+Sets up the benchmark and the noise floor once, copies the EnvLoop home, then
+runs the same round (r0001) twice from identical state: once as the Dagster
+round job (ephemeral instance, in-process executor) and once by calling the
+same core functions directly in this process. Prints the per-asset wall time
+of both and the ratio of the totals (target: overhead ≤ 15%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import dagster as dg  # noqa: E402
+
+from envloop_pipelines.cli_round import DEMO_OVERRIDES, QUIET, _parse_overrides  # noqa: E402
+from envloop_pipelines.core.loop import round as core  # noqa: E402
+from envloop_pipelines.core.tracking import MlflowTracker  # noqa: E402
+from envloop_pipelines.defs.rounds.assets import ROUND_ASSETS, noise_floor, task_benchmark  # noqa: E402
+from envloop_pipelines.defs.rounds.checks import ROUND_CHECKS  # noqa: E402
+from envloop_pipelines.resources.loop import LoopResource, MlflowResource  # noqa: E402
+
+STEPS = ("baseline_eval", "failure_mining", "environment_synthesis", "registered_hypothesis",
+         "training_dataset_snapshot", "lora_checkpoint", "independent_reeval", "promotion_decision")
+
+
+def resources_for(home: Path, overrides: dict) -> dict:
+    loop = LoopResource(home=str(home), noise_arms=2, recipe_overrides_json=json.dumps(overrides))
+    return {"loop": loop, "mlflow": MlflowResource(home=str(home))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--override", action="append", default=list(DEMO_OVERRIDES))
+    args = parser.parse_args()
+    overrides = _parse_overrides(tuple(args.override))
+    root = Path(tempfile.mkdtemp(prefix="bench-round-"))
+    base = root / "base"
+    os.environ["ENVLOOP_HOME"] = str(base)
+    t0 = time.perf_counter()
+    assert dg.materialize([task_benchmark, noise_floor], resources=resources_for(base, overrides),
+                          instance=dg.DagsterInstance.ephemeral(), run_config=QUIET).success
+    setup_s = time.perf_counter() - t0
+    homes = {name: root / name for name in ("dagster", "direct")}
+    for home in homes.values():
+        shutil.copytree(base, home)
+
+    # Direct: the same core functions, in this process, in the assets' order (checks included).
+    home = homes["direct"]
+    os.environ["ENVLOOP_HOME"] = str(home)
+    cfg = resources_for(home, overrides)["loop"].config()
+    tracker = MlflowTracker(home=home)
+    direct: dict[str, float] = {}
+    calls = {
+        "baseline_eval": lambda: core.baseline_eval(cfg, "r0001"),
+        "failure_mining": lambda: core.failure_mining(cfg, "r0001"),
+        "environment_synthesis": lambda: core.environment_synthesis(cfg, "r0001"),
+        "registered_hypothesis": lambda: core.registered_hypothesis(cfg, "r0001", tracker),
+        "training_dataset_snapshot": lambda: core.training_dataset_snapshot(cfg, "r0001"),
+        "lora_checkpoint": lambda: core.lora_checkpoint(cfg, "r0001", tracker),
+        "checkpoint_reproduces": lambda: core.rescore_matches(
+            json.loads((core.RoundPaths(cfg).round_dir("r0001") / "lora_checkpoint.json").read_text())["checkpoint"],
+            core.open_task(cfg.task, home=home).table("val")),
+        "independent_reeval": lambda: core.independent_reeval(cfg, "r0001", tracker),
+        "promotion_decision": lambda: core.promotion_decision(cfg, "r0001", tracker),
+    }
+    t0 = time.perf_counter()
+    for name, call in calls.items():
+        s = time.perf_counter()
+        call()
+        direct[name] = time.perf_counter() - s
+    direct_total = time.perf_counter() - t0
+
+    # Dagster: the round job's assets and checks for partition r0001.
+    home = homes["dagster"]
+    os.environ["ENVLOOP_HOME"] = str(home)
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("rounds", ["r0001"])
+    t0 = time.perf_counter()
+    result = dg.materialize(ROUND_ASSETS + ROUND_CHECKS, partition_key="r0001", resources=resources_for(home, overrides),
+                            instance=instance, run_config=QUIET)
+    dagster_total = time.perf_counter() - t0
+    assert result.success
+    per_step: dict[str, float] = {}
+    starts: dict[str, float] = {}
+    for record in instance.all_logs(result.run_id):
+        event = record.dagster_event
+        if event is None or record.step_key is None:
+            continue
+        if event.event_type_value == "STEP_START":
+            starts[record.step_key] = record.timestamp
+        elif event.event_type_value == "STEP_SUCCESS":
+            per_step[record.step_key] = record.timestamp - starts[record.step_key]
+
+    decision_a = json.loads((core.RoundPaths(cfg).round_dir("r0001") / "promotion_decision.json").read_text())
+    print(f"setup (benchmark + noise floor, 2 arms): {setup_s:.0f}s; recipe overrides {overrides}")
+    print(f"{'asset':<28}{'dagster s':>11}{'direct s':>10}")
+    for name in list(STEPS[:6]) + ["checkpoint_reproduces"] + list(STEPS[6:]):
+        step = next((k for k in per_step if k == name or k.endswith(name)), None)
+        print(f"{name:<28}{per_step.get(step, float('nan')) if step else float('nan'):>11.1f}{direct.get(name, float('nan')):>10.1f}")
+    other = [k for k in per_step if not any(k == n or k.endswith(n) for n in (*STEPS, "checkpoint_reproduces"))]
+    for name in other:
+        print(f"{name:<28}{per_step[name]:>11.1f}{'':>10}")
+    print(f"{'total':<28}{dagster_total:>11.1f}{direct_total:>10.1f}")
+    print(f"orchestration overhead: dagster / direct = {dagster_total / direct_total:.3f} "
+          f"({(dagster_total / direct_total - 1) * 100:+.1f}%, target <= +15%)")
+    print(f"direct round decided: promote={decision_a['promote']} delta={decision_a['delta']['delta']:+.4f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,271 @@
+"""A full round materialized with an ephemeral Dagster instance on a small benchmark and the packaged model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from envloop_pipelines.core.loop import round as core
+from envloop_pipelines.core.loop.budget import LoopBudget, start_loop
+from envloop_pipelines.core.loop.ledger import Ledger, LedgerError
+from envloop_pipelines.core.tracking import MlflowTracker
+from envloop_pipelines.definitions import defs
+from envloop_pipelines.defs.rounds.assets import ROUND_ASSETS, noise_floor, task_benchmark
+from envloop_pipelines.defs.rounds.checks import ROUND_CHECKS
+from envloop_pipelines.defs.rounds.sensors import next_round_sensor
+from envloop_pipelines.resources.loop import LoopResource, MlflowResource
+
+pytestmark = pytest.mark.slow
+REPOSITORY = defs.get_repository_def()
+
+# Small and fast: 30 users x 3 records, 2 null arms, 2 optimizer steps per arm.
+LOOP = dict(builtin_users=30, builtin_records_per_user=3, noise_arms=2, n_synthesized=12,
+            recipe_overrides_json=json.dumps({"max_steps": 2, "max_length": 128}))
+# A person's hypothesis for round 2: 25 more steps from the champion, with a permissive gate.
+PROMOTING = {"change": {"kind": "recipe", "recipe_overrides": {"max_steps": 25}},
+             "predicted_delta": 0.05,
+             "gate": {"min_delta": 0.0, "floor_multiplier": 0.0, "require_ci_above_zero": False, "max_ece": 1.0,
+                      "max_safety_fnr_increase": 1.0, "family_drop_tolerance": 1.0},
+             "rationale": "the bootstrap champion saw 2 steps; more steps should help"}
+
+
+def hypothesis_config(proposal: dict[str, Any] | None) -> dict[str, Any]:
+    if proposal is None:
+        return {}
+    return {"ops": {"registered_hypothesis": {"config": {"proposal_json": json.dumps(proposal)}}}}
+
+
+@pytest.fixture(scope="module")
+def loop_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch_module: pytest.MonkeyPatch) -> dict[str, Any]:
+    home = tmp_path_factory.mktemp("loop") / "home"
+    monkeypatch_module.setenv("ENVLOOP_HOME", str(home))
+    monkeypatch_module.delenv("MLFLOW_TRACKING_URI", raising=False)
+    loop = LoopResource(home=str(home), **LOOP)
+    resources = {"loop": loop, "mlflow": MlflowResource(home=str(home))}
+    instance = dg.DagsterInstance.ephemeral()
+    setup = dg.materialize([task_benchmark, noise_floor], resources=resources, instance=instance)
+    assert setup.success
+    results = {}
+    for key, proposal in (("r0001", None), ("r0002", PROMOTING)):
+        instance.add_dynamic_partitions("rounds", [key])
+        results[key] = dg.materialize(ROUND_ASSETS + ROUND_CHECKS, partition_key=key, resources=resources,
+                                      instance=instance, run_config=hypothesis_config(proposal))
+        assert results[key].success
+    return {"home": home, "loop": loop, "resources": resources, "instance": instance, "results": results,
+            "config": loop.config(), "tracker": MlflowTracker(home=home)}
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+def decision(env: dict[str, Any], key: str) -> dict[str, Any]:
+    return json.loads((core.RoundPaths(env["config"]).round_dir(key) / "promotion_decision.json").read_text())
+
+
+def test_every_asset_and_check_materialized(loop_env: dict[str, Any]) -> None:
+    for result in loop_env["results"].values():
+        keys = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
+        assert keys == {a.key.to_user_string() for a in ROUND_ASSETS}
+        checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+        assert checks["snapshot_is_uncontaminated"] and checks["snapshot_schema_is_valid"]
+        assert checks["checkpoint_reproduces"]  # rule 8: re-scored from disk, identical predictions
+
+
+def test_metadata_a_person_wants(loop_env: dict[str, Any]) -> None:
+    events = {e.asset_key.to_user_string(): e.materialization.metadata
+              for e in loop_env["results"]["r0001"].get_asset_materialization_events()}
+    assert "| family_macro_accuracy |" in events["independent_reeval"]["test_metrics"].value
+    assert "TF-IDF + LR" in events["independent_reeval"]["test_metrics"].value
+    assert "data:image/png;base64," in events["baseline_eval"]["reliability"].value
+    assert "data:image/png;base64," in events["promotion_decision"]["release_chain"].value
+    assert len(events["registered_hypothesis"]["hash"].value) == 64
+    assert "mlflow_run_id" in events["lora_checkpoint"]
+
+
+def test_mlflow_records_hypothesis_before_training(loop_env: dict[str, Any]) -> None:
+    tracker: MlflowTracker = loop_env["tracker"]
+    for key in ("r0001", "r0002"):
+        hyp = tracker.find_run("personal_agent", {"envloop.round": key, "envloop.kind": "hypothesis"})
+        train = tracker.find_run("personal_agent", {"envloop.round": key, "envloop.kind": "training"})
+        evaluation = tracker.find_run("personal_agent", {"envloop.round": key, "envloop.kind": "evaluation"})
+        parent = tracker.find_run("personal_agent", {"envloop.round": key, "envloop.kind": "round"})
+        h, t, e = (tracker.run_data(r.run_id) for r in (hyp, train, evaluation))
+        assert h.info.end_time <= t.info.start_time  # registered (and closed) before training started
+        assert h.data.tags["mlflow.parentRunId"] == t.data.tags["mlflow.parentRunId"] == parent.run_id
+        assert h.data.params["hash"] == Ledger("personal_agent", loop_env["home"]).hypothesis(key).hash
+        assert "candidate.family_macro_accuracy" in e.data.metrics and "tfidf.brier" in e.data.metrics
+        assert "dagster.run_id" in t.data.tags and t.data.tags["dagster.partition"] == key
+
+
+def test_alias_moves_only_on_promotion(loop_env: dict[str, Any]) -> None:
+    tracker: MlflowTracker = loop_env["tracker"]
+    ledger = Ledger("personal_agent", loop_env["home"])
+    releases = ledger.releases()
+    d1, d2 = decision(loop_env, "r0001"), decision(loop_env, "r0002")
+    promoted = [d for d in (d1, d2) if d["promote"]]
+    assert d2["promote"], d2["reasons"]
+    assert len(releases) == 1 + len(promoted)  # the bootstrap champion plus each promotion
+    champion = releases[-1]
+    assert tracker.champion_version("envloop-personal_agent") == champion["model_version"]
+    assert champion["round"] == "r0002" and champion["parent_release"] == releases[-2]["release"]
+    versions = tracker.client.search_model_versions("name='envloop-personal_agent'")
+    assert len(versions) == len(releases)
+    if not d1["promote"]:
+        assert any(e["round"] == "r0001" for e in ledger.events("candidate_rejected"))
+        assert any(e["round"] == "r0001" for e in ledger.events("hypothesis_refuted"))
+
+
+def test_release_card_holdout_first_and_baseline_beside(loop_env: dict[str, Any]) -> None:
+    ledger = Ledger("personal_agent", loop_env["home"])
+    card = ledger.releases()[-1]
+    markdown = (ledger.release_dir(card["release"]) / "card.md").read_text()
+    assert markdown.index("## Holdout") < markdown.index("## Test")
+    assert "TF-IDF + LR" in markdown and "## Paired deltas" in markdown
+    assert card["paired_deltas"]["family_macro_accuracy"]["ci_low"] is not None
+    assert card["amendments"] == [] and card["gate"]["min_delta"] == 0.0
+
+
+def test_reeval_ran_the_verifier_in_another_process(loop_env: dict[str, Any]) -> None:
+    import os
+
+    reeval = json.loads((core.RoundPaths(loop_env["config"]).round_dir("r0001") / "independent_reeval.json").read_text())
+    assert reeval["verifier_pid"] != os.getpid()
+    assert reeval["complete"]
+
+
+def test_no_second_holdout_read_and_cards_never_rewritten(loop_env: dict[str, Any]) -> None:
+    from envloop_pipelines.core.loop.ledger import HoldoutAlreadyReadError, ReleaseCardExistsError
+
+    ledger = Ledger("personal_agent", loop_env["home"])
+    card = ledger.releases()[-1]
+    with pytest.raises(HoldoutAlreadyReadError, match="each release reads it once"):
+        ledger.read_holdout_once(card["release"], lambda: {"family_macro_accuracy": 1.0})
+    with pytest.raises(ReleaseCardExistsError, match="never rewritten"):
+        ledger.write_release_card(card["release"], {**card, "holdout": {"family_macro_accuracy": 1.0}}, "edited")
+    old = card["holdout"]["family_macro_accuracy"]
+    ledger.append_erratum(card["release"], "holdout.family_macro_accuracy", old, old - 0.01, "recomputed by hand")
+    again = ledger.releases()[-1]
+    assert again["holdout"]["family_macro_accuracy"] == old  # the old number stays
+    assert again["errata"][-1]["new"] == pytest.approx(old - 0.01)
+
+
+def test_round_without_hypothesis_is_refused(loop_env: dict[str, Any]) -> None:
+    env = loop_env
+    with pytest.raises(LedgerError, match="no registered hypothesis"):
+        core.lora_checkpoint(env["config"], "r0099", env["tracker"])
+    env["instance"].add_dynamic_partitions("rounds", ["r0098"])
+    from envloop_pipelines.defs.rounds.assets import lora_checkpoint
+
+    result = dg.materialize([lora_checkpoint], partition_key="r0098", resources=env["resources"],
+                            instance=env["instance"], raise_on_error=False)
+    assert not result.success
+    assert not (core.RoundPaths(env["config"]).round_dir("r0098") / "lora_checkpoint.json").exists()
+
+
+def test_hypothesis_is_immutable(loop_env: dict[str, Any]) -> None:
+    from dataclasses import replace
+
+    from envloop_pipelines.core.loop.ledger import HypothesisImmutableError
+
+    ledger = Ledger("personal_agent", loop_env["home"])
+    registered = ledger.hypothesis("r0001")
+    assert ledger.register_hypothesis(registered) == registered.hash  # a retry is a no-op
+    with pytest.raises(HypothesisImmutableError, match="immutable"):
+        ledger.register_hypothesis(replace(registered, predicted_delta=0.5))
+
+
+def tick_sensor(env: dict[str, Any]) -> Any:
+    context = dg.build_sensor_context(instance=env["instance"], resources=env["resources"], repository_def=REPOSITORY)
+    with dg.partition_loading_context(dynamic_partitions_store=env["instance"]):
+        return next_round_sensor.evaluate_tick(context)
+
+
+def test_sensor_ticks_request_the_next_round_until_the_budget_is_spent(loop_env: dict[str, Any]) -> None:
+    from envloop_pipelines.core.loop.budget import last_round_number
+
+    env = loop_env
+    home = env["home"]
+    start_loop("personal_agent", "test-loop", LoopBudget(max_rounds=1, patience=1), home=home)
+    expected = core.round_key(last_round_number("personal_agent", home) + 1)
+    assert expected not in {"r0001", "r0002"}
+    # The tick's run request is validated against the instance's partitions, which the daemon adds from
+    # the tick's own dynamic_partitions_requests first; the test adds it the same way.
+    env["instance"].add_dynamic_partitions("rounds", [expected])
+    # A tick evaluated twice (a replay after a crash) asks for the same run key, so Dagster starts one run.
+    ticks = [tick_sensor(env) for _ in range(2)]
+    for tick in ticks:
+        (request,) = tick.run_requests
+        assert request.partition_key == expected
+        assert request.run_key == f"test-loop:{expected}"
+        assert tick.dynamic_partitions_requests[0].partition_keys == [expected]
+    # While that round is undecided the sensor waits; once decided, the one-round budget is spent.
+    (core.RoundPaths(env["config"]).round_dir(expected))
+    tick = tick_sensor(env)
+    assert not tick.run_requests and "not decided yet" in tick.skip_message
+    Ledger("personal_agent", home).append("round_decided", {"round": expected, "promoted": False, "observed_delta": 0.0,
+                                                            "release": None}, key=f"decided:{expected}")
+    tick = tick_sensor(env)
+    assert not tick.run_requests and "budget spent" in tick.skip_message
+
+
+def test_contaminated_snapshot_is_blocked(loop_env: dict[str, Any]) -> None:
+    env = loop_env
+    cfg_home = str(env["home"])
+    loop = LoopResource(home=cfg_home, contamination_policy="refuse",
+                        generator="envloop_pipelines_tests.defs.test_round:LeakyGenerator", **LOOP)
+    resources = {"loop": loop, "mlflow": env["resources"]["mlflow"]}
+    env["instance"].add_dynamic_partitions("rounds", ["r0050"])
+    result = dg.materialize(ROUND_ASSETS + ROUND_CHECKS, partition_key="r0050", resources=resources,
+                            instance=env["instance"], raise_on_error=False)
+    checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    assert checks["snapshot_is_uncontaminated"].passed is False
+    assert checks["snapshot_is_uncontaminated"].metadata["exact"].value >= 1
+    materialized = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
+    assert "training_dataset_snapshot" in materialized
+    assert "lora_checkpoint" not in materialized and "promotion_decision" not in materialized
+
+
+class LeakyGenerator:
+    """A plug-in generator that copies test states into training (what the check must catch)."""
+
+    name = "leaky"
+
+    def synthesize(self, request: Any, train: Any) -> Any:
+        from envloop_pipelines.core.loop.synthesis import with_provenance
+        from envloop_pipelines.core.snapshots import open_task
+
+        test = open_task("personal_agent").table("test").slice(0, 3)
+        rows = train.slice(0, 3).to_pylist()
+        for row, state in zip(rows, test.column("state_text").to_pylist()):
+            row["state_text"] = state
+            row["record_id"] += "~leak"
+        import pyarrow as pa
+
+        from envloop_pipelines.core.records import QUESTION_SCHEMA
+
+        return with_provenance(pa.Table.from_pylist(rows, schema=QUESTION_SCHEMA), json.dumps({"cluster": "leak"}))
+
+
+def test_ledger_keeps_every_arm_and_hypothesis(loop_env: dict[str, Any]) -> None:
+    ledger = Ledger("personal_agent", loop_env["home"])
+    kinds = [e["kind"] for e in ledger.events()]
+    assert kinds.count("null_arm") == 2
+    assert {e["round"] for e in ledger.events("hypothesis_registered")} >= {"r0001", "r0002"}
+    assert {e["round"] for e in ledger.events("arm_trained")} >= {"r0001", "r0002"}
+    # Replaying an event does not duplicate it.
+    before = len(list(ledger.events()))
+    ledger.append("round_decided", {"round": "r0001"}, key="decided:r0001")
+    assert len(list(ledger.events())) == before
+
+
+def test_noise_floor_is_cached(loop_env: dict[str, Any]) -> None:
+    result = core.measure_noise_floor(loop_env["config"], loop_env["tracker"])
+    assert result["cached"] is True and len(result["values"]) == 2
+    assert result["floor"] == pytest.approx(max(result["values"]) - min(result["values"]))

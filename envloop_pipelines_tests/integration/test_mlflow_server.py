@@ -1,0 +1,90 @@
+"""A round against a real `mlflow server` on loopback, over HTTP."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from envloop_pipelines.core.loop.ledger import Ledger
+from envloop_pipelines.core.tracking import MlflowTracker
+from envloop_pipelines.defs.rounds.assets import ROUND_ASSETS, noise_floor, task_benchmark
+from envloop_pipelines.defs.rounds.checks import ROUND_CHECKS
+from envloop_pipelines.resources.loop import LoopResource, MlflowResource
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("mlflow-server")
+    port = free_port()
+    exe = Path(sys.executable).with_name("mlflow")
+    proc = subprocess.Popen(
+        [str(exe), "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+         "--artifacts-destination", (root / "artifacts").as_uri(), "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1"],
+        stdout=open(root / "server.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            time.sleep(0.5)
+        if proc.poll() is not None:
+            pytest.fail(f"mlflow server exited: {(root / 'server.log').read_text()[-2000:]}")
+    else:
+        proc.kill()
+        pytest.fail("mlflow server did not answer /health within 120 s")
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def test_round_against_a_real_mlflow_server(mlflow_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    monkeypatch.setenv("ENVLOOP_HOME", str(home))
+    loop = LoopResource(home=str(home), builtin_users=30, builtin_records_per_user=3, noise_arms=2, n_synthesized=8,
+                        recipe_overrides_json=json.dumps({"max_steps": 1, "max_length": 128}))
+    resources = {"loop": loop, "mlflow": MlflowResource(tracking_uri=mlflow_server, home=str(home))}
+    instance = dg.DagsterInstance.ephemeral()
+    assert dg.materialize([task_benchmark, noise_floor], resources=resources, instance=instance).success
+    instance.add_dynamic_partitions("rounds", ["r0001"])
+    result = dg.materialize(ROUND_ASSETS + ROUND_CHECKS, partition_key="r0001", resources=resources, instance=instance)
+    assert result.success
+    # Everything went over HTTP: nothing local but the loop's own files.
+    assert not (home / "mlflow.db").exists()
+    tracker = MlflowTracker(mlflow_server)
+    for kind in ("round", "hypothesis", "training", "evaluation"):
+        run = tracker.find_run("personal_agent", {"envloop.round": "r0001", "envloop.kind": kind})
+        assert run is not None and run.url.startswith(mlflow_server), kind
+    evaluation = tracker.find_run("personal_agent", {"envloop.round": "r0001", "envloop.kind": "evaluation"})
+    data = tracker.run_data(evaluation.run_id)
+    assert "candidate.family_macro_accuracy" in data.data.metrics
+    artifacts = [a.path for a in tracker.client.list_artifacts(evaluation.run_id)]
+    assert "independent_reeval.json" in artifacts and "predictions" in artifacts
+    champion = Ledger("personal_agent", home).releases()[-1]
+    assert tracker.champion_version("envloop-personal_agent") == champion["model_version"]
+    # The release's checkpoint is in the server's artifact store, downloadable over HTTP.
+    local = tracker.client.download_artifacts(champion["mlflow_run_id"], "checkpoint", str(tmp_path / "dl"))
+    assert (Path(local) / "manifest.json").exists()
