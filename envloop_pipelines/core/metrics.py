@@ -290,7 +290,6 @@ def _ece(b: _Batch, n_bins: int = DEFAULT_ECE_BINS) -> float:
     # edge falls in the lower bin (searchsorted 'left' counts edges < conf).
     inner_edges = np.linspace(0.0, 1.0, n_bins + 1)[1:-1]
     bins = np.searchsorted(inner_edges, conf, side="left")
-    count = np.bincount(bins, minlength=n_bins).astype(np.float64)
     conf_sum = np.bincount(bins, weights=conf, minlength=n_bins)
     acc_sum = np.bincount(bins, weights=correct, minlength=n_bins)
     # sum_b (n_b / N) |acc_b - conf_b| = sum_b |acc_sum_b - conf_sum_b| / N

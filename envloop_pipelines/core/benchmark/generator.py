@@ -14,10 +14,8 @@ import json
 import math
 import os
 import re
-import tempfile
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from ..splits import OPEN_SPLITS, SPLITS, SplitFractions, assign_splits
@@ -367,20 +365,11 @@ def write_jsonl(records: Iterable[Mapping[str, Any]], path: str | os.PathLike[st
     Returns:
         The sha256 hex digest of the bytes written.
     """
+    from envloop_pipelines.core.storage import atomic_write_bytes
+
     data = jsonl_bytes(records)
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    # A generated file is rewritten in place (same seed, same bytes), hence overwrite=True.
+    atomic_write_bytes(path, data, overwrite=True)
     return hashlib.sha256(data).hexdigest()
 
 

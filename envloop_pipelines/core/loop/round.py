@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from envloop_pipelines.core.loop.contamination import ContaminationConfig, check_contamination
+from envloop_pipelines.core.loop.contamination import check_contamination
 from envloop_pipelines.core.loop.ledger import Gate, Hypothesis, Ledger, LedgerError
 from envloop_pipelines.core.loop.mining import FailureCluster, mine_failures_with_fallback
 from envloop_pipelines.core.loop.promotion import (
