@@ -151,8 +151,10 @@ def _register_subcommands() -> None:
     from envloop_pipelines import cli_round
     from envloop_pipelines.cli_model import evaluate, train
     from envloop_pipelines.cli_sandbox import sandbox
+    from envloop_pipelines.cli_serve import serve
 
     main.add_command(sandbox)
+    main.add_command(serve)
     main.add_command(train)
     main.add_command(evaluate)
     cli_round.register(main)

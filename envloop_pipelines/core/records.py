@@ -166,7 +166,7 @@ def _is_text_like(value: Any) -> bool:
     return isinstance(value, (str, dict, list))
 
 
-def _parse_options(
+def parse_options(
     qtype: str, criteria: Any, where: Callable[[str, str], None], prefix: str
 ) -> tuple[tuple[str, ...], tuple[str | None, ...]] | None:
     """Options of a question from its criteria, or None after reporting errors."""
@@ -337,7 +337,7 @@ def parse_record(
         instructions = q.get("instructions")
         if not _is_text_like(instructions) or instructions in ("", [], {}):
             where(f"{prefix}.instructions", "instructions must be a non-empty string, object or array")
-        options = _parse_options(qtype, q.get("criteria"), where, prefix)
+        options = parse_options(qtype, q.get("criteria"), where, prefix)
         if options is None:
             continue
         keys, texts = options
@@ -399,9 +399,11 @@ def check_token_budget(
         return
     texts: list[str] = []
     for record, _ in pairs:
+        # The longest question by characters stands in for the longest by tokens (one tokenizer call per record).
         longest = max(
-            (render_value(q.instructions) + " " + " ".join(k + " " + (t or "") for k, t in zip(q.option_keys, q.option_texts)))
-            for q in record.questions
+            (render_value(q.instructions) + " " + " ".join(k + " " + (t or "") for k, t in zip(q.option_keys, q.option_texts))
+             for q in record.questions),
+            key=len,
         )
         texts.append(render_value(record.state) + " " + longest)
     for (record, line), n in zip(pairs, count_tokens(texts)):
