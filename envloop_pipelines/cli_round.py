@@ -64,14 +64,14 @@ def run_loop(*, loop_settings: dict[str, Any], rounds: int, patience: int, max_w
     resources = {"loop": loop, "mlflow": MlflowResource()}
     timings: list[dict[str, Any]] = []
     started = time.perf_counter()
-    setup = defs.get_job_def("setup_job")
+    setup = defs.resolve_job_def("setup_job")
     result = setup.execute_in_process(instance=instance, resources=resources, run_config=QUIET)
     timings.append({"step": "setup (benchmark + noise floor)", "s": time.perf_counter() - started,
                     "success": result.success})
     echo(f"setup: benchmark and noise floor ready ({timings[-1]['s']:.0f}s)")
     state = start_loop(cfg.task, f"cli-{int(time.time())}", LoopBudget(max_rounds=rounds, patience=patience,
                                                                        max_wall_s=max_wall_s), home=cfg.home)
-    job = defs.get_job_def("round_job")
+    job = defs.resolve_job_def("round_job")
     while True:
         nxt = next_round(cfg.task, home=cfg.home)
         if nxt.round is None:
