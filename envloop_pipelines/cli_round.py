@@ -231,7 +231,7 @@ def ui(port: int, host: str) -> None:
 
 
 #: The README's main job: two rounds on the built-in benchmark, sized to finish in minutes on 2 CPU cores.
-DEMO_OVERRIDES = ("max_steps=40", "max_length=256")
+DEMO_OVERRIDES = ("max_steps=24", "max_length=256")
 
 
 @click.command("demo")
