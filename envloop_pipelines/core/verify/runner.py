@@ -35,7 +35,11 @@ log = logging.getLogger(__name__)
 DEFAULT_WORKER_LIMITS = SandboxLimits(cpu_s=120.0, mem_mb=2048, wall_s=180.0, fsize_mb=16, nofile=256, nproc=64)
 #: Arrow's default pool (mimalloc) sizes its up-front reservation to whatever RLIMIT_AS leaves, and
 #: a later import then fails to map a shared library; the system allocator reserves nothing.
-WORKER_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system"}
+#: Under RLIMIT_AS, every extra thread's malloc arena (64 MiB of address space each) and BLAS/OpenMP
+#: thread buffers eat into the limit; a worker that loses that race aborts (SIGABRT, seen once in CI).
+#: The worker scores on one thread, so it gets one of each.
+WORKER_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_ARENA_MAX": "2", "OMP_NUM_THREADS": "1",
+              "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 RunStatus = Literal["ok", "error", "timeout", "cpu_limit", "memory_exceeded", "killed", "file_size_exceeded"]
 
 
