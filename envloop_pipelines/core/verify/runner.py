@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,8 +151,15 @@ class VerifierRunner:
             files[base_name] = Path(baseline_predictions).read_bytes()
             base_sha = sha256_bytes(files[base_name])
             argv += ["--baseline-predictions", base_name, "--seed", str(seed)]
-        result = self.sandbox.run(argv, limits=self.limits, stdin=label_bytes, files=files,
-                                  env=WORKER_ENV, result_channel=True, hidden_paths=hidden_paths)
+        for attempt in (1, 2):
+            result = self.sandbox.run(argv, limits=self.limits, stdin=label_bytes, files=files,
+                                      env=WORKER_ENV, result_channel=True, hidden_paths=hidden_paths)
+            # A worker that aborted before saying anything (SIGABRT with an empty result channel) died in
+            # start-up, not in scoring: run it once more, in a fresh sandbox, and say so in the log.
+            if attempt == 1 and result.signal == signal.SIGABRT and not result.channel:
+                log.warning("verifier worker aborted at start-up (%s); retrying once", result.stderr_tail[-500:])
+                continue
+            break
         return self._read(result, sha256_bytes(pred_bytes), sha256_bytes(label_bytes), base_sha)
 
     def worker_argv(self, kind: str, predictions_name: str, *, grader: str, threshold: float,
