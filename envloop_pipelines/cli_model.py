@@ -22,7 +22,7 @@ def train(task: str, recipe_path: str, out: Path, init_from: Path | None, overri
     """Train a decision model on TASK's train split, calibrate on val, write a checkpoint to OUT."""
     from envloop_pipelines.core.loop.round import resolve_recipe_path
     from envloop_pipelines.core.model.recipe import RecipeError, load_recipe
-    from envloop_pipelines.core.model.training import train_checkpoint
+    from envloop_pipelines.core.model.training import is_main_process, train_checkpoint
     from envloop_pipelines.core.snapshots import open_task
 
     try:
@@ -37,6 +37,10 @@ def train(task: str, recipe_path: str, out: Path, init_from: Path | None, overri
     started = time.perf_counter()
     ckpt = train_checkpoint(snapshot.table("train"), snapshot.table("val"), recipe, out,
                             data_hash=snapshot.snapshot_id, init_from=init_from)
+    if not is_main_process():
+        # Launched on several ranks (accelerate/torchrun): rank 0 writes the checkpoint and reports it; the
+        # others end here, before OUT exists, and exit 0 (a failing rank would make the launcher stop rank 0).
+        return
     metrics = json.loads((ckpt / "metrics.json").read_text())
     click.echo(json.dumps({"checkpoint": str(ckpt), "train_s": round(time.perf_counter() - started, 1),
                            "benchmark_version": snapshot.benchmark_version, "metrics": metrics}, indent=2, default=str))

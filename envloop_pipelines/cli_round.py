@@ -47,55 +47,127 @@ def dagster_home() -> Path:
 QUIET: dict[str, Any] = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
 
+def _run_rounds(instance: Any, loop_settings: dict[str, Any], proposal: dict[str, Any] | None, echo: Any,
+                first: str | None = None, retry_of: Any = None) -> list[dict[str, Any]]:
+    """Run round partitions while the loop's budget lasts (``first``: a round to run before asking the budget)."""
+    from envloop_pipelines.core.loop.budget import load_loop, next_round
+    from envloop_pipelines.definitions import defs
+    from envloop_pipelines.defs.rounds.partitions import rounds as rounds_partitions
+    from envloop_pipelines.defs.rounds.recovery import (
+        RETRY_OF_TAG,
+        SETTINGS_TAG,
+        worker_tags,
+    )
+    from envloop_pipelines.resources.loop import LoopResource, MlflowResource
+
+    loop = LoopResource(**loop_settings)
+    cfg = loop.config()
+    resources = {"loop": loop, "mlflow": MlflowResource()}
+    job = defs.resolve_job_def("round_job")
+    timings: list[dict[str, Any]] = []
+    while True:
+        if first is not None:
+            key, run_key, first = first, (retry_of.tags.get("envloop/loop") if retry_of else None), None
+        else:
+            nxt = next_round(cfg.task, home=cfg.home)
+            if nxt.round is None:
+                state = load_loop(cfg.task, cfg.home)
+                echo(f"loop {state.loop_id if state else '-'} stops: {nxt.reason}")
+                break
+            key, run_key, retry_of = nxt.round, nxt.run_key, None
+        instance.add_dynamic_partitions(rounds_partitions.name, [key])
+        t0 = time.perf_counter()
+        run_config: dict[str, Any] = dict(QUIET)
+        if proposal is not None:
+            run_config["ops"] = {"registered_hypothesis": {"config": {"proposal_json": json.dumps(proposal)}}}
+        tags = {**worker_tags(), SETTINGS_TAG: json.dumps(loop_settings, sort_keys=True)}
+        if run_key:
+            tags["envloop/loop"] = run_key
+        if retry_of is not None:
+            run_config = {**run_config, **{k: v for k, v in retry_of.run_config.items() if k == "ops"}}
+            tags.update({RETRY_OF_TAG: retry_of.run_id, "dagster/parent_run_id": retry_of.run_id,
+                         "dagster/root_run_id": retry_of.tags.get("dagster/root_run_id", retry_of.run_id)})
+        out = job.execute_in_process(instance=instance, resources=resources, partition_key=key,
+                                     run_config=run_config, tags=tags, raise_on_error=False)
+        timings.append({"step": f"round {key}", "s": time.perf_counter() - t0, "success": out.success})
+        if not out.success:
+            echo(f"round {key} failed; see `envloop ledger` and the Dagster run {out.run_id}; "
+                 f"`envloop round retry` runs it again")
+            break
+        decision = json.loads((envloop_home(cfg.home) / "loops" / cfg.task / "rounds" / key /
+                               "promotion_decision.json").read_text())
+        verdict = f"promoted as release {decision['release']}" if decision["promote"] else "rejected"
+        echo(f"round {key}: {verdict} (delta {decision['delta']['delta']:+.4f}, floor {decision['noise_floor']:.4f}; "
+             f"{timings[-1]['s']:.0f}s)")
+        for reason in decision["reasons"]:
+            echo(f"  - {reason}")
+    return timings
+
+
 def run_loop(*, loop_settings: dict[str, Any], rounds: int, patience: int, max_wall_s: float,
              proposal: dict[str, Any] | None = None, echo: Any = click.echo) -> list[dict[str, Any]]:
     """Set up the benchmark and noise floor, then run rounds while the loop's budget lasts."""
     import dagster as dg
 
-    from envloop_pipelines.core.loop.budget import LoopBudget, next_round, start_loop
+    from envloop_pipelines.core.loop.budget import LoopBudget, start_loop
     from envloop_pipelines.definitions import defs
-    from envloop_pipelines.defs.rounds.partitions import rounds as rounds_partitions
+    from envloop_pipelines.defs.rounds.recovery import reap_orphaned_runs, worker_tags
     from envloop_pipelines.resources.loop import LoopResource, MlflowResource
 
     dagster_home()
     instance = dg.DagsterInstance.get()
+    for run in reap_orphaned_runs(instance):
+        echo(f"marked run {run.run_id} ({run.job_name}) failed: its worker is gone")
     loop = LoopResource(**loop_settings)
     cfg = loop.config()
     resources = {"loop": loop, "mlflow": MlflowResource()}
-    timings: list[dict[str, Any]] = []
     started = time.perf_counter()
     setup = defs.resolve_job_def("setup_job")
-    result = setup.execute_in_process(instance=instance, resources=resources, run_config=QUIET)
-    timings.append({"step": "setup (benchmark + noise floor)", "s": time.perf_counter() - started,
-                    "success": result.success})
+    result = setup.execute_in_process(instance=instance, resources=resources, run_config=QUIET, tags=worker_tags())
+    timings = [{"step": "setup (benchmark + noise floor)", "s": time.perf_counter() - started, "success": result.success}]
     echo(f"setup: benchmark and noise floor ready ({timings[-1]['s']:.0f}s)")
     state = start_loop(cfg.task, f"cli-{int(time.time())}", LoopBudget(max_rounds=rounds, patience=patience,
                                                                        max_wall_s=max_wall_s), home=cfg.home)
-    job = defs.resolve_job_def("round_job")
-    while True:
-        nxt = next_round(cfg.task, home=cfg.home)
-        if nxt.round is None:
-            echo(f"loop {state.loop_id} stops: {nxt.reason}")
-            break
-        instance.add_dynamic_partitions(rounds_partitions.name, [nxt.round])
-        t0 = time.perf_counter()
-        run_config: dict[str, Any] = dict(QUIET)
-        if proposal is not None:
-            run_config["ops"] = {"registered_hypothesis": {"config": {"proposal_json": json.dumps(proposal)}}}
-        out = job.execute_in_process(instance=instance, resources=resources, partition_key=nxt.round,
-                                     run_config=run_config, tags={"envloop/loop": nxt.run_key}, raise_on_error=False)
-        timings.append({"step": f"round {nxt.round}", "s": time.perf_counter() - t0, "success": out.success})
-        if not out.success:
-            echo(f"round {nxt.round} failed; see `envloop ledger` and the Dagster run {out.run_id}")
-            break
-        decision = json.loads((envloop_home(cfg.home) / "loops" / cfg.task / "rounds" / nxt.round /
-                               "promotion_decision.json").read_text())
-        verdict = f"promoted as release {decision['release']}" if decision["promote"] else "rejected"
-        echo(f"round {nxt.round}: {verdict} (delta {decision['delta']['delta']:+.4f}, floor {decision['noise_floor']:.4f}; "
-             f"{timings[-1]['s']:.0f}s)")
-        for reason in decision["reasons"]:
-            echo(f"  - {reason}")
-    return timings
+    echo(f"loop {state.loop_id}: up to {rounds} rounds")
+    return timings + _run_rounds(instance, loop_settings, proposal, echo)
+
+
+def retry_round(task: str, *, echo: Any = click.echo) -> list[dict[str, Any]]:
+    """Finish the task's undecided round (its worker died or it failed), then go on while the budget lasts.
+
+    Unfinished runs whose worker is gone are marked failed first. The retry runs the
+    round's job again for the same partition with the failed run's loop settings and
+    hypothesis config; every step is idempotent (content-addressed snapshots and
+    checkpoints, write-once ledger entries and hypothesis), so what the dead run
+    finished is found again, not duplicated.
+    """
+    import dagster as dg
+
+    from envloop_pipelines.core.loop.budget import decided_rounds, last_round_number
+    from envloop_pipelines.core.loop.round import round_key
+    from envloop_pipelines.defs.rounds.recovery import SETTINGS_TAG, reap_orphaned_runs
+
+    dagster_home()
+    instance = dg.DagsterInstance.get()
+    for run in reap_orphaned_runs(instance):
+        echo(f"marked run {run.run_id} ({run.job_name}, round {run.tags.get('dagster/partition')}) failed: "
+             f"its worker is gone")
+    last = last_round_number(task)
+    key = round_key(last) if last else None
+    if key is None or key in decided_rounds(task):
+        echo(f"task {task}: no undecided round to retry" + (f" (last round {key} is decided)" if key else ""))
+        return []
+    runs = instance.get_runs(filters=dg.RunsFilter(job_name="round_job", tags={"dagster/partition": key}), limit=1)
+    if not runs or SETTINGS_TAG not in runs[0].tags:
+        raise click.ClickException(f"round {key} has no run started by `envloop round` to take its settings from")
+    failed = runs[0]
+    if failed.status not in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED):
+        raise click.ClickException(f"round {key}: its last run {failed.run_id} is {failed.status.value}, not failed")
+    settings = json.loads(failed.tags[SETTINGS_TAG])
+    if settings.get("task") != task:
+        raise click.ClickException(f"round {key}'s run belongs to task {settings.get('task')!r}, not {task!r}")
+    echo(f"retrying round {key} (run {failed.run_id} {failed.status.value})")
+    return _run_rounds(instance, settings, None, echo, first=key, retry_of=failed)
 
 
 def print_releases(task: str, as_json: bool = False) -> None:
@@ -112,14 +184,14 @@ def print_releases(task: str, as_json: bool = False) -> None:
     click.echo(f"{'release':>7}  {'round':<9} {'parent':>6}  {'holdout acc':>11} {'holdout brier':>13} {'test acc':>8}  checkpoint")
     for r in releases:
         h, t = r.get("holdout") or {}, r.get("test") or {}
-        click.echo(f"{r['release']:>7}  {r['round']:<9} {str(r.get('parent_release') or '-'):>6}  "
+        click.echo(f"{r['release']:>7}  {r['round']:<9} {r.get('parent_release') or '-'!s:>6}  "
                    f"{h.get('family_macro_accuracy', float('nan')):>11.4f} {h.get('brier', float('nan')):>13.4f} "
                    f"{t.get('family_macro_accuracy', float('nan')):>8.4f}  {r['checkpoint_sha256'][:12]}")
         for e in r.get("errata", []):
             click.echo(f"         erratum {e['erratum']}: {e['field']} {e['old']} -> {e['new']} ({e['reason']})")
 
 
-def _loop_options(fn):  # noqa: ANN001, ANN202 - click decorator
+def _loop_options(fn):
     options = [
         click.option("--task", default="personal_agent", show_default=True),
         click.option("--recipe", default="packaged:decision_head_cpu.yaml", show_default=True,
@@ -171,6 +243,14 @@ def round_start(task: str, recipe: str, overrides: tuple[str, ...], noise_arms: 
             raise click.BadParameter(f"{hypothesis_file}: must be a JSON object", param_hint="--hypothesis")
     run_loop(loop_settings=_settings(task, recipe, overrides, noise_arms, n_synthesized, generator, users, records_per_user),
              rounds=rounds, patience=patience, max_wall_s=max_wall_s, proposal=proposal)
+    print_releases(task)
+
+
+@round_group.command("retry")
+@click.option("--task", default="personal_agent", show_default=True)
+def round_retry(task: str) -> None:
+    """Finish a round whose run failed or whose worker died, then go on while the loop's budget lasts."""
+    retry_round(task)
     print_releases(task)
 
 

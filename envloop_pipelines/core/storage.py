@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,7 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, overwrite: bool = False
     path.parent.mkdir(parents=True, exist_ok=True)
     if not overwrite and path.exists():
         raise FileExistsError(f"{path} exists and artifacts are never overwritten")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{_owner_tag()}", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -68,11 +69,60 @@ def atomic_write_json(path: str | Path, value: Any, *, overwrite: bool = False) 
     return atomic_write_bytes(path, text.encode("utf-8"), overwrite=overwrite)
 
 
+_OWNER_SEP = "~"
+
+
+def _owner_tag() -> str:
+    """``~<pid>~<host>~``: the writer of a temp file or staging directory, so leftovers can be told apart."""
+    return f"{_OWNER_SEP}{os.getpid()}{_OWNER_SEP}{socket.gethostname()}{_OWNER_SEP}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def sweep_stale(parent: str | Path) -> list[Path]:
+    """Remove the temp files and staging directories that a dead process left in ``parent``.
+
+    A writer killed mid-write (SIGKILL, OOM, a lost pod) leaves ``.<name>~<pid>~<host>~*.tmp``
+    or ``.staging~<pid>~<host>~*``. They are never read (only a rename publishes), but they
+    would pile up; this removes those whose process on this host is gone. Entries of live
+    processes, and of other hosts (which this host cannot check), are left alone.
+    """
+    parent = Path(parent)
+    removed: list[Path] = []
+    if not parent.is_dir():
+        return removed
+    host = socket.gethostname()
+    for entry in parent.iterdir():
+        parts = entry.name.split(_OWNER_SEP)
+        if not entry.name.startswith(".") or len(parts) < 4 or parts[2] != host or not parts[1].isdigit():
+            continue
+        if int(parts[1]) == os.getpid() or _pid_alive(int(parts[1])):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        removed.append(entry)
+    return removed
+
+
 def staging_dir(parent: str | Path) -> Path:
-    """A fresh temp directory beside its final place (same filesystem, so rename is atomic)."""
+    """A fresh temp directory beside its final place (same filesystem, so rename is atomic).
+
+    Staging directories that dead processes left in ``parent`` are swept first (:func:`sweep_stale`).
+    """
     parent = Path(parent)
     parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=".staging-", dir=parent))
+    sweep_stale(parent)
+    return Path(tempfile.mkdtemp(prefix=f".staging{_owner_tag()}", dir=parent))
 
 
 def publish_dir(staged: Path, final: Path) -> bool:

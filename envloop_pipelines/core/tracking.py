@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Protocol
+from typing import Any, Protocol
 
 from envloop_pipelines.core.storage import envloop_home
 
@@ -49,6 +50,7 @@ class Tracker(Protocol):
 
     def start_run(self, experiment: str, name: str, *, parent_run_id: str | None = None,
                   tags: Mapping[str, str] | None = None) -> TrackedRun: ...
+    def running_runs(self, experiment: str, tags: Mapping[str, str]) -> list[str]: ...
     def log_params(self, run_id: str, params: Mapping[str, Any]) -> None: ...
     def log_metrics(self, run_id: str, metrics: Mapping[str, float], step: int | None = None) -> None: ...
     def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None: ...
@@ -79,7 +81,7 @@ class MlflowTracker:
         artifact_location = None if self.tracking_uri.startswith("http") else f"{self.artifact_root}/{name}"
         try:
             return self.client.create_experiment(name, artifact_location=artifact_location)
-        except Exception:  # noqa: BLE001 - a concurrent creator won the race: read it back
+        except Exception:
             exp = self.client.get_experiment_by_name(name)
             if exp is None:
                 raise
@@ -110,6 +112,14 @@ class MlflowTracker:
         if not runs:
             return None
         return TrackedRun(runs[0].info.run_id, exp.experiment_id, self.run_url(exp.experiment_id, runs[0].info.run_id))
+
+    def running_runs(self, experiment: str, tags: Mapping[str, str]) -> list[str]:
+        """Ids of the runs of ``experiment`` carrying all ``tags`` that are still RUNNING."""
+        exp = self.client.get_experiment_by_name(experiment)
+        if exp is None:
+            return []
+        query = " and ".join([f"tags.`{k}` = '{v}'" for k, v in tags.items()] + ["attributes.status = 'RUNNING'"])
+        return [r.info.run_id for r in self.client.search_runs([exp.experiment_id], filter_string=query, max_results=100)]
 
     def log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param

@@ -15,7 +15,11 @@ import pytest
 
 from envloop_pipelines.core.loop.ledger import Ledger
 from envloop_pipelines.core.tracking import MlflowTracker
-from envloop_pipelines.defs.rounds.assets import ROUND_ASSETS, noise_floor, task_benchmark
+from envloop_pipelines.defs.rounds.assets import (
+    ROUND_ASSETS,
+    noise_floor,
+    task_benchmark,
+)
 from envloop_pipelines.defs.rounds.checks import ROUND_CHECKS
 from envloop_pipelines.resources.loop import LoopResource, MlflowResource
 

@@ -54,6 +54,11 @@ def _decided(ledger: Ledger) -> dict[str, dict]:
     return {e["round"]: e for e in ledger.events("round_decided")}
 
 
+def decided_rounds(task: str, home: str | Path | None = None) -> dict[str, dict]:
+    """The task's decided rounds: round key -> its ``round_decided`` ledger event."""
+    return _decided(Ledger(task, home))
+
+
 def last_round_number(task: str, home: str | Path | None = None) -> int:
     """The highest round number the task has started (0 when none)."""
     rounds = envloop_home(home) / "loops" / task / "rounds"

@@ -16,9 +16,10 @@ import json
 import logging
 import shutil
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -26,7 +27,10 @@ import pyarrow.parquet as pq
 
 from envloop_pipelines.core.loop.contamination import check_contamination
 from envloop_pipelines.core.loop.ledger import Gate, Hypothesis, Ledger, LedgerError
-from envloop_pipelines.core.loop.mining import FailureCluster, mine_failures_with_fallback
+from envloop_pipelines.core.loop.mining import (
+    FailureCluster,
+    mine_failures_with_fallback,
+)
 from envloop_pipelines.core.loop.promotion import (
     NoiseFloor,
     PromotionDecision,
@@ -34,8 +38,17 @@ from envloop_pipelines.core.loop.promotion import (
     decide_promotion,
     noise_floor_from_arms,
 )
-from envloop_pipelines.core.loop.synthesis import SNAPSHOT_SCHEMA, SynthesisRequest, load_generator, with_provenance
-from envloop_pipelines.core.snapshots import TaskSnapshot, open_task, require_same_benchmark
+from envloop_pipelines.core.loop.synthesis import (
+    SNAPSHOT_SCHEMA,
+    SynthesisRequest,
+    load_generator,
+    with_provenance,
+)
+from envloop_pipelines.core.snapshots import (
+    TaskSnapshot,
+    open_task,
+    require_same_benchmark,
+)
 from envloop_pipelines.core.storage import (
     atomic_write_bytes,
     atomic_write_json,
@@ -45,6 +58,7 @@ from envloop_pipelines.core.storage import (
     sha256_bytes,
     sha256_file,
     staging_dir,
+    sweep_stale,
 )
 from envloop_pipelines.core.tracking import MlflowTracker, TrackedRun
 
@@ -187,7 +201,16 @@ def round_run(tracker: MlflowTracker, config: LoopConfig, key: str, tags: Mappin
 
 def child_run(tracker: MlflowTracker, config: LoopConfig, key: str, kind: str,
               tags: Mapping[str, str] | None = None) -> TrackedRun:
+    """A fresh child run of the round's parent run.
+
+    A step that died mid-way (its worker killed) left its run RUNNING; the retry closes it as
+    KILLED, tagged ``envloop.superseded_by``, so each step of a round has one finished run.
+    """
     parent = round_run(tracker, config, key, tags)
+    for stale in tracker.running_runs(config.task, {"envloop.round": key, "envloop.kind": kind}):
+        tracker.set_tags(stale, {"envloop.superseded": "a retry of the step started a new run"})
+        tracker.end_run(stale, "KILLED")
+        log.warning("round %s: closed the %s run %s left RUNNING by a dead worker", key, kind, stale)
     return tracker.start_run(config.task, f"{key} {kind}", parent_run_id=parent.run_id,
                              tags={"envloop.round": key, "envloop.kind": kind, **(tags or {})})
 
@@ -256,7 +279,10 @@ def rescore_matches(checkpoint: str | Path, table: pa.Table) -> dict[str, Any]:
 
 def open_metrics(table: pa.Table, predictions: pa.Table, safety_families: Sequence[str]) -> dict[str, Any]:
     """Metrics on an open split (train/val/dev), where the training side holds the labels."""
-    from envloop_pipelines.core.model.predict import predictions_from_table, score_predictions
+    from envloop_pipelines.core.model.predict import (
+        predictions_from_table,
+        score_predictions,
+    )
 
     return score_predictions(predictions_from_table(predictions), _questions(table), safety_families=safety_families)
 
@@ -541,6 +567,7 @@ def training_dataset_snapshot(config: LoopConfig, key: str) -> dict[str, Any]:
     pq.write_table(table, sink, compression="zstd")
     data = sink.getvalue()
     digest = sha256_bytes(data)
+    sweep_stale(paths.snapshots)  # temp files of a writer that was killed mid-write
     path = paths.snapshots / f"{digest}.parquet"
     if not path.exists():
         atomic_write_bytes(path, data)

@@ -15,6 +15,12 @@ of training (restored afterwards).
 DeepSpeed: the recipe's config path goes to ``TrainingArguments(deepspeed=…)``
 when a CUDA device is present; on CPU it is ignored with a log line, and so is
 ``precision: bf16``.
+
+Several processes (``accelerate launch --num_processes N -m envloop_pipelines.cli train …``):
+every rank trains on its shard of each batch; rank 0 alone calibrates and writes the
+checkpoint (atomically), and the other ranks return as soon as training ends
+(:func:`is_main_process` tells a caller which one it is). The per-epoch losses in
+``metrics.json`` are rank 0's micro-batches; ``provenance.json`` records ``world_size``.
 """
 
 from __future__ import annotations
@@ -22,10 +28,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -193,10 +201,16 @@ def _deterministic() -> Iterator[None]:
         torch.use_deterministic_algorithms(was, warn_only=was_warn)
 
 
+def is_main_process() -> bool:
+    """True in the process that writes checkpoints: global rank 0, or the only process."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank() == 0
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def _deepspeed_config(recipe: Recipe, cuda: bool) -> Path | None:
     """The DeepSpeed config to pass through, or None (no config, or no GPU)."""
     import json
-    import os
 
     path = resolve_deepspeed(recipe)
     if path is None:
@@ -406,9 +420,12 @@ def train_checkpoint(
             loss_log, step_seconds = list(trainer.loss_log), list(trainer.step_seconds)
             model = trainer.model  # unwrapped (DeepSpeed keeps its engine in model_wrapped)
             main_process = trainer.is_world_process_zero()
+            world_size, used_deepspeed = int(trainer.args.world_size), trainer.args.deepspeed is not None
             del trainer
     if not main_process:
-        # Several processes trained together (DeepSpeed/DDP): rank 0 alone calibrates and writes.
+        # Several processes trained together (DeepSpeed/DDP): rank 0 alone calibrates and writes. The
+        # directory does not exist yet here (rank 0 renames it into place when done): callers check
+        # is_main_process() before reading it.
         log.info("not the main process: leaving calibration and the checkpoint %s to rank 0", out_dir)
         return out_dir
     model = _as_loaded(model, recipe)
@@ -453,7 +470,9 @@ def train_checkpoint(
         "eval_split": eval_split,
         "wall_seconds": time.perf_counter() - t_start,
     }
-    provenance = build_provenance(recipe, data_hash, init_from_hash=init_hash)
+    provenance = build_provenance(recipe, data_hash, init_from_hash=init_hash,
+                                  extra={"world_size": world_size,
+                                         "deepspeed": recipe.deepspeed if used_deepspeed else None})
     data = {"data_hash": data_hash, "eval_split": eval_split, "n_train": len(train_q), "n_val": len(val_q), "n_eval": len(eval_q)}
     log.info(
         "trained %s: %d steps in %.1fs, loss %.4f → %.4f; val nll %.4f → %.4f after calibration",
@@ -477,5 +496,6 @@ __all__ = [
     "IncompatibleInitError",
     "build_trainable_model",
     "evaluate_checkpoint",
+    "is_main_process",
     "train_checkpoint",
 ]

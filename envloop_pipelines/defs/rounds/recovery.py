@@ -1,0 +1,50 @@
+"""Runs whose worker died: found by the process that ran them, marked failed, retried.
+
+With Dagster's default (local) run launcher nothing watches a run worker: a
+worker killed mid-step (SIGKILL, OOM, a reboot) leaves its run STARTED forever
+(on Kubernetes, run monitoring does this job). Runs the CLI executes carry
+``envloop/host`` and ``envloop/pid``; :func:`reap_orphaned_runs` marks those
+whose process is gone as failed, so a retry starts from a clean record and the
+UI tells the truth.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import dagster as dg
+
+HOST_TAG = "envloop/host"
+PID_TAG = "envloop/pid"
+SETTINGS_TAG = "envloop/loop_settings"
+RETRY_OF_TAG = "envloop/retry_of"
+
+
+def worker_tags() -> dict[str, str]:
+    """Tags naming this process as the run's worker."""
+    return {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_orphaned_runs(instance: dg.DagsterInstance) -> list[dg.DagsterRun]:
+    """Mark as failed every unfinished run of this host whose worker process no longer exists."""
+    host = socket.gethostname()
+    unfinished = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
+    reaped = []
+    for run in instance.get_runs(filters=dg.RunsFilter(statuses=unfinished, tags={HOST_TAG: host})):
+        pid = run.tags.get(PID_TAG, "")
+        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            continue
+        instance.report_run_failed(run, message=f"run worker (pid {pid} on {host}) is gone: killed or crashed mid-run")
+        reaped.append(run)
+    return reaped
