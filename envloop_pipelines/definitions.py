@@ -2,6 +2,7 @@
 
 import dagster as dg
 
+from envloop_pipelines.defs.executor import EXECUTOR_ENV, select_executor
 from envloop_pipelines.defs.rounds.assets import ROUND_ASSETS, noise_floor, round_job, setup_job, task_benchmark
 from envloop_pipelines.defs.rounds.checks import ROUND_CHECKS
 from envloop_pipelines.defs.rounds.schedules import nightly_loop
@@ -14,6 +15,8 @@ defs = dg.Definitions(
     jobs=[round_job, setup_job],
     schedules=[nightly_loop],
     sensors=[next_round_sensor, failed_round_sensor],
+    # ENVLOOP_EXECUTOR=k8s: one Kubernetes Job per step (k8s/dagster/values.yaml); unset: Dagster's default.
+    executor=select_executor(dg.EnvVar(EXECUTOR_ENV).get_value()),
     resources={
         "loop": LoopResource(
             task=dg.EnvVar("ENVLOOP_TASK").get_value("personal_agent"),

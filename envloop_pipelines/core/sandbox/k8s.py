@@ -4,6 +4,9 @@
 plain dicts (reviewable, testable without a cluster);
 :class:`KubernetesSandbox` applies them with the ``kubernetes`` client behind
 the same :class:`~envloop_pipelines.core.sandbox.base.Sandbox` protocol.
+:func:`namespace_manifest` and :func:`runner_rbac` build the namespace (Pod
+Security Admission ``restricted``) and the Role the runner needs; ``k8s/verifier.yaml``
+is generated from these functions (:mod:`.k8s_manifests`).
 
 Threat model
 ============
@@ -17,6 +20,11 @@ ephemeral-storage limits, size-limited ``emptyDir`` volumes for ``/work`` and
 that selects the sandbox pods and allows **no egress** (and no ingress).
 Inputs (stdin and files) travel in a Secret mounted read-only into that pod
 only; nothing of the verifier's label store is mounted.
+
+The runner reads the deny-all policy and creates it only when it is missing;
+the Role of ``k8s/verifier.yaml`` grants ``get`` on that one policy and no
+``create``, so on a cluster the policy is applied by the operator and a runner
+cannot replace it (a missing policy fails the run: ``forbidden``).
 
 Not covered: a NetworkPolicy is enforced only by a CNI that implements it
 (Calico, Cilium, ...); the backend cannot see that, so it reports
@@ -45,7 +53,9 @@ from envloop_pipelines.core.sandbox.local import classify
 log = logging.getLogger(__name__)
 
 SANDBOX_LABEL = "envloop.io/sandbox"
-DEFAULT_NAMESPACE = "envloop"
+#: A namespace of its own: Pod Security Admission ``restricted`` there would refuse Dagster's own pods.
+DEFAULT_NAMESPACE = "envloop-sandbox"
+DENY_POLICY_NAME = "envloop-sandbox-deny-all"
 DEFAULT_IMAGE = "python:3.11-slim"
 #: Kubernetes refuses Secrets over 1 MiB (etcd's value limit).
 MAX_INPUT_BYTES = 1024 * 1024
@@ -60,7 +70,7 @@ def _check_name(name: str, what: str) -> None:
         raise ValueError(f"{what} {name!r} must be a DNS-1123 label (lowercase letters, digits, '-', at most 63 characters)")
 
 
-def deny_egress_policy(namespace: str = DEFAULT_NAMESPACE, *, name: str = "envloop-sandbox-deny-all") -> dict[str, Any]:
+def deny_egress_policy(namespace: str = DEFAULT_NAMESPACE, *, name: str = DENY_POLICY_NAME) -> dict[str, Any]:
     """A NetworkPolicy that allows sandbox pods no egress and no ingress at all (not even DNS)."""
     _check_name(namespace, "namespace")
     _check_name(name, "policy name")
@@ -75,6 +85,53 @@ def deny_egress_policy(namespace: str = DEFAULT_NAMESPACE, *, name: str = "envlo
             "egress": [],
         },
     }
+
+
+def namespace_manifest(namespace: str = DEFAULT_NAMESPACE) -> dict[str, Any]:
+    """The sandbox namespace, with Pod Security Admission ``restricted`` enforced, audited and warned."""
+    _check_name(namespace, "namespace")
+    psa = {f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "audit", "warn")}
+    psa["pod-security.kubernetes.io/enforce-version"] = "latest"
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": {SANDBOX_LABEL: "true", **psa}}}
+
+
+def runner_rbac(
+    namespace: str = DEFAULT_NAMESPACE,
+    *,
+    service_account: str,
+    service_account_namespace: str,
+    name: str = "envloop-sandbox-runner",
+) -> list[dict[str, Any]]:
+    """A Role with exactly the calls :meth:`KubernetesSandbox.run` makes, bound to the runner's service account.
+
+    Args:
+        namespace: the sandbox namespace.
+        service_account: the service account of the pods that run the sandbox (Dagster's run and step pods).
+        service_account_namespace: its namespace.
+        name: the Role and RoleBinding name.
+    """
+    for value, what in ((namespace, "namespace"), (service_account, "service account"),
+                        (service_account_namespace, "service account namespace"), (name, "role name")):
+        _check_name(value, what)
+    rules = [
+        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create", "delete"]},
+        {"apiGroups": ["batch"], "resources": ["jobs/status"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "delete"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+        {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+        {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["get"],
+         "resourceNames": [DENY_POLICY_NAME]},
+    ]
+    def meta() -> dict[str, Any]:
+        return {"name": name, "namespace": namespace, "labels": {SANDBOX_LABEL: "true"}}
+
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta(), "rules": rules}
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta(),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": service_account, "namespace": service_account_namespace}],
+    }
+    return [role, binding]
 
 
 def _wrapped(argv: Sequence[str], has_stdin: bool, has_files: bool) -> list[str]:
@@ -256,6 +313,26 @@ class KubernetesSandbox:
             self._api_client = client.ApiClient()
         return self._api_client
 
+    def job_for(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        limits: SandboxLimits | None = None,
+        env: Mapping[str, str] | None = None,
+        input_secret: str | None = None,
+        input_files: Sequence[str] = (),
+        has_stdin: bool = False,
+        result_channel: bool = False,
+    ) -> dict[str, Any]:
+        """The Job manifest :meth:`run` creates for ``argv`` (its environment: ``HOME``, ``TMPDIR``, ``LANG``, ``env``)."""
+        full_env = {"HOME": "/work", "TMPDIR": "/tmp", "LANG": "C.UTF-8", **dict(env or {})}
+        if result_channel:
+            full_env[RESULT_FD_ENV] = "1"
+        return job_manifest(name, argv, image=self.image, limits=limits or self.limits, namespace=self.namespace,
+                            env=full_env, input_secret=input_secret, input_files=input_files, has_stdin=has_stdin,
+                            cpus=self.cpus)
+
     def capabilities(self) -> dict[str, Any]:
         return {"backend": self.backend, "namespace": self.namespace, "network_isolated": self.policy_enforced,
                 "hidden_paths_masked": True, "image": self.image}
@@ -291,24 +368,26 @@ class KubernetesSandbox:
             return setup_error(self.backend, f"no cluster: {type(exc).__name__}: {exc}", limits)
         core, batch, netapi = client.CoreV1Api(api), client.BatchV1Api(api), client.NetworkingV1Api(api)
         name = f"envloop-sb-{uuid.uuid4().hex[:12]}"
-        full_env = {"HOME": "/work", "TMPDIR": "/tmp", "LANG": "C.UTF-8", **dict(env or {})}
-        if result_channel:
-            full_env[RESULT_FD_ENV] = "1"
         started = time.monotonic()
         timed_out = False
         try:
-            try:
-                netapi.create_namespaced_network_policy(self.namespace, deny_egress_policy(self.namespace))
+            try:  # read first: on a cluster the operator applies the policy and the runner may only read it
+                netapi.read_namespaced_network_policy(DENY_POLICY_NAME, self.namespace)
             except ApiException as exc:
-                if exc.status != 409:  # 409: the policy exists already
+                if exc.status != 404:
                     raise
+                try:
+                    netapi.create_namespaced_network_policy(self.namespace, deny_egress_policy(self.namespace))
+                except ApiException as exc2:
+                    if exc2.status != 409:  # 409: created meanwhile by another run
+                        raise
             secret = None
             if stdin is not None or files:
                 secret = name
                 core.create_namespaced_secret(self.namespace, input_secret_manifest(name, self.namespace, stdin, files))
-            batch.create_namespaced_job(self.namespace, job_manifest(
-                name, argv, image=self.image, limits=limits, namespace=self.namespace, env=full_env, input_secret=secret,
-                input_files=list(files), has_stdin=stdin is not None, cpus=self.cpus))
+            batch.create_namespaced_job(self.namespace, self.job_for(
+                name, argv, limits=limits, env=env, input_secret=secret, input_files=list(files),
+                has_stdin=stdin is not None, result_channel=result_channel))
             deadline = started + limits.wall_s + 120  # scheduling and image pulls come on top of the Job's own deadline
             while True:
                 status = batch.read_namespaced_job_status(name, self.namespace).status
@@ -360,4 +439,5 @@ class KubernetesSandbox:
         )
 
 
-__all__ = ["KubernetesSandbox", "deny_egress_policy", "input_secret_manifest", "job_manifest", "split_logs", "SANDBOX_LABEL"]
+__all__ = ["DEFAULT_NAMESPACE", "DENY_POLICY_NAME", "KubernetesSandbox", "SANDBOX_LABEL", "deny_egress_policy",
+           "input_secret_manifest", "job_manifest", "namespace_manifest", "runner_rbac", "split_logs"]

@@ -136,9 +136,14 @@ def training_dataset_snapshot(context: dg.AssetExecutionContext, loop: LoopResou
     }, data_version=dg.DataVersion(result["sha256"]))
 
 
-# One GPU and memory for training when the run uses the k8s_job_executor (ignored locally).
-TRAINING_POD = {"dagster-k8s/config": {"container_config": {"resources": {
-    "requests": {"cpu": "4", "memory": "16Gi"}, "limits": {"nvidia.com/gpu": "1", "memory": "32Gi"}}}}}
+# One GPU and memory for training when the run uses the k8s_job_executor (ignored locally). A GPU is an
+# extended resource: its limit is also its request. The toleration lets the step pod onto GPU nodes tainted
+# nvidia.com/gpu (the usual taint of a GPU node pool); it changes nothing where there is no such taint.
+TRAINING_POD = {"dagster-k8s/config": {
+    "container_config": {"resources": {
+        "requests": {"cpu": "4", "memory": "16Gi"}, "limits": {"nvidia.com/gpu": "1", "memory": "32Gi"}}},
+    "pod_spec_config": {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+}}
 
 
 @dg.asset(partitions_def=rounds, group_name=ROUND_GROUP, deps=[training_dataset_snapshot, registered_hypothesis],
@@ -199,9 +204,13 @@ def promotion_decision(context: dg.AssetExecutionContext, loop: LoopResource, ml
 ROUND_ASSETS = [baseline_eval, failure_mining, environment_synthesis, registered_hypothesis,
                 training_dataset_snapshot, lora_checkpoint, independent_reeval, promotion_decision]
 
+# Run tag of the round (it trains): the cluster's run queue allows one running round per value
+# (k8s/dagster/values.yaml, tagConcurrencyLimits); the local instance sets no tag limit.
+GPU_POOL_TAG = "envloop/gpu-pool"
 round_job = dg.define_asset_job("round_job", selection=dg.AssetSelection.assets(*ROUND_ASSETS),
-                                description="One round of the loop, for one partition of `rounds`.")
+                                description="One round of the loop, for one partition of `rounds`.",
+                                tags={GPU_POOL_TAG: "training"})
 setup_job = dg.define_asset_job("setup_job", selection=dg.AssetSelection.assets(task_benchmark, noise_floor),
                                 description="The benchmark and the noise floor (and the first champion).")
 
-__all__ = ["ROUND_ASSETS", "round_job", "setup_job", "task_benchmark", "noise_floor"]
+__all__ = ["GPU_POOL_TAG", "ROUND_ASSETS", "TRAINING_POD", "round_job", "setup_job", "task_benchmark", "noise_floor"]
