@@ -25,7 +25,7 @@ from typing import Any, Literal, Sequence
 
 import pyarrow as pa
 
-from envloop_pipelines.core.sandbox import Sandbox, SandboxLimits, SandboxResult, make_sandbox
+from envloop_pipelines.core.sandbox import Sandbox, SandboxLimits, SandboxResult, sandbox_from_env
 from envloop_pipelines.core.storage import envloop_home, sha256_bytes
 from envloop_pipelines.core.verify.protocol import VerifierReport, labels_to_bytes, prediction_format
 
@@ -93,13 +93,13 @@ class VerifierRunner:
     """Runs ``python -m envloop_pipelines.core.verify.worker`` in a sandbox.
 
     Args:
-        sandbox: the sandbox (default: the local backend).
+        sandbox: the sandbox (default: ``$ENVLOOP_SANDBOX``, else the local backend).
         limits: the worker's limits (default: :data:`DEFAULT_WORKER_LIMITS`).
         python: the interpreter inside the sandbox (default: this one; a container's ``python``).
     """
 
     def __init__(self, sandbox: Sandbox | None = None, *, limits: SandboxLimits | None = None, python: str | None = None) -> None:
-        self.sandbox = sandbox or make_sandbox("local")
+        self.sandbox = sandbox or sandbox_from_env()
         self.limits = limits or DEFAULT_WORKER_LIMITS
         self.python = python or (sys.executable if self.sandbox.backend == "local" else "python")
 
