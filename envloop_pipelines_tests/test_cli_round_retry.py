@@ -1,0 +1,57 @@
+"""`envloop round retry` when there is nothing to retry, and orphaned-run reaping on a real instance."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from envloop_pipelines.defs.rounds.recovery import HOST_TAG, PID_TAG, reap_orphaned_runs, worker_tags
+
+ENVLOOP = str(Path(sys.executable).with_name("envloop"))
+
+
+def test_retry_with_no_round_says_so(tmp_path: Path) -> None:
+    env = {**os.environ, "ENVLOOP_HOME": str(tmp_path / "home"), "DAGSTER_HOME": str(tmp_path / "dagster")}
+    out = subprocess.run([ENVLOOP, "round", "retry"], env=env, capture_output=True, text=True, check=False, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "no undecided round to retry" in out.stdout
+
+
+@pytest.fixture
+def instance(tmp_path: Path):
+    with dg.instance_for_test(temp_dir=str(tmp_path)) as inst:
+        yield inst
+
+
+def _started_run(instance: dg.DagsterInstance, tags: dict[str, str]) -> dg.DagsterRun:
+    @dg.op
+    def noop() -> None: ...
+
+    @dg.job
+    def some_job() -> None:
+        noop()
+
+    run = instance.create_run_for_job(some_job, tags=tags)
+    instance.handle_run_event(run.run_id, dg.DagsterEvent(
+        event_type_value=dg.DagsterEventType.RUN_START.value, job_name=run.job_name, message="started"))
+    return instance.get_run_by_id(run.run_id)
+
+
+def test_reaps_only_runs_whose_worker_is_gone(instance: dg.DagsterInstance) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    orphan = _started_run(instance, {**worker_tags(), PID_TAG: str(dead.pid)})
+    mine = _started_run(instance, worker_tags())  # this process: alive
+    elsewhere = _started_run(instance, {HOST_TAG: "another-host", PID_TAG: str(dead.pid)})  # cannot be checked here
+    assert {r.status for r in (orphan, mine, elsewhere)} == {dg.DagsterRunStatus.STARTED}
+    reaped = reap_orphaned_runs(instance)
+    assert [r.run_id for r in reaped] == [orphan.run_id]
+    assert instance.get_run_by_id(orphan.run_id).status == dg.DagsterRunStatus.FAILURE
+    assert instance.get_run_by_id(mine.run_id).status == dg.DagsterRunStatus.STARTED
+    assert instance.get_run_by_id(elsewhere.run_id).status == dg.DagsterRunStatus.STARTED
+    assert reap_orphaned_runs(instance) == []  # idempotent
