@@ -107,6 +107,15 @@ def main() -> None:
           f"accuracy x{t['family_macro_accuracy'] / u['family_macro_accuracy']:.2f} vs untrained, "
           f"x{t['family_macro_accuracy'] / b['family_macro_accuracy']:.2f} vs TF-IDF; "
           f"Brier x{t['brier'] / u['brier']:.2f} vs untrained, x{t['brier'] / b['brier']:.2f} vs TF-IDF (lower is better)")
+    # How far apart trained and TF-IDF really are on this test set: paired deltas with record-clustered
+    # bootstrap CIs, computed inside the sandboxed verifier from the two prediction files.
+    paired = verify_task("personal_agent", "test", home / "trained-test.parquet", home=home,
+                         safety_families=SAFETY_FAMILIES, baseline_predictions=home / "tfidf-test.parquet")
+    if paired.ok and paired.paired:
+        print("paired trained - TF-IDF on test (95% record-clustered bootstrap CI): " + "; ".join(
+            f"{k} {v['delta']:+.4f} [{v['ci_low']:+.4f}, {v['ci_high']:+.4f}]"
+            for k, v in paired.paired["deltas"].items() if k in ("family_macro_accuracy", "brier", "ece")))
+        results["paired_trained_vs_tfidf"] = paired.paired
     verdict = (t["family_macro_accuracy"] > max(u["family_macro_accuracy"], b["family_macro_accuracy"])
                and t["brier"] < min(u["brier"], b["brier"]) and t["ece"] <= 0.05)
     print(f"target (beats both on accuracy and Brier, calibrated ECE <= 0.05): {'MET' if verdict else 'NOT MET'}")
