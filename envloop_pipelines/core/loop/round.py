@@ -295,7 +295,8 @@ def verify_predictions(config: LoopConfig, split: str, predictions: Path, baseli
     run = verify_task(config.task, split, predictions, home=config.home, safety_families=config.safety_families,
                       baseline_predictions=baseline, seed=seed)
     if not run.ok:
-        raise RuntimeError(f"verifier on {split} failed ({run.status}): {run.error}")
+        raise RuntimeError(f"verifier on {split} failed ({run.status}): {run.error}; "
+                           f"worker stderr: {run.sandbox.stderr_tail[-1000:]!r}")
     return run
 
 
