@@ -43,7 +43,7 @@ DEFAULT_WORKER_LIMITS = SandboxLimits(cpu_s=120.0, mem_mb=2048, wall_s=180.0, fs
 WORKER_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_ARENA_MAX": "2", "OMP_NUM_THREADS": "1",
               "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 #: Runs of a worker that aborts in start-up before a retry is given up (see VerifierRunner.run).
-START_ATTEMPTS = 3
+START_ATTEMPTS = 5
 RunStatus = Literal["ok", "error", "timeout", "cpu_limit", "memory_exceeded", "killed", "file_size_exceeded"]
 
 
@@ -164,7 +164,7 @@ class VerifierRunner:
             if attempt < START_ATTEMPTS and result.signal == signal.SIGABRT and not result.channel:
                 log.warning("verifier worker aborted at start-up (attempt %d of %d; stderr: %r); retrying",
                             attempt, START_ATTEMPTS, result.stderr_tail[-500:])
-                time.sleep(0.5 * attempt)
+                time.sleep(1.0 * attempt)
                 continue
             break
         return self._read(result, sha256_bytes(pred_bytes), sha256_bytes(label_bytes), base_sha)
