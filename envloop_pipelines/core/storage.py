@@ -77,7 +77,8 @@ def _owner_tag() -> str:
     return f"{_OWNER_SEP}{os.getpid()}{_OWNER_SEP}{socket.gethostname()}{_OWNER_SEP}"
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this host (a zombie counts until it is reaped)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -104,7 +105,7 @@ def sweep_stale(parent: str | Path) -> list[Path]:
         parts = entry.name.split(_OWNER_SEP)
         if not entry.name.startswith(".") or len(parts) < 4 or parts[2] != host or not parts[1].isdigit():
             continue
-        if int(parts[1]) == os.getpid() or _pid_alive(int(parts[1])):
+        if int(parts[1]) == os.getpid() or pid_alive(int(parts[1])):
             continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)

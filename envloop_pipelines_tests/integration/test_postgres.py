@@ -27,6 +27,7 @@ import pytest
 from envloop_pipelines.core.loop.ledger import Ledger
 from envloop_pipelines.core.tracking import MlflowTracker
 from envloop_pipelines.defs.rounds.assets import ROUND_ASSETS
+from envloop_pipelines_tests.integration.test_mlflow_server import free_port
 from envloop_pipelines_tests.postgres import PostgresServer, start_postgres
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -45,19 +46,11 @@ def pg() -> Iterator[PostgresServer]:
         server.stop()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def mlflow_on_postgres(pg: PostgresServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     root = tmp_path_factory.mktemp("mlflow-pg")
     pg.create_database("mlflow")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [str(BIN / "mlflow"), "server", "--backend-store-uri", pg.url("mlflow"),
          "--artifacts-destination", (root / "artifacts").as_uri(), "--host", "127.0.0.1", "--port", str(port),

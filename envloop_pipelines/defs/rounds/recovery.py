@@ -15,6 +15,8 @@ import socket
 
 import dagster as dg
 
+from envloop_pipelines.core.storage import pid_alive
+
 HOST_TAG = "envloop/host"
 PID_TAG = "envloop/pid"
 SETTINGS_TAG = "envloop/loop_settings"
@@ -26,16 +28,6 @@ def worker_tags() -> dict[str, str]:
     return {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def reap_orphaned_runs(instance: dg.DagsterInstance) -> list[dg.DagsterRun]:
     """Mark as failed every unfinished run of this host whose worker process no longer exists."""
     host = socket.gethostname()
@@ -43,7 +35,7 @@ def reap_orphaned_runs(instance: dg.DagsterInstance) -> list[dg.DagsterRun]:
     reaped = []
     for run in instance.get_runs(filters=dg.RunsFilter(statuses=unfinished, tags={HOST_TAG: host})):
         pid = run.tags.get(PID_TAG, "")
-        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+        if not pid.isdigit() or int(pid) == os.getpid() or pid_alive(int(pid)):
             continue
         instance.report_run_failed(run, message=f"run worker (pid {pid} on {host}) is gone: killed or crashed mid-run")
         reaped.append(run)
