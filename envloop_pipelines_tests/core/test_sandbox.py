@@ -14,6 +14,8 @@ import shutil
 import signal
 import socket
 import stat
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -93,6 +95,38 @@ def test_fresh_uid_scrubbed_env_and_temp_workdir(monkeypatch: pytest.MonkeyPatch
     if SUPPORT.setuid:
         assert seen["uid"] == result.uid and result.uid >= local_mod.DEFAULT_UID_RANGE[0]
     json.loads(json.dumps(result.to_dict()))  # JSON-serialisable
+
+
+# A parent whose libraries' fork handlers kill a forked child, as a C++ one did in CI ("terminate called
+# without an active exception", SIGABRT before the verifier worker said anything): one C-level
+# pthread_atfork child handler (libc's abort) and one CPython at-fork hook. A sandbox that ran the
+# caller's code in a forked child (a preexec_fn) loses every run here; the control proves the handlers bite.
+ABORTING_FORK_HANDLERS = """
+import ctypes, json, os, subprocess, sys
+from envloop_pipelines.core.sandbox import LocalSandbox, SandboxLimits, probe_host
+probe_host()
+libc = ctypes.CDLL(None)
+assert libc.__register_atfork(None, None, ctypes.cast(libc.abort, ctypes.c_void_p), None) == 0
+os.register_at_fork(after_in_child=os.abort)
+control = subprocess.run(["/bin/true"], preexec_fn=lambda: None).returncode
+code = "import os; os.write(int(os.environ['ENVLOOP_RESULT_FD']), b'scored')"
+runs = [LocalSandbox(SandboxLimits(wall_s=20)).run([sys.executable, "-c", code], result_channel=True) for _ in range(3)]
+print(json.dumps({"control": control, "runs": [[r.status, r.signal, r.channel, r.stderr_tail] for r in runs]}))
+"""
+
+
+def test_the_callers_fork_handlers_never_run_in_the_sandboxed_child() -> None:
+    proc = subprocess.run([sys.executable, "-c", ABORTING_FORK_HANDLERS], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["control"] == -signal.SIGABRT  # a forked child of this parent dies
+    assert seen["runs"] == [["ok", None, "scored", ""]] * 3
+
+
+def test_a_command_that_cannot_start_is_a_setup_error_naming_it() -> None:
+    result = box().run(["/nonexistent/verifier"])
+    assert not result.ok and result.status == "error" and result.exit_code is None, result
+    assert "cannot execute '/nonexistent/verifier'" in result.detail and "No such file" in result.detail
 
 
 # --------------------------------------------------------------------------- hostile snippets

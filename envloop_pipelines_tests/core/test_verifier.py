@@ -226,7 +226,7 @@ def test_worker_failures_are_typed_runs(task: dict[str, Any], tmp_path: Path) ->
     garbage = VerifierRunner(limits=SandboxLimits(wall_s=30, mem_mb=2048)).run(path, b"these are not labels")
     assert garbage.status == "error" and garbage.report is None and garbage.error.startswith("error: ArrowInvalid")
     assert "Traceback" in garbage.sandbox.stderr_tail
-    starved = VerifierRunner(limits=SandboxLimits(wall_s=30, mem_mb=200)).run(path, task["labels"])
+    starved = VerifierRunner(limits=SandboxLimits(wall_s=30, mem_mb=100)).run(path, task["labels"])
     assert starved.status == "memory_exceeded" and starved.report is None
     slow = VerifierRunner(limits=SandboxLimits(wall_s=0.3, mem_mb=2048)).run(path, task["labels"])
     assert slow.status == "timeout" and slow.report is None and slow.error.startswith("timeout")

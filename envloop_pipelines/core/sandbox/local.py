@@ -80,11 +80,11 @@ Not covered:
 * **/proc** is the host's (no PID namespace): process lists and command lines
   of other users are visible (not their environments or file descriptors), and
   the killed processes' zombies are reaped by the host's init.
-* ``preexec_fn`` runs in the forked child of a possibly multi-threaded parent,
-  which CPython warns may deadlock if another thread held a lock at fork time.
-  The child only makes syscalls (unshare, mount, setrlimit, setresuid, prctl)
-  on values prepared in the parent; 64 runs from 8 threads did not hang here,
-  but the caveat stands (a small exec'd helper would remove it).
+* The setup runs in :mod:`envloop_pipelines.core.sandbox.enter`, a small
+  stdlib-only launcher that ``subprocess`` starts with ``vfork`` + ``exec``
+  (no ``preexec_fn``), so no code of the caller (its at-fork handlers, its
+  threads' objects) runs in the child; the launcher then execs the
+  command, which keeps the pid.
 * **Without root** there is no uid switch, no namespaces and no uid sweep (the
   process-group kill still runs; RLIMIT_NPROC is then the caller's count plus
   ``nproc``); the result flags say so, and ``strict=True`` refuses to run.
@@ -95,9 +95,9 @@ Not covered:
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import itertools
+import json
 import logging
 import os
 import resource
@@ -111,8 +111,9 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
+from envloop_pipelines.core.sandbox import enter
 from envloop_pipelines.core.sandbox.base import (
     RESULT_FD_ENV,
     SandboxLimits,
@@ -123,14 +124,6 @@ from envloop_pipelines.core.sandbox.base import (
 from envloop_pipelines.core.storage import envloop_home
 
 log = logging.getLogger(__name__)
-
-# <sched.h>, <sys/mount.h>, <sys/prctl.h>
-CLONE_NEWNS = 0x00020000
-CLONE_NEWIPC = 0x08000000
-CLONE_NEWNET = 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
-PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
 
 #: Fresh uids come from here: above the usual subuid ranges (100000 + 65536 * k for a few users).
 DEFAULT_UID_RANGE: tuple[int, int] = (1_200_000, 1_000_000)
@@ -143,28 +136,6 @@ _FSIZE_MARKERS = ("File too large", "[Errno 27]", "File size limit exceeded")
 _CPU_MARKERS = ("CPU time limit exceeded",)  # a shell reporting its child's SIGXCPU (exit 152)
 _uid_counter = itertools.count()
 _uid_lock = threading.Lock()
-
-
-# --------------------------------------------------------------------------- libc
-
-
-@functools.lru_cache(maxsize=1)
-def _libc() -> ctypes.CDLL:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-    libc.unshare.argtypes = [ctypes.c_int]
-    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    return libc
-
-
-def _check(rc: int, what: str) -> None:
-    if rc != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def _mount(source: bytes | None, target: bytes, fstype: bytes | None, flags: int, data: bytes | None) -> None:
-    _check(_libc().mount(source, target, fstype, flags, data), f"mount {target!r}")
 
 
 # --------------------------------------------------------------------------- host support
@@ -185,37 +156,36 @@ class HostSupport:
                 "mount_namespace": self.mount_namespace, "setuid": self.setuid, "detail": self.detail}
 
 
-def _probe(preexec: Callable[[], None]) -> str | None:
-    """Run ``true`` with ``preexec``; None when it worked, else the reason."""
+def _launcher_argv(spec: Mapping[str, Any], argv: Sequence[str]) -> list[str]:
+    """``argv`` behind the launcher that applies ``spec`` (see :mod:`~envloop_pipelines.core.sandbox.enter`)."""
+    return [sys.executable, "-I", "-S", "-B", enter.__file__, json.dumps(spec), *argv]
+
+
+def _probe(spec: Mapping[str, Any]) -> str | None:
+    """Run ``:`` behind the launcher with ``spec``; None when it worked, else the reason."""
     try:
-        subprocess.run(["/bin/sh", "-c", ":"], preexec_fn=preexec, check=True, timeout=10,
-                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.run(_launcher_argv(spec, ["/bin/sh", "-c", ":"]), timeout=10, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     except (subprocess.SubprocessError, OSError) as exc:
         return f"{type(exc).__name__}: {exc}"
+    if proc.returncode != 0:
+        return proc.stderr.decode(errors="replace").strip()[-500:] or f"exited {proc.returncode}"
     return None
 
 
 @functools.lru_cache(maxsize=1)
 def probe_host() -> HostSupport:
     """Try each isolation mechanism once in a throw-away child and remember the answer."""
-    libc = _libc()
     reasons: list[str] = []
-
-    def netns() -> None:
-        _check(libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
-
-    def mountns() -> None:
-        _check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
-        _mount(None, b"/", None, MS_REC | MS_PRIVATE, None)
-        _mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, b"size=4k")
-
-    def setuid() -> None:
-        os.setresgid(DEFAULT_UID_RANGE[0], DEFAULT_UID_RANGE[0], DEFAULT_UID_RANGE[0])
-        os.setresuid(DEFAULT_UID_RANGE[0], DEFAULT_UID_RANGE[0], DEFAULT_UID_RANGE[0])
-
+    specs = {
+        "network_namespace": {"unshare": enter.CLONE_NEWNET},
+        "mount_namespace": {"unshare": enter.CLONE_NEWNS, "mount_ns": True,
+                            "overlays": [{"target": "/tmp", "options": "size=4k", "keep": [], "read_only": False}]},
+        "setuid": {"uid": DEFAULT_UID_RANGE[0]},
+    }
     results = {}
-    for name, fn in (("network_namespace", netns), ("mount_namespace", mountns), ("setuid", setuid)):
-        reason = _probe(fn)
+    for name, spec in specs.items():
+        reason = _probe(spec)
         results[name] = reason is None
         if reason:
             reasons.append(f"{name}: {reason}")
@@ -288,90 +258,6 @@ def _plan_overlays(keep: Sequence[Path], private_tmp: bool, tmp_size_mb: int) ->
         inside = tuple(p for p in keep if p != target and _is_under(p, target))
         overlays.append(_Overlay(target, options, inside, read_only))
     return overlays
-
-
-# --------------------------------------------------------------------------- the child's setup
-
-
-class _ChildSetup:
-    """The ``preexec_fn``: namespaces, mounts, rlimits, then the uid switch, in that order.
-
-    Runs in the forked child before ``exec``; everything it needs is computed
-    in the parent, and a failure is written to ``error_fd`` before re-raising
-    (subprocess only says "Exception occurred in preexec_fn").
-    """
-
-    def __init__(
-        self,
-        *,
-        unshare_flags: int,
-        mount_ns: bool,
-        overlays: Sequence[_Overlay],
-        hidden: Sequence[Path],
-        rlimits: Sequence[tuple[int, tuple[int, int]]],
-        uid: int | None,
-        error_fd: int,
-    ) -> None:
-        self.unshare_flags = unshare_flags
-        self.mount_ns = mount_ns
-        self.overlays = [
-            (os.fsencode(o.target), o.options.encode(), [(os.fsencode(k), os.fsencode(k.relative_to(o.target))) for k in o.keep], o.read_only)
-            for o in overlays
-        ]
-        self.hidden = [os.fsencode(p) for p in hidden]
-        self.rlimits = list(rlimits)
-        self.uid = uid
-        self.error_fd = error_fd
-        self.libc = _libc()
-
-    def __call__(self) -> None:
-        try:
-            self._setup()
-        except BaseException as exc:  # report, then fail the spawn
-            try:
-                os.write(self.error_fd, f"{type(exc).__name__}: {exc}".encode()[:4000])
-            except OSError:
-                pass
-            raise
-
-    def _setup(self) -> None:
-        if self.unshare_flags:
-            _check(self.libc.unshare(self.unshare_flags), f"unshare({self.unshare_flags:#x})")
-        if self.mount_ns:
-            # Private propagation first: nothing mounted below reaches the host's namespace.
-            _mount(None, b"/", None, MS_REC | MS_PRIVATE, None)
-            for target, options, keep, read_only in self.overlays:
-                # Open the kept paths before the tmpfs covers them; bind them back through the fd.
-                fds = [(os.open(src, os.O_PATH), rel, os.path.isdir(src)) for src, rel in keep]
-                _mount(b"tmpfs", target, b"tmpfs", MS_NOSUID | MS_NODEV, options)
-                for fd, rel, is_dir in fds:
-                    dest = os.path.join(target, rel)
-                    if is_dir:
-                        os.makedirs(dest, mode=0o755, exist_ok=True)
-                    else:
-                        os.makedirs(os.path.dirname(dest), mode=0o755, exist_ok=True)
-                        os.close(os.open(dest, os.O_CREAT | os.O_WRONLY, 0o644))
-                    _mount(f"/proc/self/fd/{fd}".encode(), dest, None, MS_BIND | MS_REC, None)
-                    os.close(fd)
-                if read_only:
-                    _mount(None, target, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, options)
-            for path in self.hidden:
-                if not os.path.lexists(path):
-                    continue  # under a private tmpfs already: nothing there to read
-                if os.path.isdir(path):
-                    _mount(b"tmpfs", path, b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, b"size=4k,mode=000")
-                else:
-                    _mount(b"/dev/null", path, None, MS_BIND, None)
-                    _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY, None)
-        for which, limit in self.rlimits:
-            resource.setrlimit(which, limit)
-        if self.uid is not None:
-            os.setgroups([])
-            os.setresgid(self.uid, self.uid, self.uid)
-            os.setresuid(self.uid, self.uid, self.uid)
-        _check(self.libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
-        # After the uid switch: a credential change clears the parent-death signal.
-        _check(self.libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
 
 
 # --------------------------------------------------------------------------- I/O
@@ -744,39 +630,36 @@ class LocalSandbox:
         ]
         overlays = _plan_overlays([*interpreter_paths(), *self.readable_paths, work], self.private_tmp,
                                   limits.fsize_mb) if mount_ns else []
-        flags = (CLONE_NEWNET if net else 0) | (CLONE_NEWNS | CLONE_NEWIPC if mount_ns else 0)
+        flags = (enter.CLONE_NEWNET if net else 0) | (enter.CLONE_NEWNS | enter.CLONE_NEWIPC if mount_ns else 0)
 
         err_r, err_w = os.pipe()
         chan_r = chan_w = -1
-        pass_fds: tuple[int, ...] = ()
+        pass_fds: tuple[int, ...] = (err_w,)
         if result_channel:
             chan_r, chan_w = os.pipe()
             env[RESULT_FD_ENV] = str(chan_w)
-            pass_fds = (chan_w,)
-        setup = _ChildSetup(unshare_flags=flags, mount_ns=mount_ns, overlays=overlays, hidden=hidden,
-                            rlimits=rlimits, uid=uid, error_fd=err_w)
+            pass_fds += (chan_w,)
+        spec = {
+            "unshare": flags, "mount_ns": mount_ns, "hidden": [os.fsdecode(p) for p in hidden],
+            "overlays": [{"target": os.fsdecode(o.target), "options": o.options, "read_only": o.read_only,
+                          "keep": [[os.fsdecode(k), os.fsdecode(k.relative_to(o.target))] for k in o.keep]}
+                         for o in overlays],
+            "rlimits": [[which, soft, hard] for which, (soft, hard) in rlimits], "uid": uid,
+            "error_fd": err_w, "parent_pid": os.getpid(),
+        }
         started = time.monotonic()
-        spawn_error: BaseException | None = None
         try:
             proc = subprocess.Popen(
-                list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=work,
-                env=env, start_new_session=True, preexec_fn=setup, pass_fds=pass_fds, close_fds=True,
-                restore_signals=True,
+                _launcher_argv(spec, argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                cwd=work, env=env, start_new_session=True, pass_fds=pass_fds, close_fds=True, restore_signals=True,
             )
         except (OSError, subprocess.SubprocessError) as exc:
-            spawn_error = exc
-        finally:
-            os.close(err_w)
-        if spawn_error is not None:
-            reason = os.read(err_r, 4096).decode(errors="replace")
-            os.close(err_r)
-            for fd in (chan_r, chan_w):
+            for fd in (err_r, err_w, chan_r, chan_w):
                 if fd >= 0:
                     os.close(fd)
-            if uid is not None:
-                _sweep_uid(uid)
-            return fail(f"{type(spawn_error).__name__}: {spawn_error}" + (f" ({reason})" if reason else ""))
-        os.close(err_r)
+            return fail(f"starting the sandbox launcher: {type(exc).__name__}: {exc}")
+        os.close(err_w)  # the launcher holds the only write end; its exec (or exit) closes it
+        setup_errors = _Tail(err_r, 4000)
         channel = None
         if result_channel:
             os.close(chan_w)  # the child holds the only write end now
@@ -806,7 +689,7 @@ class LocalSandbox:
         if uid is not None:
             strays |= _sweep_uid(uid)
         strays.discard(proc.pid)
-        for reader in (out, err, *( [channel] if channel else [] )):
+        for reader in (out, err, setup_errors, *( [channel] if channel else [] )):
             reader.thread.join(5)
         feeder.join(1)
         wall = time.monotonic() - started
@@ -814,6 +697,10 @@ class LocalSandbox:
             pipe.close()
         if channel is not None:
             os.close(chan_r)
+        os.close(err_r)
+        if setup_errors.total:
+            # The launcher could not isolate the run (or exec the command): the command never ran.
+            return fail(setup_errors.text())
 
         status_word = waited.get("status")
         usage = waited.get("usage")

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Sequence
@@ -38,12 +36,9 @@ DEFAULT_WORKER_LIMITS = SandboxLimits(cpu_s=120.0, mem_mb=2048, wall_s=180.0, fs
 #: Arrow's default pool (mimalloc) sizes its up-front reservation to whatever RLIMIT_AS leaves, and
 #: a later import then fails to map a shared library; the system allocator reserves nothing.
 #: Under RLIMIT_AS, every extra thread's malloc arena (64 MiB of address space each) and BLAS/OpenMP
-#: thread buffers eat into the limit; a worker that loses that race aborts (SIGABRT, seen once in CI).
-#: The worker scores on one thread, so it gets one of each.
+#: thread buffers eat into the limit; the worker scores on one thread, so it gets one of each.
 WORKER_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_ARENA_MAX": "2", "OMP_NUM_THREADS": "1",
               "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-#: Runs of a worker that aborts in start-up before a retry is given up (see VerifierRunner.run).
-START_ATTEMPTS = 5
 RunStatus = Literal["ok", "error", "timeout", "cpu_limit", "memory_exceeded", "killed", "file_size_exceeded"]
 
 
@@ -154,19 +149,8 @@ class VerifierRunner:
             files[base_name] = Path(baseline_predictions).read_bytes()
             base_sha = sha256_bytes(files[base_name])
             argv += ["--baseline-predictions", base_name, "--seed", str(seed)]
-        for attempt in range(1, START_ATTEMPTS + 1):
-            result = self.sandbox.run(argv, limits=self.limits, stdin=label_bytes, files=files,
-                                      env=WORKER_ENV, result_channel=True, hidden_paths=hidden_paths)
-            # A worker that aborted before saying anything (SIGABRT with an empty result channel) died in
-            # start-up, not in scoring: run it again, in a fresh sandbox after a short pause, and say so in
-            # the log. Seen under heavy load in CI (two test workers plus training on 2 cores), root cause
-            # open; a scoring failure is never retried.
-            if attempt < START_ATTEMPTS and result.signal == signal.SIGABRT and not result.channel:
-                log.warning("verifier worker aborted at start-up (attempt %d of %d; stderr: %r); retrying",
-                            attempt, START_ATTEMPTS, result.stderr_tail[-500:])
-                time.sleep(1.0 * attempt)
-                continue
-            break
+        result = self.sandbox.run(argv, limits=self.limits, stdin=label_bytes, files=files,
+                                  env=WORKER_ENV, result_channel=True, hidden_paths=hidden_paths)
         return self._read(result, sha256_bytes(pred_bytes), sha256_bytes(label_bytes), base_sha)
 
     def worker_argv(self, kind: str, predictions_name: str, *, grader: str, threshold: float,
