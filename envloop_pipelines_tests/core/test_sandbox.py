@@ -97,10 +97,9 @@ def test_fresh_uid_scrubbed_env_and_temp_workdir(monkeypatch: pytest.MonkeyPatch
     json.loads(json.dumps(result.to_dict()))  # JSON-serialisable
 
 
-# A parent whose libraries' fork handlers kill a forked child, as a C++ one did in CI ("terminate called
-# without an active exception", SIGABRT before the verifier worker said anything): one C-level
-# pthread_atfork child handler (libc's abort) and one CPython at-fork hook. A sandbox that ran the
-# caller's code in a forked child (a preexec_fn) loses every run here; the control proves the handlers bite.
+# A parent whose libraries' fork handlers kill a forked child: one C-level pthread_atfork child handler
+# (libc's abort) and one CPython at-fork hook. A sandbox that ran the caller's code in a forked child
+# (a preexec_fn) loses every run here; the control proves the handlers bite.
 ABORTING_FORK_HANDLERS = """
 import ctypes, json, os, subprocess, sys
 from envloop_pipelines.core.sandbox import LocalSandbox, SandboxLimits, probe_host

@@ -7,13 +7,11 @@ through this script instead of a ``preexec_fn``. A ``preexec_fn`` runs Python
 in the forked copy of the caller, and that caller is a busy process (torch's
 OpenMP pool, Arrow's thread pools, gRPC, MLflow's and Dagster's threads): the
 fork runs every library's ``pthread_atfork`` child handler and CPython's
-at-fork hooks, which drop the other threads' objects in the child. A C++
-destructor or handler there can end the child with ``terminate called without
-an active exception`` (SIGABRT) before the command ever starts, and did, now
-and then, for the sandboxed verifier in CI. Without a ``preexec_fn``,
-``subprocess`` starts this script with ``vfork`` + ``exec``: no code of the
-caller runs in the child, and the setup below happens in a fresh, single-threaded
-interpreter that imports nothing but the standard library.
+at-fork hooks, and CPython warns that such a child may deadlock on a lock
+another thread held. Without a ``preexec_fn``, ``subprocess`` starts this
+script with ``vfork`` + ``exec``: no code of the caller runs in the child, and
+the setup below happens in a fresh, single-threaded interpreter that imports
+nothing but the standard library.
 
 The order is the one the threat model needs: namespaces, mounts (private
 propagation first), rlimits, the uid switch, ``PR_SET_NO_NEW_PRIVS``, the
