@@ -6,6 +6,9 @@ import ast
 import json
 import math
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -230,6 +233,22 @@ def test_worker_failures_are_typed_runs(task: dict[str, Any], tmp_path: Path) ->
     assert starved.status == "memory_exceeded" and starved.report is None
     slow = VerifierRunner(limits=SandboxLimits(wall_s=0.3, mem_mb=2048)).run(path, task["labels"])
     assert slow.status == "timeout" and slow.report is None and slow.error.startswith("timeout")
+
+
+def test_the_worker_status_is_its_verdict_not_its_teardown(task: dict[str, Any], tmp_path: Path) -> None:
+    """A teardown that aborts (as a C++ library's joinable static std::thread did, ~1 run in 150) changes nothing."""
+    preds = write_predictions(tmp_path / "p.jsonl", oracle_rows(task["labels"]))
+    labels = tmp_path / "labels.parquet"
+    labels.write_bytes(labels_to_bytes(task["labels"]))
+    code = ("import atexit, os, sys\natexit.register(os.abort)\nfrom envloop_pipelines.core.verify import worker\n"
+            "worker.run_and_exit(sys.argv[1:])")
+    argv = ["--predictions", str(preds), "--labels", str(labels), "--result-fd", "1"]
+    proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["report"]["metrics"]["accuracy"] == 1.0
+    control = subprocess.run([sys.executable, "-c", code.replace("run_and_exit", "main"), *argv],
+                             capture_output=True, text=True, timeout=120)
+    assert control.returncode == -signal.SIGABRT and json.loads(control.stdout)["ok"]  # the hook does bite
 
 
 def test_verify_task_and_the_cli(task: dict[str, Any], tmp_path: Path) -> None:
