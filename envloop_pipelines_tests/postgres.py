@@ -14,7 +14,6 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from envloop_pipelines_tests.services import free_port
 
 REQUIRE_ENV = "ENVLOOP_REQUIRE_POSTGRES"
 USER = "envloop"
@@ -46,12 +46,6 @@ def require_postgres() -> Path:
             pytest.fail(f"{message}; {REQUIRE_ENV}=1 requires them")
         pytest.skip(message)
     return bindir
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -132,7 +126,7 @@ def start_postgres() -> PostgresServer:
         os.chown(pwfile, owner.pw_uid, owner.pw_gid)
     _as_owner([str(bindir / "initdb"), "-D", str(root / "data"), "-U", USER, f"--pwfile={pwfile}",
                "--auth-host=scram-sha-256", "--auth-local=trust", "-E", "UTF8", "--locale=C.UTF-8"])
-    port = _free_port()
+    port = free_port()
     options = f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -c fsync=off -c max_connections=100"
     _as_owner([str(bindir / "pg_ctl"), "-D", str(root / "data"), "-l", str(root / "server.log"), "-o", options,
                "-w", "-t", "60", "start"])

@@ -21,7 +21,6 @@ import importlib.util
 import json
 import os
 import shlex
-import socket
 import subprocess
 import sys
 from importlib.metadata import entry_points
@@ -33,6 +32,7 @@ import pytest
 import torch
 
 from envloop_pipelines.core.model.recipe import RECIPES_DIR
+from envloop_pipelines_tests.services import free_port
 
 GPU_RECIPE = RECIPES_DIR / "label_token_qwen_gpu.yaml"
 ACCELERATE = Path(sys.executable).parent / "accelerate"  # the venv's launcher, next to its python
@@ -97,12 +97,6 @@ def test_gpu_recipe_launch_commands_name_entry_points_that_exist() -> None:
 # --------------------------------------------------------------------------- launching
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _prepare(root: Path, *, deepspeed: str | None) -> tuple[dict[str, str], Path]:
     """A tiny task imported into a fresh home, a tiny causal LM, and a label-token recipe for it.
 
@@ -143,7 +137,7 @@ def _launch(n: int, mixed_precision: str, env: dict[str, str], recipe: Path, out
     cmd = [str(ACCELERATE), "launch", "--num_processes", str(n), "--num_machines", "1",
            "--mixed_precision", mixed_precision, "--dynamo_backend", "no"]
     if n > 1:
-        cmd += ["--multi_gpu", "--main_process_port", str(_free_port())]
+        cmd += ["--multi_gpu", "--main_process_port", str(free_port())]
     cmd += ["-m", "envloop_pipelines.cli", "-v", "train", "--task", "tiny", "--recipe", str(recipe), "--out", str(out)]
     return subprocess.run(cmd, check=False, env=env, cwd=out.parent, capture_output=True, text=True, timeout=timeout)
 

@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
@@ -22,47 +18,16 @@ from envloop_pipelines.defs.rounds.assets import (
 )
 from envloop_pipelines.defs.rounds.checks import ROUND_CHECKS
 from envloop_pipelines.resources.loop import LoopResource, MlflowResource
+from envloop_pipelines_tests import services
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     root = tmp_path_factory.mktemp("mlflow-server")
-    port = free_port()
-    exe = Path(sys.executable).with_name("mlflow")
-    proc = subprocess.Popen(
-        [str(exe), "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-         "--artifacts-destination", (root / "artifacts").as_uri(), "--host", "127.0.0.1", "--port", str(port),
-         "--workers", "1"],
-        stdout=open(root / "server.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            time.sleep(0.5)
-        if proc.poll() is not None:
-            pytest.fail(f"mlflow server exited: {(root / 'server.log').read_text()[-2000:]}")
-    else:
-        proc.kill()
-        pytest.fail("mlflow server did not answer /health within 120 s")
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    with services.mlflow_server(root, f"sqlite:///{root / 'mlflow.db'}") as url:
+        yield url
 
 
 def test_round_against_a_real_mlflow_server(mlflow_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,7 +16,6 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,8 +26,8 @@ import pytest
 from envloop_pipelines.core.loop.ledger import Ledger
 from envloop_pipelines.core.tracking import MlflowTracker
 from envloop_pipelines.defs.rounds.assets import ROUND_ASSETS
-from envloop_pipelines_tests.integration.test_mlflow_server import free_port
 from envloop_pipelines_tests.postgres import PostgresServer, start_postgres
+from envloop_pipelines_tests.services import mlflow_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -48,34 +47,9 @@ def pg() -> Iterator[PostgresServer]:
 
 @pytest.fixture(scope="module")
 def mlflow_on_postgres(pg: PostgresServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    root = tmp_path_factory.mktemp("mlflow-pg")
     pg.create_database("mlflow")
-    port = free_port()
-    proc = subprocess.Popen(
-        [str(BIN / "mlflow"), "server", "--backend-store-uri", pg.url("mlflow"),
-         "--artifacts-destination", (root / "artifacts").as_uri(), "--host", "127.0.0.1", "--port", str(port),
-         "--workers", "1"],
-        stdout=open(root / "server.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 180
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            pytest.fail(f"mlflow server on postgres did not come up: {(root / 'server.log').read_text()[-3000:]}")
-        time.sleep(0.5)
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    with mlflow_server(tmp_path_factory.mktemp("mlflow-pg"), pg.url("mlflow")) as url:
+        yield url
 
 
 def _dagster_env(pg: PostgresServer) -> dict[str, str]:
