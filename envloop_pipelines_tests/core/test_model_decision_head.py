@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from envloop_pipelines.core.model.decision_head import MARKER_TOKEN, DecisionHeadModel
+from envloop_pipelines.core.model.decision_head import MARKER_TOKEN, DecisionHead, DecisionHeadModel
 from envloop_pipelines.core.model.predict import DecisionModel
 from envloop_pipelines.core.model.readout import InputTooLongError, as_questions, build_readout_model
 from envloop_pipelines.core.model.recipe import Recipe
@@ -22,10 +22,10 @@ from envloop_pipelines_tests.core.test_model_data import limit_threads_under_xdi
 limit_threads_under_xdist()
 
 
-@pytest.fixture(scope="module")
-def model() -> DecisionHeadModel:
+@pytest.fixture(scope="module", params=[False, True], ids=["pair-head", "state-attention"])
+def model(request: pytest.FixtureRequest) -> DecisionHeadModel:
     torch.manual_seed(0)
-    m = build_readout_model(Recipe(max_length=256), trainable=False)
+    m = build_readout_model(Recipe(max_length=256, state_attention=request.param), trainable=False)
     assert isinstance(m, DecisionHeadModel)
     return m
 
@@ -174,3 +174,26 @@ def test_fit_state_drops_the_middle() -> None:
     assert fit_state(ids, 5) == ([0, 1, 7, 8, 9], 5)
     assert fit_state(ids, 1) == ([9], 9)
     assert fit_state(ids, 0) == ([], 10)
+
+
+def test_state_attention_reads_the_state_tokens_only() -> None:
+    torch.manual_seed(0)
+    head = DecisionHead(8, 16, state_attention=True).eval()
+    options = torch.randn(2, 3, 16)
+    hidden = torch.randn(2, 10, 8)
+    state = torch.zeros(2, 10, dtype=torch.bool)
+    state[:, 5:8] = True  # positions 0-4: question and options; 8-9: padding
+    before = head(options, hidden, state)
+    outside = hidden.clone()
+    outside[:, :5] += 100.0
+    outside[:, 8:] -= 100.0
+    # Only the attention's view changes: the options' own vectors are inputs of their own.
+    assert torch.allclose(head(options, outside, state), before, atol=1e-5)
+    inside = hidden.clone()
+    inside[:, 6] += 1.0
+    assert not torch.allclose(head(options, inside, state), before)
+    with pytest.raises(ValueError, match="state_attention needs"):
+        head(options)
+    assert set(DecisionHead(8, 16, state_attention=True).state_dict()) == {
+        "query.weight", "query.bias", "key.weight", "key.bias", "proj.weight", "proj.bias", "out.weight", "out.bias"}
+    assert set(DecisionHead(8, 16).state_dict()) == {"proj.weight", "proj.bias", "out.weight", "out.bias"}

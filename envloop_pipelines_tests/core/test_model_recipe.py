@@ -78,6 +78,8 @@ def test_gpu_recipe_carries_a_deepspeed_config() -> None:
         ({"seed": -1}, "seed", "[0, 4294967295]"),
         ({"base_model": "packaged:bert-large"}, "base_model", "packaged:minilm"),
         ({"deepspeed": "packaged:nope.json"}, "deepspeed", "packaged:deepspeed_zero2.json"),
+        ({"state_attention": "yes"}, "state_attention", "true or false"),
+        ({"readout": "label_token", "state_attention": True}, "state_attention", "false for the label_token readout"),
         ({"lora": {"r": 0}}, "lora.r", "[1, 1024]"),
         ({"lora": {"dropout": 1.0}}, "lora.dropout", "[0.0, 1.0)"),
         ({"lora": {"target_modules": []}}, "lora.target_modules", "non-empty list"),
@@ -125,6 +127,12 @@ def test_recipe_hash_is_canonical_and_sensitive() -> None:
     assert recipe_hash(a.replace(lora={"alpha": 8})) != recipe_hash(a)
     # ints and floats that mean the same number hash the same (YAML "lr: 1" vs "lr: 1.0").
     assert recipe_hash(a.replace(lr=1)) == recipe_hash(a.replace(lr=1.0))
+    # A field added later leaves older recipes' hashes (checkpoints, noise floors) as they were (this is the
+    # default recipe's hash before state_attention existed), and changes the hash when set.
+    assert "state_attention" not in recipe_to_dict(a)
+    assert recipe_hash(a) == "fbf552c34d445801b9830c9d6fa8179d5b93368ab3ee49625d13a59718dc379c"
+    assert recipe_hash(a.replace(state_attention=True)) != recipe_hash(a)
+    assert recipe_from_dict(recipe_to_dict(a.replace(state_attention=True))).state_attention is True
 
 
 def test_missing_base_model_path_names_the_field(tmp_path: Path) -> None:

@@ -83,6 +83,21 @@ def test_loss_goes_down(ckpt: Path) -> None:
     assert train["n_questions"] == 72
 
 
+def test_state_attention_head_trains_and_reloads_exactly(val_table: pa.Table, tmp_path: Path) -> None:
+    recipe = RECIPE.replace(state_attention=True, epochs=3)
+    out = train_checkpoint(questions_table(_train_records()), val_table, recipe, tmp_path / "ckpt", data_hash="snap-123")
+    epochs = [e["mean_loss"] for e in json.loads((out / "metrics.json").read_text())["train"]["epochs"]]
+    assert epochs[-1] < epochs[0] - 0.1, epochs
+    head = load_file(str(out / "head.safetensors"))
+    assert head["head.query.weight"].shape == (384, 768) and head["head.proj.weight"].shape == (RECIPE.head_hidden, 3 * 384)
+    saved = predictions_from_table(read_predictions(out))
+    fresh = DecisionModel.load(out).predict(val_table)
+    assert all(np.array_equal(s.logits, f.logits) for s, f in zip(saved, fresh))
+    model, init_hash = build_trainable_model(recipe, init_from=out)
+    live = model.head_state_dict()
+    assert init_hash == checkpoint_hash(out) and all(torch.equal(head[k], live[k]) for k in head)
+
+
 def test_truncation_is_counted_in_training_metrics(ckpt: Path) -> None:
     train = json.loads((ckpt / "metrics.json").read_text())["train"]
     assert train["n_truncated"] == 3  # the long state's three questions
@@ -234,6 +249,9 @@ def test_init_from_continues_training(ckpt: Path, val_table: pa.Table, tmp_path:
 def test_init_from_an_incompatible_checkpoint_names_the_field(ckpt: Path, tmp_path: Path) -> None:
     with pytest.raises(IncompatibleInitError, match=r"lora\.r: recipe 4 vs checkpoint 8"):
         train_checkpoint(make_table(2), make_table(2), RECIPE.replace(lora={"r": 4}), tmp_path / "x", data_hash="h", init_from=ckpt)
+    with pytest.raises(IncompatibleInitError, match=r"state_attention: recipe True vs checkpoint False"):
+        train_checkpoint(make_table(2), make_table(2), RECIPE.replace(state_attention=True), tmp_path / "y", data_hash="h",
+                         init_from=ckpt)
 
 
 def test_training_is_deterministic(tmp_path: Path) -> None:

@@ -13,6 +13,15 @@ that gives the option's logit; the softmax runs over the question's own
 options. The encoder runs **once per question** whatever the number of options
 (2 to 255).
 
+With ``state_attention`` (a recipe switch, on in the CPU recipe) each option
+also *looks up* the state: one learned scaled dot-product attention, queried
+by the option's ``[marker; words]`` over the hidden states of the state's
+tokens, and the head reads ``[marker; words; attended state]``
+(``3·hidden``). Many decisions hinge on facts the state attaches to one option
+(its price and delivery time, whether a service is among the connected ones):
+the attention hands the head those tokens directly, at the cost of one small
+matrix product per option, still within the one encoder pass.
+
 Why the span mean beside the marker: the marker's input embedding is the same
 for every option, so at the start of training its hidden state carries little
 of *which* option it marks; the mean of the option's words does (measured here
@@ -85,16 +94,33 @@ def option_text(qtype: str, key: str, text: str | None) -> str:
 
 
 class DecisionHead(nn.Module):
-    """``[marker; option words]`` → option logit."""
+    """``[marker; option words]`` (and, with ``state_attention``, the attended state) → option logit."""
 
-    def __init__(self, in_features: int, head_hidden: int) -> None:
+    def __init__(self, hidden_size: int, head_hidden: int, *, state_attention: bool = False) -> None:
         super().__init__()
-        self.proj = nn.Linear(in_features, head_hidden)
+        self.state_attention = state_attention
+        if state_attention:
+            self.query = nn.Linear(2 * hidden_size, hidden_size)
+            self.key = nn.Linear(hidden_size, hidden_size)
+        self.proj = nn.Linear((3 if state_attention else 2) * hidden_size, head_hidden)
         self.act = nn.GELU()
         self.out = nn.Linear(head_hidden, 1)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.out(self.act(self.proj(h))).squeeze(-1)
+    def forward(self, options: torch.Tensor, hidden: torch.Tensor | None = None,
+                state_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits ``(batch, options)`` from ``options`` = ``[marker; words]`` ``(batch, options, 2·hidden)``.
+
+        With ``state_attention``, ``hidden`` ``(batch, seq, hidden)`` and ``state_mask``
+        ``(batch, seq)`` (true on the state's tokens) are required.
+        """
+        if self.state_attention:
+            if hidden is None or state_mask is None:
+                raise ValueError("state_attention needs the encoder's hidden states and the state mask")
+            scores = torch.bmm(self.query(options), self.key(hidden).transpose(1, 2)) / hidden.size(-1) ** 0.5
+            scores = scores.masked_fill(~state_mask[:, None, :], torch.finfo(scores.dtype).min)
+            attended = torch.bmm(torch.softmax(scores, dim=-1), hidden)  # (batch, options, hidden)
+            options = torch.cat([options, attended], dim=-1)
+        return self.out(self.act(self.proj(options))).squeeze(-1)
 
 
 class DecisionHeadModel(ReadoutModel):
@@ -102,7 +128,8 @@ class DecisionHeadModel(ReadoutModel):
 
     readout = "decision_head"
 
-    def __init__(self, encoder: nn.Module, tokenizer: object, head_hidden: int, max_length: int) -> None:
+    def __init__(self, encoder: nn.Module, tokenizer: object, head_hidden: int, max_length: int, *,
+                 state_attention: bool = False) -> None:
         super().__init__()
         self.encoder = encoder
         self.tokenizer = tokenizer
@@ -112,7 +139,7 @@ class DecisionHeadModel(ReadoutModel):
             raise ValueError(
                 f"recipe field 'max_length': {max_length} exceeds the encoder's {config.max_position_embeddings} positions"
             )
-        self.head = DecisionHead(2 * config.hidden_size, head_hidden)
+        self.head = DecisionHead(config.hidden_size, head_hidden, state_attention=state_attention)
         tok = tokenizer
         self.cls_id: int = tok.cls_token_id  # type: ignore[attr-defined]
         self.sep_id: int = tok.sep_token_id  # type: ignore[attr-defined]
@@ -135,7 +162,7 @@ class DecisionHeadModel(ReadoutModel):
         if getattr(base, "pooler", None) is not None:
             base.pooler = None  # unused: the head reads the options, not [CLS]; dropped so no LoRA lands on it
         encoder = wrap_lora(base, recipe, adapter_dir=adapter_dir, trainable=trainable, task_type=None)
-        return cls(encoder, tokenizer, recipe.head_hidden, recipe.max_length)
+        return cls(encoder, tokenizer, recipe.head_hidden, recipe.max_length, state_attention=recipe.state_attention)
 
     # ------------------------------------------------------------------ encoding
 
@@ -214,7 +241,9 @@ class DecisionHeadModel(ReadoutModel):
         span = (pos[None, None, :] > option_positions[:, :, None]) & (pos[None, None, :] < option_ends[:, :, None])
         span = span.to(hidden.dtype)
         words = torch.bmm(span, hidden) / span.sum(-1, keepdim=True).clamp(min=1.0)
-        return self.head(torch.cat([markers, words], dim=-1))
+        # The state's tokens: segment 1, not padding (its closing [SEP] included, so the mask is never empty).
+        state_mask = (token_type_ids == 1) & attention_mask.bool()
+        return self.head(torch.cat([markers, words], dim=-1), hidden, state_mask)
 
     # ------------------------------------------------------------------ head state
 

@@ -101,6 +101,9 @@ class Recipe:
         max_length: Token budget of one question's sequence; only the state is truncated.
         lora: LoRA on the base model.
         head_hidden: Hidden width of the decision head (decision_head only).
+        state_attention: Each option also attends over the state's tokens (one learned
+            scaled dot-product attention from the option's ``[marker; words]``); the head reads
+            ``[marker; words; attended state]`` (decision_head only).
         lr: Learning rate of the LoRA parameters.
         head_lr: Learning rate of the decision head (decision_head only).
         epochs: Passes over the training set (ignored when ``max_steps`` is set).
@@ -124,6 +127,7 @@ class Recipe:
     max_length: int = 256
     lora: LoraSpec = field(default_factory=LoraSpec)
     head_hidden: int = 256
+    state_attention: bool = False
     lr: float = 1e-3
     head_lr: float = 3e-3
     epochs: int = 3
@@ -156,6 +160,11 @@ class Recipe:
         if not isinstance(self.lora, LoraSpec):
             _fail("lora", "a mapping with keys r, alpha, dropout, target_modules", self.lora)
         _check_int("head_hidden", self.head_hidden, 1, 65_536)
+        if not isinstance(self.state_attention, bool):
+            _fail("state_attention", "true or false", self.state_attention)
+        if self.state_attention and self.readout != "decision_head":
+            _fail("state_attention", "false for the label_token readout (it reads label tokens, not options)",
+                  self.state_attention)
         _check_float("lr", self.lr, 0.0, 1.0, low_open=True)
         _check_float("head_lr", self.head_lr, 0.0, 1.0, low_open=True)
         _check_int("epochs", self.epochs, 1, 100_000)
@@ -245,10 +254,18 @@ def load_recipe(path: str | Path) -> Recipe:
         raise RecipeError(f"{path}: {exc}") from None
 
 
+#: Fields added after recipes were first hashed, with the value that keeps an older recipe's meaning: left
+#: out of the dict (and so of the hash) at that value, so existing checkpoints and noise floors keep their hashes.
+_ADDED_FIELDS: dict[str, Any] = {"state_attention": False}
+
+
 def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:
     """JSON/YAML-safe form of a recipe (inverse of :func:`recipe_from_dict`)."""
     data = dataclasses.asdict(recipe)
     data["lora"]["target_modules"] = list(recipe.lora.target_modules)
+    for name, old_default in _ADDED_FIELDS.items():
+        if data[name] == old_default:
+            del data[name]
     return data
 
 

@@ -279,8 +279,10 @@ def _check_init_compatible(recipe: Recipe, saved: Recipe, ckpt_dir: Path) -> Non
     for name in ("r", "target_modules"):
         if getattr(recipe.lora, name) != getattr(saved.lora, name):
             problems.append(f"lora.{name}: recipe {getattr(recipe.lora, name)!r} vs checkpoint {getattr(saved.lora, name)!r}")
-    if recipe.readout == "decision_head" and recipe.head_hidden != saved.head_hidden:
-        problems.append(f"head_hidden: recipe {recipe.head_hidden} vs checkpoint {saved.head_hidden}")
+    if recipe.readout == "decision_head":
+        for name in ("head_hidden", "state_attention"):
+            if getattr(recipe, name) != getattr(saved, name):
+                problems.append(f"{name}: recipe {getattr(recipe, name)!r} vs checkpoint {getattr(saved, name)!r}")
     if problems:
         raise IncompatibleInitError(f"init_from {ckpt_dir}: cannot continue training: " + "; ".join(problems))
 
