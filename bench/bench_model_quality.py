@@ -58,15 +58,18 @@ def score(task: str, home: Path, name: str, table) -> dict:  # noqa: ANN001
     return dict(run.report.metrics)
 
 
-def wide_test_task(home: Path, base_users: int | None, wide_users: int) -> str:
-    """Import the wide test (see the module doc) as task ``personal_agent_wide``; returns its name."""
+def wide_test_task(home: Path, snapshot, base_users: int | None, wide_users: int) -> str:  # noqa: ANN001
+    """Import the wide test (see the module doc) as task ``personal_agent_wide``; returns its name.
+
+    The users left out are read from the base snapshot's train, val and dev splits: those the model saw.
+    """
     from dataclasses import replace
 
     from envloop_pipelines.core.benchmark import BenchmarkConfig, generate_benchmark, write_jsonl
     from envloop_pipelines.core.datasets import import_file
 
+    seen = {g for split in ("train", "val", "dev") for g in snapshot.table(split).column("group").to_pylist()}
     base = BenchmarkConfig() if base_users is None else replace(BenchmarkConfig(), n_users=base_users)
-    seen = {r["meta"]["user_id"] for r in generate_benchmark(base) if r["meta"]["split"] != "test"}
     records = [r for r in generate_benchmark(replace(base, n_users=wide_users))
                if r["meta"]["split"] == "test" and r["meta"]["user_id"] not in seen]
     path = home / "wide-test.jsonl"
@@ -119,7 +122,7 @@ def main() -> None:
     train, val, test = snapshot.table("train"), snapshot.table("val"), snapshot.table("test")
     print(f"benchmark {snapshot.benchmark_version}: train={train.num_rows} val={val.num_rows} test={test.num_rows} "
           f"questions ({gen['records']} records)")
-    wide = wide_test_task(home, args.users, args.wide_users) if args.wide_users else None
+    wide = wide_test_task(home, snapshot, args.users, args.wide_users) if args.wide_users else None
     tasks = {"personal_agent": test}
     if wide:
         tasks[wide] = open_task(wide, home=home).table("test")

@@ -13,7 +13,7 @@ that gives the option's logit; the softmax runs over the question's own
 options. The encoder runs **once per question** whatever the number of options
 (2 to 255).
 
-With ``state_attention`` (a recipe switch, on in the CPU recipe) each option
+With ``state_attention`` (a recipe switch, off in the CPU recipe) each option
 also *looks up* the state: one learned scaled dot-product attention, queried
 by the option's ``[marker; words]`` over the hidden states of the state's
 tokens, and the head reads ``[marker; words; attended state]``

@@ -64,7 +64,7 @@ def _check(rc: int, what: str) -> None:
 
 
 def setup(spec: dict) -> None:
-    """Apply ``spec`` (built by ``local._launch_spec``) to this process."""
+    """Apply ``spec`` (built by :func:`envloop_pipelines.core.sandbox.local._launch_spec`) to this process."""
     libc = _libc()
 
     def mount(source: bytes | None, target: bytes, fstype: bytes | None, flags: int, data: bytes | None) -> None:

@@ -156,6 +156,20 @@ class HostSupport:
                 "mount_namespace": self.mount_namespace, "setuid": self.setuid, "detail": self.detail}
 
 
+def _launch_spec(*, unshare: int = 0, mount_ns: bool = False, overlays: Sequence["_Overlay"] = (),
+                 hidden: Sequence[Path] = (), rlimits: Sequence[tuple[int, tuple[int, int]]] = (),
+                 uid: int | None = None, error_fd: int | None = None) -> dict[str, Any]:
+    """The JSON the launcher applies (:func:`envloop_pipelines.core.sandbox.enter.setup`)."""
+    return {
+        "unshare": unshare, "mount_ns": mount_ns, "hidden": [os.fsdecode(p) for p in hidden],
+        "overlays": [{"target": os.fsdecode(o.target), "options": o.options, "read_only": o.read_only,
+                      "keep": [[os.fsdecode(k), os.fsdecode(k.relative_to(o.target))] for k in o.keep]}
+                     for o in overlays],
+        "rlimits": [[which, soft, hard] for which, (soft, hard) in rlimits], "uid": uid,
+        "error_fd": -1 if error_fd is None else error_fd, "parent_pid": os.getpid(),
+    }
+
+
 def _launcher_argv(spec: Mapping[str, Any], argv: Sequence[str]) -> list[str]:
     """``argv`` behind the launcher that applies ``spec`` (see :mod:`~envloop_pipelines.core.sandbox.enter`)."""
     return [sys.executable, "-I", "-S", "-B", enter.__file__, json.dumps(spec), *argv]
@@ -178,10 +192,10 @@ def probe_host() -> HostSupport:
     """Try each isolation mechanism once in a throw-away child and remember the answer."""
     reasons: list[str] = []
     specs = {
-        "network_namespace": {"unshare": enter.CLONE_NEWNET},
-        "mount_namespace": {"unshare": enter.CLONE_NEWNS, "mount_ns": True,
-                            "overlays": [{"target": "/tmp", "options": "size=4k", "keep": [], "read_only": False}]},
-        "setuid": {"uid": DEFAULT_UID_RANGE[0]},
+        "network_namespace": _launch_spec(unshare=enter.CLONE_NEWNET),
+        "mount_namespace": _launch_spec(unshare=enter.CLONE_NEWNS, mount_ns=True,
+                                        overlays=[_Overlay(Path("/tmp"), "size=4k", (), False)]),
+        "setuid": _launch_spec(uid=DEFAULT_UID_RANGE[0]),
     }
     results = {}
     for name, spec in specs.items():
@@ -639,14 +653,8 @@ class LocalSandbox:
             chan_r, chan_w = os.pipe()
             env[RESULT_FD_ENV] = str(chan_w)
             pass_fds += (chan_w,)
-        spec = {
-            "unshare": flags, "mount_ns": mount_ns, "hidden": [os.fsdecode(p) for p in hidden],
-            "overlays": [{"target": os.fsdecode(o.target), "options": o.options, "read_only": o.read_only,
-                          "keep": [[os.fsdecode(k), os.fsdecode(k.relative_to(o.target))] for k in o.keep]}
-                         for o in overlays],
-            "rlimits": [[which, soft, hard] for which, (soft, hard) in rlimits], "uid": uid,
-            "error_fd": err_w, "parent_pid": os.getpid(),
-        }
+        spec = _launch_spec(unshare=flags, mount_ns=mount_ns, overlays=overlays, hidden=hidden, rlimits=rlimits,
+                            uid=uid, error_fd=err_w)
         started = time.monotonic()
         try:
             proc = subprocess.Popen(
