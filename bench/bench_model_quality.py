@@ -85,6 +85,11 @@ def report(title: str, results: dict[str, dict], timings: dict[str, float] | Non
     for name, m in results.items():
         print(f"{name:<20}" + "".join(f"{m.get(k, float('nan')) if m.get(k) is not None else float('nan'):>22.4f}"
                                       for k in KEYS) + (f"{timings[name]:>9.0f}" if timings else ""))
+    families = sorted({k.split("/", 1)[1] for m in results.values() for k in m if k.startswith("acc/")})
+    if families:  # where the family-macro figure comes from: each family weighs 1/7
+        print(f"{'accuracy by family':<20}" + "".join(f"{f[:14]:>15}" for f in families))
+        for name, m in results.items():
+            print(f"{name:<20}" + "".join(f"{m.get('acc/' + f, float('nan')):>15.3f}" for f in families))
     t, u, b = results["trained"], results["untrained_packaged"], results["tfidf_lr"]
     print("ratios (trained / baseline): "
           f"accuracy x{t['family_macro_accuracy'] / u['family_macro_accuracy']:.2f} vs untrained, "
