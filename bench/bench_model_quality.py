@@ -167,8 +167,10 @@ def main() -> None:
         results[name]["trained"] = score(name, home, "trained", predictions_table(trained.predict(questions_from_table(table))))
     timings["trained"] = time.perf_counter() - t0
 
+    seen = (recipe.max_steps * recipe.batch_size * recipe.grad_accum if recipe.max_steps
+            else train.num_rows * recipe.epochs)  # questions trained on (max_steps overrides epochs)
     print(f"\nrecipe: {args.recipe} {dict(_parse_overrides(tuple(args.override)))}; training {train_s:.0f}s "
-          f"({train.num_rows * recipe.epochs / train_s:.1f} training examples/s over {recipe.epochs} epochs)")
+          f"({seen / train_s:.1f} training examples/s over {seen / train.num_rows:.2g} epochs)")
     verdicts, paired = {}, {}
     for name, table in tasks.items():
         label = "built-in test split" if name == "personal_agent" else "wide test (unseen users)"
