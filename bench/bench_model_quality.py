@@ -40,6 +40,7 @@ from envloop_pipelines.core.benchmark import SAFETY_FAMILIES  # noqa: E402
 from envloop_pipelines.core.datasets import generate_builtin_task  # noqa: E402
 from envloop_pipelines.core.loop.round import resolve_recipe_path, write_table  # noqa: E402
 from envloop_pipelines.core.model.calibration import fit_calibration  # noqa: E402
+from envloop_pipelines.core.model.checkpoint import METRICS_FILE  # noqa: E402
 from envloop_pipelines.core.model.predict import DecisionModel, predictions_table  # noqa: E402
 from envloop_pipelines.core.model.readout import questions_from_table  # noqa: E402
 from envloop_pipelines.core.model.recipe import load_recipe  # noqa: E402
@@ -86,7 +87,7 @@ def report(title: str, results: dict[str, dict], timings: dict[str, float] | Non
         print(f"{name:<20}" + "".join(f"{m.get(k, float('nan')) if m.get(k) is not None else float('nan'):>22.4f}"
                                       for k in KEYS) + (f"{timings[name]:>9.0f}" if timings else ""))
     families = sorted({k.split("/", 1)[1] for m in results.values() for k in m if k.startswith("acc/")})
-    if families:  # where the family-macro figure comes from: each family weighs 1/7
+    if families:  # where the family-macro figure comes from: each family weighs the same
         print(f"{'accuracy by family':<20}" + "".join(f"{f[:14]:>15}" for f in families))
         for name, m in results.items():
             print(f"{name:<20}" + "".join(f"{m.get('acc/' + f, float('nan')):>15.3f}" for f in families))
@@ -167,10 +168,10 @@ def main() -> None:
         results[name]["trained"] = score(name, home, "trained", predictions_table(trained.predict(questions_from_table(table))))
     timings["trained"] = time.perf_counter() - t0
 
-    seen = (recipe.max_steps * recipe.batch_size * recipe.grad_accum if recipe.max_steps
-            else train.num_rows * recipe.epochs)  # questions trained on (max_steps overrides epochs)
+    fit = json.loads((ckpt / METRICS_FILE).read_text(encoding="utf-8"))["train"]  # the trainer's own counts
+    epochs = fit["questions_per_second"] * fit["seconds"] / fit["n_questions"]  # max_steps may override epochs
     print(f"\nrecipe: {args.recipe} {dict(_parse_overrides(tuple(args.override)))}; training {train_s:.0f}s "
-          f"({seen / train_s:.1f} training examples/s over {seen / train.num_rows:.2g} epochs)")
+          f"({fit['questions_per_second']:.1f} training examples/s over {epochs:.2g} epochs, {fit['steps']} steps)")
     verdicts, paired = {}, {}
     for name, table in tasks.items():
         label = "built-in test split" if name == "personal_agent" else "wide test (unseen users)"
