@@ -80,6 +80,9 @@ def test_gpu_recipe_carries_a_deepspeed_config() -> None:
         ({"deepspeed": "packaged:nope.json"}, "deepspeed", "packaged:deepspeed_zero2.json"),
         ({"state_attention": "yes"}, "state_attention", "true or false"),
         ({"readout": "label_token", "state_attention": True}, "state_attention", "false for the label_token readout"),
+        ({"head_warmup_epochs": -1}, "head_warmup_epochs", "[0, 100000]"),
+        ({"head_warmup_epochs": 0.5}, "head_warmup_epochs", "integer"),
+        ({"readout": "label_token", "head_warmup_epochs": 1}, "head_warmup_epochs", "0 for the label_token readout"),
         ({"lora": {"r": 0}}, "lora.r", "[1, 1024]"),
         ({"lora": {"dropout": 1.0}}, "lora.dropout", "[0.0, 1.0)"),
         ({"lora": {"target_modules": []}}, "lora.target_modules", "non-empty list"),
@@ -133,6 +136,9 @@ def test_recipe_hash_is_canonical_and_sensitive() -> None:
     assert recipe_hash(a) == "fbf552c34d445801b9830c9d6fa8179d5b93368ab3ee49625d13a59718dc379c"
     assert recipe_hash(a.replace(state_attention=True)) != recipe_hash(a)
     assert recipe_from_dict(recipe_to_dict(a.replace(state_attention=True))).state_attention is True
+    assert "head_warmup_epochs" not in recipe_to_dict(a)
+    assert recipe_hash(a.replace(head_warmup_epochs=2)) != recipe_hash(a)
+    assert recipe_from_dict(recipe_to_dict(a.replace(head_warmup_epochs=2))).head_warmup_epochs == 2
 
 
 def test_missing_base_model_path_names_the_field(tmp_path: Path) -> None:

@@ -31,7 +31,14 @@ from envloop_pipelines.core.model.checkpoint import (
 from envloop_pipelines.core.model.predict import DecisionModel, evaluate_checkpoint, predictions_from_table
 from envloop_pipelines.core.model.readout import as_questions
 from envloop_pipelines.core.model.recipe import Recipe, recipe_hash
-from envloop_pipelines.core.model.training import IncompatibleInitError, build_trainable_model, train_checkpoint
+from envloop_pipelines.core.model.training import (
+    IncompatibleInitError,
+    _Collator,
+    _fit_head_first,
+    _QuestionDataset,
+    build_trainable_model,
+    train_checkpoint,
+)
 from envloop_pipelines.core.records import Record, questions_table
 from envloop_pipelines.core.tokens import packaged_model_dir
 from envloop_pipelines_tests.core.test_model_data import limit_threads_under_xdist, make_records, make_table
@@ -96,6 +103,35 @@ def test_state_attention_head_trains_and_reloads_exactly(val_table: pa.Table, tm
     model, init_hash = build_trainable_model(recipe, init_from=out)
     live = model.head_state_dict()
     assert init_hash == checkpoint_hash(out) and all(torch.equal(head[k], live[k]) for k in head)
+
+
+def test_head_warmup_fits_the_head_alone_on_the_frozen_encoder() -> None:
+    recipe = RECIPE.replace(head_warmup_epochs=2)
+    model, _ = build_trainable_model(recipe)
+    questions = as_questions(questions_table(_train_records()))
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    info = _fit_head_first(model, recipe, _QuestionDataset(model.encode_many(questions), [q.target() for q in questions]),
+                           _Collator(model))
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all(n.startswith("head.") for n in changed), sorted(changed)  # the adapter did not move
+    assert any("lora_" in n for n in trainable)
+    assert {n for n, p in model.named_parameters() if p.requires_grad} == trainable  # the adapter trains again next
+    assert info["steps"] == 2 * 9 and info["epochs"] == 2
+    assert info["last_epoch_loss"] < info["first_epoch_loss"]
+
+
+def test_head_warmup_is_recorded_and_skipped_when_continuing(ckpt: Path, val_table: pa.Table, tmp_path: Path) -> None:
+    recipe = RECIPE.replace(head_warmup_epochs=1, epochs=1)
+    out = train_checkpoint(questions_table(_train_records()), val_table, recipe, tmp_path / "hw", data_hash="snap-123")
+    train = json.loads((out / "metrics.json").read_text())["train"]
+    assert train["head_warmup"]["steps"] == 9 and train["steps"] == 9
+    saved = predictions_from_table(read_predictions(out))
+    fresh = DecisionModel.load(out).predict(val_table)
+    assert all(np.array_equal(s.logits, f.logits) for s, f in zip(saved, fresh))
+    cont = train_checkpoint(make_table(8, seed=7, start=900), val_table, recipe.replace(max_steps=1), tmp_path / "cont",
+                            data_hash="snap-2", init_from=ckpt)
+    assert json.loads((cont / "metrics.json").read_text())["train"]["head_warmup"] is None
 
 
 def test_truncation_is_counted_in_training_metrics(ckpt: Path) -> None:

@@ -106,6 +106,9 @@ class Recipe:
             ``[marker; words; attended state]`` (decision_head only).
         lr: Learning rate of the LoRA parameters.
         head_lr: Learning rate of the decision head (decision_head only).
+        head_warmup_epochs: Passes over train that fit the fresh head alone on the frozen encoder before
+            the LoRA training starts (linear probing, then fine-tuning); skipped when continuing from a
+            checkpoint, whose head is already fitted (decision_head only).
         epochs: Passes over the training set (ignored when ``max_steps`` is set).
         max_steps: Optimizer steps; overrides ``epochs`` when set.
         batch_size: Questions per micro-batch.
@@ -130,6 +133,7 @@ class Recipe:
     state_attention: bool = False
     lr: float = 1e-3
     head_lr: float = 3e-3
+    head_warmup_epochs: int = 0
     epochs: int = 3
     max_steps: int | None = None
     batch_size: int = 16
@@ -167,6 +171,9 @@ class Recipe:
                   self.state_attention)
         _check_float("lr", self.lr, 0.0, 1.0, low_open=True)
         _check_float("head_lr", self.head_lr, 0.0, 1.0, low_open=True)
+        _check_int("head_warmup_epochs", self.head_warmup_epochs, 0, 100_000)
+        if self.head_warmup_epochs and self.readout != "decision_head":
+            _fail("head_warmup_epochs", "0 for the label_token readout (it has no separate head)", self.head_warmup_epochs)
         _check_int("epochs", self.epochs, 1, 100_000)
         if self.max_steps is not None:
             _check_int("max_steps", self.max_steps, 1, 100_000_000)
@@ -256,7 +263,7 @@ def load_recipe(path: str | Path) -> Recipe:
 
 #: Fields added after recipes were first hashed, with the value that keeps an older recipe's meaning: left
 #: out of the dict (and so of the hash) at that value, so existing checkpoints and noise floors keep their hashes.
-_ADDED_FIELDS: dict[str, Any] = {"state_attention": False}
+_ADDED_FIELDS: dict[str, Any] = {"state_attention": False, "head_warmup_epochs": 0}
 
 
 def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:

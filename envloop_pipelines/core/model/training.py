@@ -354,6 +354,43 @@ def _epoch_losses(loss_log: Sequence[tuple[int, float, int]]) -> list[dict[str, 
     ]
 
 
+def _fit_head_first(model: ReadoutModel, recipe: Recipe, dataset: Dataset, collator: _Collator) -> dict[str, Any]:
+    """Fit the fresh head alone on the frozen encoder for ``recipe.head_warmup_epochs`` (linear probing).
+
+    LoRA training that starts from a random head moves the encoder's features to suit that head; a
+    head fitted first on the pretrained features gives the adapter a useful gradient from its first
+    step (LP-FT, Kumar et al., 2022). The adapter's parameters are frozen meanwhile, so the encoder
+    runs forward only. The head's learning rate and the recipe's schedule apply.
+
+    Returns:
+        What the phase did: epochs, steps, seconds, and the mean loss of its first and last epochs.
+    """
+    frozen = [p for name, p in model.named_parameters() if p.requires_grad and not name.startswith("head.")]
+    for p in frozen:
+        p.requires_grad_(False)
+    phase = recipe.replace(epochs=recipe.head_warmup_epochs, max_steps=None, lr=recipe.head_lr)
+    try:
+        with tempfile.TemporaryDirectory(prefix="envloop-head-warmup-") as tmp:
+            trainer = _trainer_class()(model=model, args=_training_arguments(phase, tmp), train_dataset=dataset,
+                                       data_collator=collator, recipe=phase)
+            from transformers.trainer_callback import PrinterCallback
+
+            trainer.remove_callback(PrinterCallback)
+            t0 = time.perf_counter()
+            result = trainer.train()
+            seconds = time.perf_counter() - t0
+            epochs = _epoch_losses(trainer.loss_log)
+            del trainer
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
+    log.info("head warm-up: %d steps in %.1fs on the frozen encoder, last epoch loss %.4f",
+             result.global_step, seconds, epochs[-1]["mean_loss"] if epochs else math.nan)
+    return {"epochs": recipe.head_warmup_epochs, "steps": int(result.global_step), "seconds": seconds,
+            "first_epoch_loss": epochs[0]["mean_loss"] if epochs else None,
+            "last_epoch_loss": epochs[-1]["mean_loss"] if epochs else None}
+
+
 def train_checkpoint(
     train_table: TableLike,
     val_table: TableLike,
@@ -405,12 +442,18 @@ def train_checkpoint(
             log.warning("train: %d of %d questions had their state truncated to max_length=%d", n_trunc, len(encoded), recipe.max_length)
         n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         n_total = sum(p.numel() for p in model.parameters())
+        dataset, collator = _QuestionDataset(encoded, train_targets), _Collator(model)
+        head_warmup: dict[str, Any] | None = None
+        if recipe.head_warmup_epochs and init_from is not None:
+            log.info("head_warmup_epochs=%d skipped: the head comes fitted from %s", recipe.head_warmup_epochs, init_from)
+        elif recipe.head_warmup_epochs:
+            head_warmup = _fit_head_first(model, recipe, dataset, collator)
         with tempfile.TemporaryDirectory(prefix="envloop-trainer-") as tmp:
             trainer = _trainer_class()(
                 model=model,
                 args=_training_arguments(recipe, tmp),
-                train_dataset=_QuestionDataset(encoded, train_targets),
-                data_collator=_Collator(model),
+                train_dataset=dataset,
+                data_collator=collator,
                 recipe=recipe,
             )
             from transformers.trainer_callback import PrinterCallback
@@ -460,6 +503,7 @@ def train_checkpoint(
             "seconds": train_seconds,
             "seconds_per_step": float(np.mean(step_seconds)) if step_seconds else None,
             "questions_per_second": sum(n for _, _, n in loss_log) / train_seconds if train_seconds > 0 else None,
+            "head_warmup": head_warmup,
             "trainable_parameters": int(n_trainable),
             "total_parameters": int(n_total),
         },
