@@ -32,6 +32,7 @@ import os
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -354,6 +355,50 @@ def _epoch_losses(loss_log: Sequence[tuple[int, float, int]]) -> list[dict[str, 
     ]
 
 
+@dataclass
+class _TrainerRun:
+    """What one ``Trainer.train()`` left behind, read before the trainer is dropped."""
+
+    model: ReadoutModel
+    steps: int
+    seconds: float
+    loss_log: list[tuple[int, float, int]]
+    step_seconds: list[float]
+    main_process: bool
+    world_size: int
+    used_deepspeed: bool
+
+
+def _run_trainer(model: ReadoutModel, recipe: Recipe, dataset: Dataset, collator: _Collator) -> _TrainerRun:
+    """Train ``model``'s trainable parameters on ``dataset`` as ``recipe`` says, with the readout trainer."""
+    from transformers.trainer_callback import PrinterCallback
+
+    with tempfile.TemporaryDirectory(prefix="envloop-trainer-") as tmp:
+        trainer = _trainer_class()(
+            model=model,
+            args=_training_arguments(recipe, tmp),
+            train_dataset=dataset,
+            data_collator=collator,
+            recipe=recipe,
+        )
+        trainer.remove_callback(PrinterCallback)
+        t0 = time.perf_counter()
+        result = trainer.train()
+        seconds = time.perf_counter() - t0
+        run = _TrainerRun(
+            model=trainer.model,  # unwrapped (DeepSpeed keeps its engine in model_wrapped)
+            steps=int(result.global_step),
+            seconds=seconds,
+            loss_log=list(trainer.loss_log),
+            step_seconds=list(trainer.step_seconds),
+            main_process=trainer.is_world_process_zero(),
+            world_size=int(trainer.args.world_size),
+            used_deepspeed=trainer.args.deepspeed is not None,
+        )
+        del trainer
+    return run
+
+
 def _fit_head_first(model: ReadoutModel, recipe: Recipe, dataset: Dataset, collator: _Collator) -> dict[str, Any]:
     """Fit the fresh head alone on the frozen encoder for ``recipe.head_warmup_epochs`` (linear probing).
 
@@ -368,25 +413,15 @@ def _fit_head_first(model: ReadoutModel, recipe: Recipe, dataset: Dataset, colla
     frozen = [p for name, p in model.named_parameters() if p.requires_grad and not name.startswith("head.")]
     for p in frozen:
         p.requires_grad_(False)
-    phase = recipe.replace(epochs=recipe.head_warmup_epochs, max_steps=None, lr=recipe.head_lr)
     try:
-        with tempfile.TemporaryDirectory(prefix="envloop-head-warmup-") as tmp:
-            trainer = _trainer_class()(model=model, args=_training_arguments(phase, tmp), train_dataset=dataset,
-                                       data_collator=collator, recipe=phase)
-            from transformers.trainer_callback import PrinterCallback
-
-            trainer.remove_callback(PrinterCallback)
-            t0 = time.perf_counter()
-            result = trainer.train()
-            seconds = time.perf_counter() - t0
-            epochs = _epoch_losses(trainer.loss_log)
-            del trainer
+        run = _run_trainer(model, recipe.replace(epochs=recipe.head_warmup_epochs, max_steps=None), dataset, collator)
     finally:
         for p in frozen:
             p.requires_grad_(True)
+    epochs = _epoch_losses(run.loss_log)
     log.info("head warm-up: %d steps in %.1fs on the frozen encoder, last epoch loss %.4f",
-             result.global_step, seconds, epochs[-1]["mean_loss"] if epochs else math.nan)
-    return {"epochs": recipe.head_warmup_epochs, "steps": int(result.global_step), "seconds": seconds,
+             run.steps, run.seconds, epochs[-1]["mean_loss"] if epochs else math.nan)
+    return {"epochs": recipe.head_warmup_epochs, "steps": run.steps, "seconds": run.seconds,
             "first_epoch_loss": epochs[0]["mean_loss"] if epochs else None,
             "last_epoch_loss": epochs[-1]["mean_loss"] if epochs else None}
 
@@ -448,32 +483,14 @@ def train_checkpoint(
             log.info("head_warmup_epochs=%d skipped: the head comes fitted from %s", recipe.head_warmup_epochs, init_from)
         elif recipe.head_warmup_epochs:
             head_warmup = _fit_head_first(model, recipe, dataset, collator)
-        with tempfile.TemporaryDirectory(prefix="envloop-trainer-") as tmp:
-            trainer = _trainer_class()(
-                model=model,
-                args=_training_arguments(recipe, tmp),
-                train_dataset=dataset,
-                data_collator=collator,
-                recipe=recipe,
-            )
-            from transformers.trainer_callback import PrinterCallback
-
-            trainer.remove_callback(PrinterCallback)
-            t_train = time.perf_counter()
-            result = trainer.train()
-            train_seconds = time.perf_counter() - t_train
-            loss_log, step_seconds = list(trainer.loss_log), list(trainer.step_seconds)
-            model = trainer.model  # unwrapped (DeepSpeed keeps its engine in model_wrapped)
-            main_process = trainer.is_world_process_zero()
-            world_size, used_deepspeed = int(trainer.args.world_size), trainer.args.deepspeed is not None
-            del trainer
-    if not main_process:
+        run = _run_trainer(model, recipe, dataset, collator)
+    if not run.main_process:
         # Several processes trained together (DeepSpeed/DDP): rank 0 alone calibrates and writes. The
         # directory does not exist yet here (rank 0 renames it into place when done): callers check
         # is_main_process() before reading it.
         log.info("not the main process: leaving calibration and the checkpoint %s to rank 0", out_dir)
         return out_dir
-    model = _as_loaded(model, recipe)
+    model = _as_loaded(run.model, recipe)
 
     # Calibration on val: raw logits → per-type temperature and automation threshold.
     dm = DecisionModel(model, None, batch_size=recipe.eval_batch_size)
@@ -489,8 +506,8 @@ def train_checkpoint(
     val_cal = dm.recalibrate(val_raw)
     eval_preds: list[QuestionPrediction] = val_cal if eval_table is None else dm.predict(eval_q)
 
-    epochs = _epoch_losses(loss_log)
-    n_steps = int(result.global_step)
+    epochs = _epoch_losses(run.loss_log)
+    n_steps = run.steps
     metrics: dict[str, Any] = {
         "train": {
             "n_questions": len(train_q),
@@ -500,9 +517,9 @@ def train_checkpoint(
             "first_epoch_loss": epochs[0]["mean_loss"] if epochs else None,
             "last_epoch_loss": epochs[-1]["mean_loss"] if epochs else None,
             "steps": n_steps,
-            "seconds": train_seconds,
-            "seconds_per_step": float(np.mean(step_seconds)) if step_seconds else None,
-            "questions_per_second": sum(n for _, _, n in loss_log) / train_seconds if train_seconds > 0 else None,
+            "seconds": run.seconds,
+            "seconds_per_step": float(np.mean(run.step_seconds)) if run.step_seconds else None,
+            "questions_per_second": sum(n for _, _, n in run.loss_log) / run.seconds if run.seconds > 0 else None,
             "head_warmup": head_warmup,
             "trainable_parameters": int(n_trainable),
             "total_parameters": int(n_total),
@@ -517,12 +534,12 @@ def train_checkpoint(
         "wall_seconds": time.perf_counter() - t_start,
     }
     provenance = build_provenance(recipe, data_hash, init_from_hash=init_hash,
-                                  extra={"world_size": world_size,
-                                         "deepspeed": recipe.deepspeed if used_deepspeed else None})
+                                  extra={"world_size": run.world_size,
+                                         "deepspeed": recipe.deepspeed if run.used_deepspeed else None})
     data = {"data_hash": data_hash, "eval_split": eval_split, "n_train": len(train_q), "n_val": len(val_q), "n_eval": len(eval_q)}
     log.info(
         "trained %s: %d steps in %.1fs, loss %.4f → %.4f; val nll %.4f → %.4f after calibration",
-        recipe.readout, n_steps, train_seconds, metrics["train"]["first_epoch_loss"] or math.nan,
+        recipe.readout, n_steps, run.seconds, metrics["train"]["first_epoch_loss"] or math.nan,
         metrics["train"]["last_epoch_loss"] or math.nan,
         metrics["val"]["uncalibrated"].get("nll") or math.nan, metrics["val"]["calibrated"].get("nll") or math.nan,
     )
