@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 from envloop_pipelines.core.benchmark import BenchmarkConfig
-from envloop_pipelines.core.datasets import generate_builtin_task
-from envloop_pipelines.core.records import load_jsonl
+from envloop_pipelines.core.data.datasets import generate_builtin_task
+from envloop_pipelines.core.data.records import load_jsonl
 
 
 def main() -> None:

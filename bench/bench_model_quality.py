@@ -34,10 +34,10 @@ import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from envloop_pipelines.cli_round import _parse_overrides  # noqa: E402
+from envloop_pipelines.cli.round import _parse_overrides  # noqa: E402
 from envloop_pipelines.core.baseline import TfidfBaseline  # noqa: E402
 from envloop_pipelines.core.benchmark import SAFETY_FAMILIES  # noqa: E402
-from envloop_pipelines.core.datasets import generate_builtin_task  # noqa: E402
+from envloop_pipelines.core.data.datasets import generate_builtin_task  # noqa: E402
 from envloop_pipelines.core.loop.round import resolve_recipe_path, write_table  # noqa: E402
 from envloop_pipelines.core.model.calibration import fit_calibration  # noqa: E402
 from envloop_pipelines.core.model.checkpoint import METRICS_FILE  # noqa: E402
@@ -45,7 +45,7 @@ from envloop_pipelines.core.model.predict import DecisionModel, predictions_tabl
 from envloop_pipelines.core.model.readout import questions_from_table  # noqa: E402
 from envloop_pipelines.core.model.recipe import load_recipe  # noqa: E402
 from envloop_pipelines.core.model.training import build_trainable_model, train_checkpoint  # noqa: E402
-from envloop_pipelines.core.snapshots import open_task  # noqa: E402
+from envloop_pipelines.core.data.snapshots import open_task  # noqa: E402
 from envloop_pipelines.core.verify.runner import verify_task  # noqa: E402
 
 KEYS = ("family_macro_accuracy", "brier", "ece", "coverage_at_5pct", "nll", "fnr/needs_approval")
@@ -67,7 +67,7 @@ def wide_test_task(home: Path, snapshot, base_users: int | None, wide_users: int
     from dataclasses import replace
 
     from envloop_pipelines.core.benchmark import BenchmarkConfig, generate_benchmark, write_jsonl
-    from envloop_pipelines.core.datasets import import_file
+    from envloop_pipelines.core.data.datasets import import_file
 
     seen = {g for split in ("train", "val", "dev") for g in snapshot.table(split).column("group").to_pylist()}
     base = BenchmarkConfig() if base_users is None else replace(BenchmarkConfig(), n_users=base_users)

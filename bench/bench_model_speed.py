@@ -28,7 +28,7 @@ from envloop_pipelines.core.model.decision_head import option_text  # noqa: E402
 from envloop_pipelines.core.model.readout import Encoded, QuestionInput, fit_state, tokenize_unique  # noqa: E402
 from envloop_pipelines.core.model.recipe import load_recipe  # noqa: E402
 from envloop_pipelines.core.model.training import build_trainable_model, train_checkpoint  # noqa: E402
-from envloop_pipelines.core.records import records_from_objects, render_value  # noqa: E402
+from envloop_pipelines.core.data.records import records_from_objects, render_value  # noqa: E402
 
 OPTION_NAMES = ("calendar", "email", "bank", "travel", "shopping", "notes", "photos", "ask_user", "music", "maps",
                 "weather", "health")

@@ -23,7 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import dagster as dg  # noqa: E402
 
-from envloop_pipelines.cli_round import DEMO_OVERRIDES, QUIET, _parse_overrides  # noqa: E402
+from envloop_pipelines.cli.round import DEMO_OVERRIDES, QUIET, _parse_overrides  # noqa: E402
 from envloop_pipelines.core.loop import round as core  # noqa: E402
 from envloop_pipelines.core.tracking import MlflowTracker  # noqa: E402
 from envloop_pipelines.defs.rounds.assets import ROUND_ASSETS, noise_floor, task_benchmark  # noqa: E402

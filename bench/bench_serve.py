@@ -2,7 +2,7 @@
 
 Run: .venv/bin/python bench/bench_serve.py [--checkpoint DIR] [--requests 24,96,192] [--threads N]
 
-The server runs as a real process on loopback (``python -m envloop_pipelines.cli_serve``),
+The server runs as a real process on loopback (``python -m envloop_pipelines.cli.serve``),
 once with micro-batching on and once with it off (``--no-batching``), on the
 same checkpoint and the same requests (the built-in benchmark's records, one to
 three questions each, as Jev requests). Each concurrency level sends a fixed

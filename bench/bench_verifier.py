@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 
 from envloop_pipelines.core.sandbox import LocalSandbox, SandboxLimits, probe_host
-from envloop_pipelines.core.snapshots import HIDDEN_LABEL_COLUMNS
+from envloop_pipelines.core.data.snapshots import HIDDEN_LABEL_COLUMNS
 from envloop_pipelines.core.verify.protocol import parse_predictions, write_predictions
 from envloop_pipelines.core.verify.rule import RuleVerifier
 from envloop_pipelines.core.verify.runner import VerifierRunner

@@ -10,7 +10,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from envloop_pipelines.cli import main
-from envloop_pipelines_tests.core.test_records import good_record, write_lines
+from envloop_pipelines_tests.core.data.test_records import good_record, write_lines
 
 
 def run(args: list[str], home: Path) -> "CliRunner.invoke":

@@ -43,7 +43,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-#: Mirrors ``envloop_pipelines.core.records.QUESTION_TYPES`` (not imported: that
+#: Mirrors ``envloop_pipelines.core.data.records.QUESTION_TYPES`` (not imported: that
 #: module pulls pyarrow, this one stays numpy + scipy).
 QUESTION_TYPES: tuple[str, ...] = ("noul", "choice", "score")
 #: noul options are ordered ("true", "false"): the positive ("true") is index 0.

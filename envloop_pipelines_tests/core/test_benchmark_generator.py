@@ -45,8 +45,8 @@ from envloop_pipelines.core.benchmark import (
 )
 from envloop_pipelines.core.benchmark import vocab
 from envloop_pipelines.core.benchmark.labels import LABEL_FUNCTIONS
-from envloop_pipelines.core.records import records_from_objects
-from envloop_pipelines.core.splits import SPLITS, SplitFractions, assign_splits
+from envloop_pipelines.core.data.records import records_from_objects
+from envloop_pipelines.core.data.splits import SPLITS, SplitFractions, assign_splits
 
 TYPES = {
     "apply_memory": "noul",

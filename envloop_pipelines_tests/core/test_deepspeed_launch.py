@@ -64,7 +64,7 @@ def _header_commands(recipe: Path) -> list[list[str]]:
 def test_gpu_recipe_launch_commands_name_entry_points_that_exist() -> None:
     from accelerate.commands.launch import launch_command_parser
 
-    from envloop_pipelines.cli_model import train
+    from envloop_pipelines.cli.model import train
 
     train_options = {opt for param in train.params for opt in param.opts}
     commands = _header_commands(GPU_RECIPE)
@@ -102,8 +102,8 @@ def _prepare(root: Path, *, deepspeed: str | None) -> tuple[dict[str, str], Path
 
     Returns the environment to launch with and the recipe path.
     """
-    from envloop_pipelines.core.datasets import generate_builtin_task
-    from envloop_pipelines.core.snapshots import open_task
+    from envloop_pipelines.core.data.datasets import generate_builtin_task
+    from envloop_pipelines.core.data.snapshots import open_task
     from envloop_pipelines_tests.core.test_model_data import table_texts, tiny_causal_lm
 
     home = root / "home"
@@ -145,7 +145,7 @@ def _launch(n: int, mixed_precision: str, env: dict[str, str], recipe: Path, out
 def _check_launched(result: subprocess.CompletedProcess[str], out: Path, home: str, *, world_size: int) -> dict[str, Any]:
     """Every rank exited 0; rank 0 alone reported and wrote a checkpoint that verifies. Returns its provenance."""
     from envloop_pipelines.core.model.predict import DecisionModel
-    from envloop_pipelines.core.snapshots import open_task
+    from envloop_pipelines.core.data.snapshots import open_task
 
     assert result.returncode == 0, result.stderr[-6000:]
     assert result.stdout.count('"checkpoint":') == 1, result.stdout[-3000:]  # one report: rank 0's

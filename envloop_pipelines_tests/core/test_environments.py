@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from envloop_pipelines.core.datasets import import_file
+from envloop_pipelines.core.data.datasets import import_file
 from envloop_pipelines.core.environments import Environment, Task
 from envloop_pipelines.core.environments.decision import DecisionEnvironment
 from envloop_pipelines.core.environments.shell import SHELL_FAMILIES, ShellEnvironment, shell_spec
@@ -31,7 +31,7 @@ def label_of(home: Path, split: str, task: Task) -> dict[str, Any]:
     if split in ("test", "holdout"):
         table = read_hidden_labels("tickets", split, home=home)
     else:
-        from envloop_pipelines.core.snapshots import open_task
+        from envloop_pipelines.core.data.snapshots import open_task
 
         table = open_task("tickets", home=home).labels(split)
     for row in table.to_pylist():

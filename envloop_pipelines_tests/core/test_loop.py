@@ -20,7 +20,7 @@ from envloop_pipelines.core.loop.promotion import (
     noise_floor_from_arms,
 )
 from envloop_pipelines.core.loop.synthesis import SNAPSHOT_SCHEMA, SynthesisRequest, VariantGenerator, allocate, load_generator
-from envloop_pipelines.core.records import QUESTION_SCHEMA
+from envloop_pipelines.core.data.records import QUESTION_SCHEMA
 
 
 def question_rows(n: int = 12) -> list[dict]:

@@ -426,7 +426,7 @@ def test_paired_delta_validation() -> None:
 
 
 def test_question_types_mirror_records() -> None:
-    from envloop_pipelines.core import records
+    from envloop_pipelines.core.data import records
 
     assert m.QUESTION_TYPES == records.QUESTION_TYPES
     assert records.NOUL_OPTIONS[m.NOUL_POSITIVE_INDEX] == "true"

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from envloop_pipelines.core.records import QUESTION_SCHEMA, Record, records_from_objects, questions_table
+from envloop_pipelines.core.data.records import QUESTION_SCHEMA, Record, records_from_objects, questions_table
 
 COLORS = ("red", "green", "blue")
 

@@ -21,7 +21,7 @@ from envloop_pipelines.core.model.predict import DecisionModel, predictions_from
 from envloop_pipelines.core.model.readout import InputTooLongError, as_questions, build_readout_model
 from envloop_pipelines.core.model.recipe import LoraSpec, Recipe
 from envloop_pipelines.core.model.training import train_checkpoint
-from envloop_pipelines.core.records import Record
+from envloop_pipelines.core.data.records import Record
 from envloop_pipelines_tests.core.test_model_data import limit_threads_under_xdist, make_records, make_table, many_option_record, table_texts, tiny_causal_lm
 
 limit_threads_under_xdist()

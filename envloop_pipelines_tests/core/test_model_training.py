@@ -39,7 +39,7 @@ from envloop_pipelines.core.model.training import (
     build_trainable_model,
     train_checkpoint,
 )
-from envloop_pipelines.core.records import Record, questions_table
+from envloop_pipelines.core.data.records import Record, questions_table
 from envloop_pipelines.core.tokens import packaged_model_dir
 from envloop_pipelines_tests.core.test_model_data import limit_threads_under_xdist, make_records, make_table
 

@@ -24,7 +24,7 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
-from envloop_pipelines.cli_sandbox import sandbox as sandbox_cli
+from envloop_pipelines.cli.sandbox import sandbox as sandbox_cli
 from envloop_pipelines.core.sandbox import (
     LocalSandbox,
     SandboxLimits,
@@ -236,7 +236,7 @@ def traversable_home(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 def _label_file(home: Path) -> Path:
     from .test_snapshots import dataset
-    from envloop_pipelines.core.datasets import import_file
+    from envloop_pipelines.core.data.datasets import import_file
 
     data_dir = Path(tempfile.mkdtemp(dir=home))
     snap = import_file(dataset(data_dir), "tickets", home=home)

@@ -17,9 +17,9 @@ import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 
-from envloop_pipelines.cli_sandbox import sandbox as sandbox_cli
+from envloop_pipelines.cli.sandbox import sandbox as sandbox_cli
 from envloop_pipelines.core import metrics
-from envloop_pipelines.core.datasets import import_file
+from envloop_pipelines.core.data.datasets import import_file
 from envloop_pipelines.core.sandbox import SandboxLimits, probe_host
 from envloop_pipelines.core.verify.grader import GradeRequest, ModelGrader, TextMatchScorer, load_scoring_model
 from envloop_pipelines.core.verify.labels import read_hidden_labels

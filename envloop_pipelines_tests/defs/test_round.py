@@ -238,7 +238,7 @@ class LeakyGenerator:
 
     def synthesize(self, request: Any, train: Any) -> Any:
         from envloop_pipelines.core.loop.synthesis import with_provenance
-        from envloop_pipelines.core.snapshots import open_task
+        from envloop_pipelines.core.data.snapshots import open_task
 
         test = open_task("personal_agent").table("test").slice(0, 3)
         rows = train.slice(0, 3).to_pylist()
@@ -247,7 +247,7 @@ class LeakyGenerator:
             row["record_id"] += "~leak"
         import pyarrow as pa
 
-        from envloop_pipelines.core.records import QUESTION_SCHEMA
+        from envloop_pipelines.core.data.records import QUESTION_SCHEMA
 
         return with_provenance(pa.Table.from_pylist(rows, schema=QUESTION_SCHEMA), json.dumps({"cluster": "leak"}))
 

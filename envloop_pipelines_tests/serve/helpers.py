@@ -3,7 +3,7 @@
 The checkpoint is a real one (``train_checkpoint`` on the built-in benchmark's
 questions, two optimizer steps, ``max_length`` 128), so the server loads,
 verifies and calibrates exactly as it would a released model. The server runs
-as its own process (``python -m envloop_pipelines.cli_serve``) on a loopback
+as its own process (``python -m envloop_pipelines.cli.serve``) on a loopback
 port it picks itself and reports through ``--port-file``.
 """
 
@@ -42,7 +42,7 @@ def build_checkpoint(out_dir: Path, *, max_length: int = 128, max_steps: int = 2
     from envloop_pipelines.core.model.readout import questions_from_table
     from envloop_pipelines.core.model.recipe import load_recipe, shipped_recipes
     from envloop_pipelines.core.model.training import train_checkpoint
-    from envloop_pipelines.core.records import questions_table, records_from_objects
+    from envloop_pipelines.core.data.records import questions_table, records_from_objects
 
     objects = benchmark_records(n_users=6, records_per_user=4, seed=seed)
     records = records_from_objects([(o, i) for i, o in enumerate(objects)], file="gen", token_budget=None)
@@ -96,7 +96,7 @@ def start_server(
     auth_off: bool = False,
     startup_timeout: float = 120,
 ) -> ServerProcess:
-    """Start ``python -m envloop_pipelines.cli_serve`` on a free loopback port and wait until ``/health`` answers.
+    """Start ``python -m envloop_pipelines.cli.serve`` on a free loopback port and wait until ``/health`` answers.
 
     ``checkpoint=None`` serves what ``args`` name instead (``--task T --release N|champion --home H``).
     """
@@ -108,7 +108,7 @@ def start_server(
     if keys:
         env["ENVLOOP_SERVE_KEYS"] = ",".join(keys)
     source = ["--checkpoint", str(checkpoint)] if checkpoint is not None else []
-    cmd = [sys.executable, "-m", "envloop_pipelines.cli_serve", *source, "--host", "127.0.0.1",
+    cmd = [sys.executable, "-m", "envloop_pipelines.cli.serve", *source, "--host", "127.0.0.1",
            "--port", "0", "--port-file", str(port_file), *args]
     if auth_off:
         cmd.append("--auth-off")

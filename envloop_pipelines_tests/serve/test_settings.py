@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from starlette.testclient import TestClient
 
-from envloop_pipelines.cli_serve import serve
+from envloop_pipelines.cli.serve import serve
 from envloop_pipelines.core.loop.ledger import Ledger
 from envloop_pipelines.core.serve.app import create_app
 from envloop_pipelines.core.serve.lifecycle import CheckpointMismatchError, ModelHolder

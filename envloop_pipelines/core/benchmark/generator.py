@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
-from ..splits import OPEN_SPLITS, SPLITS, SplitFractions, assign_splits
+from ..data.splits import OPEN_SPLITS, SPLITS, SplitFractions, assign_splits
 from ._rng import shuffled, stream, weighted
 from .labels import FAMILY_TYPES, criteria_for, derive_label, instructions_for
 from .render import RENDERERS, render_state
@@ -194,7 +194,7 @@ def generate_benchmark(config: BenchmarkConfig) -> list[dict[str, Any]]:
     """Generate the benchmark's records, every split, in user then record order.
 
     Each record carries ``meta.split`` (group-disjoint by user, from
-    :func:`~envloop_pipelines.core.splits.assign_splits`), ``meta.renderer``
+    :func:`~envloop_pipelines.core.data.splits.assign_splits`), ``meta.renderer``
     (the test split, and the other ``mixed_renderer_splits``, half "a" and half
     "b" by user) and ``meta.scenario``, the facts its labels were derived from.
     """

@@ -22,8 +22,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from envloop_pipelines.core.environments.base import Score, Task, check_seed
-from envloop_pipelines.core.snapshots import open_task
-from envloop_pipelines.core.splits import SPLITS
+from envloop_pipelines.core.data.snapshots import open_task
+from envloop_pipelines.core.data.splits import SPLITS
 from envloop_pipelines.core.storage import envloop_home
 from envloop_pipelines.core.verify.protocol import VerifierReport
 from envloop_pipelines.core.verify.rule import RuleVerifier

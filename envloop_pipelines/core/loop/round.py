@@ -44,7 +44,7 @@ from envloop_pipelines.core.loop.synthesis import (
     load_generator,
     with_provenance,
 )
-from envloop_pipelines.core.snapshots import (
+from envloop_pipelines.core.data.snapshots import (
     TaskSnapshot,
     open_task,
     require_same_benchmark,
@@ -183,7 +183,7 @@ def ensure_task_benchmark(config: LoopConfig) -> TaskSnapshot:
     except FileNotFoundError:
         if config.generator != "builtin_targeted":
             raise
-    from envloop_pipelines.core.datasets import generate_builtin_task
+    from envloop_pipelines.core.data.datasets import generate_builtin_task
 
     generate_builtin_task(task=config.task, n_users=config.builtin_users,
                           records_per_user=config.builtin_records_per_user, home=config.home)

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from envloop_pipelines.core.loop.mining import FailureCluster
-from envloop_pipelines.core.records import QUESTION_SCHEMA, questions_table, records_from_objects
+from envloop_pipelines.core.data.records import QUESTION_SCHEMA, questions_table, records_from_objects
 
 #: A synthesized or base training row: the question table plus where the row came from.
 SNAPSHOT_SCHEMA = QUESTION_SCHEMA.append(pa.field("provenance", pa.string(), nullable=False))

@@ -32,7 +32,7 @@ from envloop_pipelines.core import metrics as metrics_mod
 from envloop_pipelines.core.model.calibration import Calibration, softmax
 from envloop_pipelines.core.model.readout import Encoded, QuestionInput, ReadoutModel, as_questions
 from envloop_pipelines.core.model.recipe import Recipe
-from envloop_pipelines.core.records import Record
+from envloop_pipelines.core.data.records import Record
 
 log = logging.getLogger(__name__)
 

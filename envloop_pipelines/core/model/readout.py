@@ -28,7 +28,7 @@ import pyarrow as pa
 import torch
 from torch import nn
 
-from envloop_pipelines.core.records import QUESTION_TYPES, Record, questions_table
+from envloop_pipelines.core.data.records import QUESTION_TYPES, Record, questions_table
 
 if TYPE_CHECKING:
     from envloop_pipelines.core.model.recipe import Recipe

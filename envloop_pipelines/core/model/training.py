@@ -64,7 +64,7 @@ from envloop_pipelines.core.model.readout import (
     soft_cross_entropy,
 )
 from envloop_pipelines.core.model.recipe import Recipe, resolve_deepspeed
-from envloop_pipelines.core.records import Record
+from envloop_pipelines.core.data.records import Record
 
 log = logging.getLogger(__name__)
 

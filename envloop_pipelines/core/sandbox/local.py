@@ -41,7 +41,7 @@ Covered (when the host allows it; every run reports what it got):
   ``/dev/shm`` (only the working directory and the interpreter's paths are
   bound back in), so nothing a run writes outlives it there. **Why a mount
   namespace and not only permissions**: the label files are written 0444 by
-  :mod:`envloop_pipelines.core.snapshots`, so "other" may read them wherever
+  :mod:`envloop_pipelines.core.data.snapshots`, so "other" may read them wherever
   the directories above are traversable; masking does not depend on how the
   EnvLoop home was created. Directories the interpreter needs that are not
   world-traversable (a pyenv Python under ``/root``) are exposed the same way:

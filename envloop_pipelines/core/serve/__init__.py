@@ -6,7 +6,7 @@ Jev answers), ``inference`` (one batch → one ``predict`` call, option windows)
 ``lifecycle`` (load on demand, unload when idle), ``batcher`` (micro-batching,
 load shedding), ``prometheus`` (metrics), ``app`` (``create_app``: routes, auth,
 errors) and ``server`` (``run``: uvicorn with graceful shutdown). The CLI is
-``envloop serve`` (:mod:`envloop_pipelines.cli_serve`).
+``envloop serve`` (:mod:`envloop_pipelines.cli.serve`).
 """
 
 from envloop_pipelines.core.serve.settings import MODEL_ALIASES, ServeSettings

@@ -43,7 +43,7 @@ decompression; ``Content-Encoding`` ``gzip``, ``deflate`` and, where a zstd
 module is installed (Python 3.14's ``compression.zstd``, ``backports.zstd`` or
 ``zstandard``), ``zstd``, which ``typesafe-sdk`` uses for bodies ≥ 1 KiB when it
 has zstd itself; anything else is 415. Multipart bodies (image assets) are 415.
-JSON is decoded with :func:`~envloop_pipelines.core.records.decode_json`, so
+JSON is decoded with :func:`~envloop_pipelines.core.data.records.decode_json`, so
 duplicate option keys are caught; strings with lone surrogates are refused
 (they could not be sent back as UTF-8), and so is nesting deeper than
 ``MAX_JSON_DEPTH`` (128) levels.
@@ -82,7 +82,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from envloop_pipelines.core.model.predict import DecisionModel
-from envloop_pipelines.core.records import decode_json
+from envloop_pipelines.core.data.records import decode_json
 from envloop_pipelines.core.serve.answers import (
     ModelAnswer,
     chosen_option,

@@ -1,7 +1,7 @@
 """Request and response models of the Jev API and the OpenAI-compatible chat, and question → model input.
 
 Validation is pydantic's; the *criteria* rules are the data format's own
-(:func:`envloop_pipelines.core.records.parse_options`), called from the
+(:func:`envloop_pipelines.core.data.records.parse_options`), called from the
 validators here, so a question that a decision-record file accepts is exactly a
 question the server accepts, with the same option order and the same messages:
 
@@ -9,7 +9,7 @@ question the server accepts, with the same option order and the same messages:
   (``{"true": ..., "false": ...}``); the options are ``("true", "false")``.
 * choice criteria map option → description or ``null`` (an array of option
   names is accepted too); 2 to 255 options; duplicate keys are an error (the
-  body is decoded with :func:`~envloop_pipelines.core.records.decode_json`,
+  body is decoded with :func:`~envloop_pipelines.core.data.records.decode_json`,
   which remembers them).
 * score criteria are an ordered array of 2 to 10 levels, lowest first; an
   object map is an error. The option keys are ``"0"``, ``"1"``, ...
@@ -51,7 +51,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationErr
 from pydantic_core import PydanticCustomError
 
 from envloop_pipelines.core.model.readout import QuestionInput
-from envloop_pipelines.core.records import (
+from envloop_pipelines.core.data.records import (
     MAX_CHOICE_OPTIONS,
     MAX_SCORE_LEVELS,
     MIN_CHOICE_OPTIONS,

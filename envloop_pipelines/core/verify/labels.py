@@ -1,7 +1,7 @@
 """Hidden labels of test and holdout, read by the verifier only.
 
 The model side never imports this module (``core.model`` and the training
-entry points read snapshots through :class:`~envloop_pipelines.core.snapshots.TaskSnapshot`,
+entry points read snapshots through :class:`~envloop_pipelines.core.data.snapshots.TaskSnapshot`,
 which refuses hidden labels). Every read is logged so a round can count them.
 """
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from envloop_pipelines.core.snapshots import SnapshotIntegrityError, hidden_labels_dir, open_task
-from envloop_pipelines.core.splits import HIDDEN_SPLITS
+from envloop_pipelines.core.data.snapshots import SnapshotIntegrityError, hidden_labels_dir, open_task
+from envloop_pipelines.core.data.splits import HIDDEN_SPLITS
 from envloop_pipelines.core.storage import sha256_file
 
 log = logging.getLogger(__name__)

@@ -275,7 +275,7 @@ class Verifier(Protocol):
 
         Args:
             rows: prediction rows from :func:`parse_predictions`.
-            labels: the label table (:data:`~envloop_pipelines.core.snapshots.HIDDEN_LABEL_COLUMNS`).
+            labels: the label table (:data:`~envloop_pipelines.core.data.snapshots.HIDDEN_LABEL_COLUMNS`).
             provenance: what to record about the inputs (hashes), merged into the report's.
         """
         ...

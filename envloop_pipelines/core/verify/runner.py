@@ -201,13 +201,13 @@ class VerifierRunner:
 
 def task_labels(task: str, split: str, *, snapshot_id: str | None = None, home: str | Path | None = None) -> pa.Table:
     """The labels of ``split``: hidden splits through the verifier's reader, open ones from the snapshot."""
-    from envloop_pipelines.core.splits import HIDDEN_SPLITS
+    from envloop_pipelines.core.data.splits import HIDDEN_SPLITS
 
     if split in HIDDEN_SPLITS:
         from envloop_pipelines.core.verify.labels import read_hidden_labels
 
         return read_hidden_labels(task, split, snapshot_id=snapshot_id, home=home)
-    from envloop_pipelines.core.snapshots import open_task
+    from envloop_pipelines.core.data.snapshots import open_task
 
     return open_task(task, snapshot_id=snapshot_id, home=home).labels(split)
 

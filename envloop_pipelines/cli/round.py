@@ -303,7 +303,7 @@ def ledger(task: str, kind: str | None, as_json: bool) -> None:
 def ui(port: int, host: str) -> None:
     """Start `dagster dev` on this project's workspace (the Dagster UI and daemon)."""
     home = dagster_home()
-    workspace = Path(__file__).resolve().parents[1] / "workspace.yaml"
+    workspace = Path(__file__).resolve().parents[2] / "workspace.yaml"
     argv = [str(Path(sys.executable).with_name("dagster")), "dev", "-h", host, "-p", str(port)]
     argv += ["-w", str(workspace)] if workspace.exists() else ["-m", "envloop_pipelines.definitions"]
     click.echo(f"DAGSTER_HOME={home}; {' '.join(argv)}")

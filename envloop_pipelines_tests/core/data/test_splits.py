@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from envloop_pipelines.core.splits import SPLITS, SplitFractions, assign_splits
+from envloop_pipelines.core.data.splits import SPLITS, SplitFractions, assign_splits
 
 
 def test_deterministic_and_complete() -> None:

@@ -31,7 +31,7 @@ from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
 
-from envloop_pipelines.core.records import (
+from envloop_pipelines.core.data.records import (
     DEFAULT_GROUP_KEY,
     DEFAULT_TOKEN_BUDGET,
     QUESTION_TYPES,
@@ -281,7 +281,7 @@ def load_records(
     token_budget: int | None = DEFAULT_TOKEN_BUDGET,
 ) -> LoadReport:
     """Load decision records from JSONL, or CSV/Parquet with a column mapping."""
-    from envloop_pipelines.core.records import load_jsonl
+    from envloop_pipelines.core.data.records import load_jsonl
 
     suffix = Path(path).suffix.lower()
     if suffix in (".jsonl", ".json", ".ndjson"):
@@ -295,7 +295,7 @@ def load_records(
 
 def records_to_rows(records: Sequence[Any], mapping: ColumnMapping) -> list[dict[str, Any]]:
     """The inverse of :func:`row_to_object` for a mapping with literal options (used in round-trip tests and export)."""
-    from envloop_pipelines.core.records import Record
+    from envloop_pipelines.core.data.records import Record
 
     rows: list[dict[str, Any]] = []
     for record in records:

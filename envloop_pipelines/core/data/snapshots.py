@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from envloop_pipelines.core.records import (
+from envloop_pipelines.core.data.records import (
     DEFAULT_GROUP_KEY,
     INPUT_SCHEMA,
     LABEL_COLUMNS,
@@ -35,7 +35,7 @@ from envloop_pipelines.core.records import (
     Record,
     questions_table,
 )
-from envloop_pipelines.core.splits import HIDDEN_SPLITS, OPEN_SPLITS, SPLITS, SplitFractions, assign_splits
+from envloop_pipelines.core.data.splits import HIDDEN_SPLITS, OPEN_SPLITS, SPLITS, SplitFractions, assign_splits
 from envloop_pipelines.core.storage import (
     atomic_write_bytes,
     atomic_write_json,

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from envloop_pipelines.core.records import DataValidationError
+from envloop_pipelines.core.data.records import DataValidationError
 
 
 def _echo_json(value: Any) -> None:
@@ -73,7 +73,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
 def data_generate(n_users: int | None, records_per_user: int | None, seed: int, task: str, out: Path | None,
                   no_import: bool, as_json: bool) -> None:
     """Generate the built-in personal-agent benchmark and import it as a task."""
-    from envloop_pipelines.core.datasets import generate_builtin_task
+    from envloop_pipelines.core.data.datasets import generate_builtin_task
 
     result = generate_builtin_task(task=task, n_users=n_users, records_per_user=records_per_user, seed=seed,
                                    out=out, do_import=not no_import)
@@ -96,7 +96,7 @@ def data_generate(n_users: int | None, records_per_user: int | None, seed: int, 
 @_fail_on_data_errors
 def data_validate(file: Path, mapping: Path | None, require_group: bool) -> None:
     """Check FILE against the decision-record contract; print every error at once."""
-    from envloop_pipelines.core.tabular import ColumnMapping, load_records
+    from envloop_pipelines.core.data.tabular import ColumnMapping, load_records
 
     report = load_records(file, mapping=ColumnMapping.from_file(mapping) if mapping else None, require_group=require_group)
     n_questions = sum(len(r.questions) for r in report.records)
@@ -115,9 +115,9 @@ def data_validate(file: Path, mapping: Path | None, require_group: bool) -> None
 @_fail_on_data_errors
 def data_import(file: Path, task: str, mapping: Path | None, fractions: str, seed: int, as_json: bool) -> None:
     """Validate FILE and import it as an immutable, content-addressed snapshot of TASK."""
-    from envloop_pipelines.core.datasets import import_file
-    from envloop_pipelines.core.splits import SplitFractions
-    from envloop_pipelines.core.tabular import ColumnMapping
+    from envloop_pipelines.core.data.datasets import import_file
+    from envloop_pipelines.core.data.splits import SplitFractions
+    from envloop_pipelines.core.data.tabular import ColumnMapping
 
     try:
         split_fractions = SplitFractions.parse(fractions)
@@ -138,7 +138,7 @@ def data_import(file: Path, task: str, mapping: Path | None, fractions: str, see
 @_fail_on_data_errors
 def data_show(task: str, as_json: bool) -> None:
     """Counts per split, family and question type of TASK's current snapshot."""
-    from envloop_pipelines.core.snapshots import open_task
+    from envloop_pipelines.core.data.snapshots import open_task
 
     summary = open_task(task).summary()
     if as_json:
@@ -148,10 +148,10 @@ def data_show(task: str, as_json: bool) -> None:
 
 
 def _register_subcommands() -> None:
-    from envloop_pipelines import cli_round
-    from envloop_pipelines.cli_model import evaluate, train
-    from envloop_pipelines.cli_sandbox import sandbox
-    from envloop_pipelines.cli_serve import serve
+    from envloop_pipelines.cli import round as cli_round
+    from envloop_pipelines.cli.model import evaluate, train
+    from envloop_pipelines.cli.sandbox import sandbox
+    from envloop_pipelines.cli.serve import serve
 
     main.add_command(sandbox)
     main.add_command(serve)

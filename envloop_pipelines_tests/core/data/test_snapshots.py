@@ -10,16 +10,16 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from envloop_pipelines.core.datasets import import_file
-from envloop_pipelines.core.records import DataValidationError
-from envloop_pipelines.core.snapshots import (
+from envloop_pipelines.core.data.datasets import import_file
+from envloop_pipelines.core.data.records import DataValidationError
+from envloop_pipelines.core.data.snapshots import (
     BenchmarkMismatchError,
     HiddenSplitError,
     SnapshotIntegrityError,
     open_task,
     require_same_benchmark,
 )
-from envloop_pipelines.core.splits import OPEN_SPLITS, SPLITS
+from envloop_pipelines.core.data.splits import OPEN_SPLITS, SPLITS
 from envloop_pipelines.core.verify.labels import read_hidden_labels
 
 from .test_records import good_record, write_lines

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from envloop_pipelines.cli_round import _parse_overrides
+from envloop_pipelines.cli.round import _parse_overrides
 
 
 @click.command("train")
@@ -23,7 +23,7 @@ def train(task: str, recipe_path: str, out: Path, init_from: Path | None, overri
     from envloop_pipelines.core.loop.round import resolve_recipe_path
     from envloop_pipelines.core.model.recipe import RecipeError, load_recipe
     from envloop_pipelines.core.model.training import is_main_process, train_checkpoint
-    from envloop_pipelines.core.snapshots import open_task
+    from envloop_pipelines.core.data.snapshots import open_task
 
     try:
         recipe = load_recipe(resolve_recipe_path(recipe_path))
@@ -56,7 +56,7 @@ def evaluate(checkpoint: Path, task: str, split: str, as_json: bool) -> None:
     """Metrics of a checkpoint on an open split of TASK (the checkpoint's manifest is verified first)."""
     from envloop_pipelines.core.benchmark import SAFETY_FAMILIES
     from envloop_pipelines.core.model.predict import evaluate_checkpoint
-    from envloop_pipelines.core.snapshots import open_task
+    from envloop_pipelines.core.data.snapshots import open_task
 
     snapshot = open_task(task)
     result = evaluate_checkpoint(checkpoint, snapshot.table(split), safety_families=SAFETY_FAMILIES)

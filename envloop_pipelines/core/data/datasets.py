@@ -6,11 +6,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from envloop_pipelines.core.records import DEFAULT_GROUP_KEY, DEFAULT_TOKEN_BUDGET
-from envloop_pipelines.core.snapshots import TaskSnapshot, create_snapshot
-from envloop_pipelines.core.splits import SplitFractions
+from envloop_pipelines.core.data.records import DEFAULT_GROUP_KEY, DEFAULT_TOKEN_BUDGET
+from envloop_pipelines.core.data.snapshots import TaskSnapshot, create_snapshot
+from envloop_pipelines.core.data.splits import SplitFractions
 from envloop_pipelines.core.storage import envloop_home, sha256_file
-from envloop_pipelines.core.tabular import ColumnMapping, load_records
+from envloop_pipelines.core.data.tabular import ColumnMapping, load_records
 
 
 def import_file(

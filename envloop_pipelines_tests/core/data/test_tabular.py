@@ -9,8 +9,8 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from envloop_pipelines.core.records import DataValidationError, load_jsonl
-from envloop_pipelines.core.tabular import ColumnMapping, load_records, records_to_rows
+from envloop_pipelines.core.data.records import DataValidationError, load_jsonl
+from envloop_pipelines.core.data.tabular import ColumnMapping, load_records, records_to_rows
 
 from .test_records import good_record, write_lines
 

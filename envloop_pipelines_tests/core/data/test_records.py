@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from envloop_pipelines.core.records import (
+from envloop_pipelines.core.data.records import (
     INPUT_SCHEMA,
     QUESTION_SCHEMA,
     DataValidationError,

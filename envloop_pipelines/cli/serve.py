@@ -1,7 +1,7 @@
 """``envloop serve``: serve a checkpoint or a release over the Jev API and an OpenAI-compatible chat.
 
 Registered in ``cli.py`` with ``main.add_command(serve)``; also runnable alone:
-``python -m envloop_pipelines.cli_serve --checkpoint DIR --auth-off``.
+``python -m envloop_pipelines.cli.serve --checkpoint DIR --auth-off``.
 """
 
 from __future__ import annotations
@@ -105,5 +105,5 @@ def serve(checkpoint: Path | None, release: str | None, task: str | None, home: 
     run(settings)
 
 
-if __name__ == "__main__":  # pragma: no cover - ``python -m envloop_pipelines.cli_serve``
+if __name__ == "__main__":  # pragma: no cover - ``python -m envloop_pipelines.cli.serve``
     serve()
