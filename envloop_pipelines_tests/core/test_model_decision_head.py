@@ -14,7 +14,8 @@ import torch
 
 from envloop_pipelines.core.model.decision_head import MARKER_TOKEN, DecisionHead, DecisionHeadModel
 from envloop_pipelines.core.model.predict import DecisionModel
-from envloop_pipelines.core.model.readout import InputTooLongError, as_questions, build_readout_model
+from envloop_pipelines.core.model.readout import InputTooLongError, as_questions
+from envloop_pipelines.core.model.readouts import build_readout_model
 from envloop_pipelines.core.model.recipe import Recipe
 from envloop_pipelines.core.data.records import questions_table
 from envloop_pipelines_tests.core.test_model_data import limit_threads_under_xdist, make_records, make_table, many_option_record

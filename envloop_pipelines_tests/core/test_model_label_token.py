@@ -18,7 +18,8 @@ from safetensors.torch import load_file
 from envloop_pipelines.core.model.checkpoint import read_predictions
 from envloop_pipelines.core.model.label_token import LABELS, LabelTokenError, LabelTokenModel, label_token_ids
 from envloop_pipelines.core.model.predict import DecisionModel, predictions_from_table
-from envloop_pipelines.core.model.readout import InputTooLongError, as_questions, build_readout_model
+from envloop_pipelines.core.model.readout import InputTooLongError, as_questions
+from envloop_pipelines.core.model.readouts import build_readout_model
 from envloop_pipelines.core.model.recipe import LoraSpec, Recipe
 from envloop_pipelines.core.model.training import train_checkpoint
 from envloop_pipelines.core.data.records import Record

@@ -3,7 +3,8 @@
 Layout::
 
     <ckpt>/
-      adapter/             peft ``save_pretrained`` of the LoRA on the base model
+      adapter/             peft ``save_pretrained`` of the LoRA on the base model (adapter_config.json
+                           naming the base model by the recipe's spec; no model card)
       head.safetensors     the readout's own tensors (decision head weights; label token ids)
       calibration.json     per-type temperatures and the automation threshold (fitted on val)
       recipe.yaml          the recipe it was trained with
@@ -26,6 +27,15 @@ integrity check, but leaving them out of the identity makes it a function of
 what decides the predictions (adapter, head, calibration, recipe, data hash,
 predictions): a deterministic retrain gives the same identity, so checkpoints
 can be stored under it.
+
+The identity does not depend on where the base model is installed. peft
+writes the base model's absolute path (inside the venv's site-packages for the
+packaged MiniLM) into ``adapter_config.json`` and into a ``README.md`` model
+card; the writer replaces the first with the recipe's ``base_model`` spec and
+drops the second (nothing loads it), and loading resolves the spec in the
+recipe to a directory, as it always has. A checkpoint written before keeps its
+manifest, identity and path-bearing files, and loads and verifies as before:
+its adapter's ``base_model_name_or_path`` was never read to find the base.
 """
 
 from __future__ import annotations
@@ -49,7 +59,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from envloop_pipelines.core.model.calibration import Calibration
-from envloop_pipelines.core.model.readout import ReadoutModel, build_readout_model
+from envloop_pipelines.core.model.readout import ReadoutModel
+from envloop_pipelines.core.model.readouts import build_readout_model
 from envloop_pipelines.core.model.recipe import Recipe, dump_recipe, recipe_from_dict, recipe_hash, resolve_base_model
 
 log = logging.getLogger(__name__)
@@ -122,6 +133,10 @@ def combined_sha256(hashes: Mapping[str, str]) -> str:
     lines = "".join(f"{name}:{hashes[name]}\n" for name in sorted(hashes))
     return hashlib.sha256(lines.encode()).hexdigest()
 
+
+#: peft's adapter files, inside ``adapter/``.
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_MODEL_CARD = "README.md"
 
 #: Files whose bytes change from run to run (timings, timestamps): in the manifest, not in the identity.
 VOLATILE_FILES: frozenset[str] = frozenset({METRICS_FILE, PROVENANCE_FILE})
@@ -216,6 +231,29 @@ def _manifest_of(root: Path) -> dict[str, str]:
     return files
 
 
+def save_adapter(model: ReadoutModel, recipe: Recipe, adapter_dir: str | Path) -> Path:
+    """peft ``save_pretrained`` of the model's LoRA, with nothing in it that names where the base model is installed.
+
+    peft writes the base model's absolute path twice: ``base_model_name_or_path``
+    in ``adapter_config.json``, and a ``README.md`` model card. Both would make the
+    checkpoint's identity a function of the venv's location. The config gets the
+    recipe's ``base_model`` spec (``packaged:minilm``) instead; the model card,
+    which nothing loads, is not kept.
+
+    Returns:
+        The adapter directory.
+    """
+    adapter_dir = Path(adapter_dir)
+    model.encoder.save_pretrained(str(adapter_dir))  # type: ignore[operator]
+    (adapter_dir / ADAPTER_MODEL_CARD).unlink(missing_ok=True)
+    config_path = adapter_dir / ADAPTER_CONFIG
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["base_model_name_or_path"] = recipe.base_model
+    # peft's own layout (indent 2, sorted keys), so the file differs from peft's in that one value only.
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")
+    return adapter_dir
+
+
 def write_checkpoint(
     out_dir: str | Path,
     *,
@@ -241,7 +279,7 @@ def write_checkpoint(
     tmp = out_dir.parent / f".{out_dir.name}.partial-{uuid.uuid4().hex[:12]}"
     tmp.mkdir()
     try:
-        model.encoder.save_pretrained(str(tmp / ADAPTER_DIR))  # type: ignore[operator]
+        save_adapter(model, recipe, tmp / ADAPTER_DIR)
         save_file(model.head_state_dict(), str(tmp / HEAD_FILE), metadata={"readout": recipe.readout})
         (tmp / CALIBRATION_FILE).write_bytes(_json_bytes(calibration.to_dict()))
         (tmp / RECIPE_FILE).write_text(dump_recipe(recipe), encoding="utf-8")
@@ -299,7 +337,7 @@ def verify_checkpoint(ckpt_dir: str | Path) -> dict[str, Any]:
     extra = sorted(present - set(listed))
     if extra:
         raise CheckpointIntegrityError(root, extra[0], f"not in the manifest (extra file{'s' if len(extra) > 1 else ''}: {extra!r})")
-    for required in (HEAD_FILE, CALIBRATION_FILE, RECIPE_FILE, PROVENANCE_FILE, f"{ADAPTER_DIR}/adapter_config.json"):
+    for required in (HEAD_FILE, CALIBRATION_FILE, RECIPE_FILE, PROVENANCE_FILE, f"{ADAPTER_DIR}/{ADAPTER_CONFIG}"):
         if required not in listed:
             raise CheckpointIntegrityError(root, required, "missing from the manifest: incomplete checkpoint")
     return manifest
@@ -385,6 +423,7 @@ __all__ = [
     "model_weights_sha256",
     "read_predictions",
     "read_recipe",
+    "save_adapter",
     "sha256_file",
     "verify_checkpoint",
     "write_checkpoint",

@@ -12,6 +12,10 @@ with **one** forward pass of the base model per question: the decision head
 * ``forward(**batch)`` → option logits ``(batch, max_options)``; entries past a
   question's own options are meaningless and masked by ``option_mask``.
 
+This module is the base both readouts import; it imports neither of them.
+Which class serves which recipe ``readout`` name, and building one from a
+recipe, is :mod:`.readouts`.
+
 Truncation is never silent: only the *state* is cut, in its middle (the
 question and its options are always read whole; see :func:`fit_state`), and
 each :class:`Encoded` says whether it was cut and by how many tokens.
@@ -223,6 +227,12 @@ class ReadoutModel(nn.Module):
     #: The peft-wrapped base model (LoRA on it); its forward is called once per batch.
     encoder: nn.Module
 
+    @classmethod
+    def from_recipe(cls, recipe: "Recipe", *, adapter_dir: str | Path | None = None,
+                    trainable: bool = False) -> "ReadoutModel":  # pragma: no cover - abstract
+        """The recipe's base model with LoRA (fresh, or the saved adapter in ``adapter_dir``) and a fresh head."""
+        raise NotImplementedError
+
     def encode_many(self, questions: Sequence[QuestionInput]) -> list[Encoded]:  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -246,40 +256,6 @@ class ReadoutModel(nn.Module):
         return [n for n, p in self.named_parameters() if p.requires_grad]
 
 
-def build_readout_model(
-    recipe: "Recipe",
-    *,
-    adapter_dir: str | Path | None = None,
-    head_state: Mapping[str, torch.Tensor] | None = None,
-    trainable: bool = False,
-) -> ReadoutModel:
-    """The recipe's readout on its base model, fresh LoRA or a saved adapter.
-
-    Args:
-        recipe: Says which readout, base model, LoRA and head width.
-        adapter_dir: A peft adapter directory to load instead of a fresh LoRA.
-        head_state: Head tensors to load (``head.safetensors``).
-        trainable: Whether the adapter (and head) train; False puts the model in eval mode.
-    """
-    if recipe.readout == "decision_head":
-        from envloop_pipelines.core.model.decision_head import DecisionHeadModel
-
-        model: ReadoutModel = DecisionHeadModel.from_recipe(recipe, adapter_dir=adapter_dir, trainable=trainable)
-    elif recipe.readout == "label_token":
-        from envloop_pipelines.core.model.label_token import LabelTokenModel
-
-        model = LabelTokenModel.from_recipe(recipe, adapter_dir=adapter_dir, trainable=trainable)
-    else:  # pragma: no cover - Recipe validates readout
-        raise ValueError(f"unknown readout {recipe.readout!r}")
-    if head_state is not None:
-        model.load_head_state_dict(head_state)
-    if not trainable:
-        model.eval()
-        for p in model.parameters():
-            p.requires_grad_(False)
-    return model
-
-
 def lora_config(recipe: "Recipe", task_type: str | None) -> Any:
     """peft ``LoraConfig`` from the recipe's ``lora`` section."""
     from peft import LoraConfig
@@ -299,7 +275,14 @@ def wrap_lora(base: nn.Module, recipe: "Recipe", *, adapter_dir: str | Path | No
     from peft import PeftModel, get_peft_model
 
     if adapter_dir is not None:
-        return PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=trainable)
+        model = PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=trainable)
+        # A checkpoint's adapter_config.json names the base model by the recipe's spec (``packaged:minilm``),
+        # not a path; peft reads the field as a local path or hub id (when saving, it looks for the base's
+        # config.json there), so in memory it names the directory the base was just loaded from, as for a
+        # fresh adapter. The checkpoint writer puts the spec back on disk.
+        for config in model.peft_config.values():
+            config.base_model_name_or_path = getattr(base, "name_or_path", None) or None
+        return model
     try:
         return get_peft_model(base, lora_config(recipe, task_type))
     except ValueError as exc:
@@ -313,7 +296,6 @@ __all__ = [
     "QuestionInput",
     "ReadoutModel",
     "as_questions",
-    "build_readout_model",
     "fit_state",
     "questions_from_table",
     "soft_cross_entropy",

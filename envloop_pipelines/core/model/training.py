@@ -60,9 +60,9 @@ from envloop_pipelines.core.model.readout import (
     QuestionInput,
     ReadoutModel,
     as_questions,
-    build_readout_model,
     soft_cross_entropy,
 )
+from envloop_pipelines.core.model.readouts import build_readout_model
 from envloop_pipelines.core.model.recipe import Recipe, resolve_deepspeed
 from envloop_pipelines.core.data.records import Record
 
