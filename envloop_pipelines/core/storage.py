@@ -13,7 +13,10 @@ import shutil
 import socket
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 ENVLOOP_HOME_ENV = "ENVLOOP_HOME"
 DEFAULT_HOME = ".envloop"
@@ -67,6 +70,44 @@ def atomic_write_bytes(path: str | Path, data: bytes, *, overwrite: bool = False
 def atomic_write_json(path: str | Path, value: Any, *, overwrite: bool = False) -> Path:
     text = json.dumps(value, sort_keys=True, ensure_ascii=False, indent=2) + "\n"
     return atomic_write_bytes(path, text.encode("utf-8"), overwrite=overwrite)
+
+
+#: The one Parquet encoding of the project. Content addressing needs the same table to give the same
+#: bytes: zstd, dictionary encoding, and no column statistics (min/max per row group, which nothing
+#: here reads). These are the options data snapshots have always been written with, so their
+#: file hashes, and the snapshot ids made from them, do not move.
+PARQUET_OPTIONS: dict[str, Any] = {"compression": "zstd", "use_dictionary": True, "write_statistics": False}
+
+
+def parquet_bytes(table: pa.Table) -> bytes:
+    """The Parquet bytes of ``table`` (:data:`PARQUET_OPTIONS`): the same table gives the same bytes.
+
+    Use it to hash before writing (content addressing), then :func:`atomic_write_bytes` the bytes.
+    """
+    import pyarrow as pa  # here, not at the top: most users of this module never write a table
+    import pyarrow.parquet as pq
+
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, **PARQUET_OPTIONS)
+    return sink.getvalue().to_pybytes()
+
+
+def atomic_write_parquet(path: str | Path, table: pa.Table, *, overwrite: bool = False) -> Path:
+    """Write ``table`` to ``path`` as Parquet (:func:`parquet_bytes`) through :func:`atomic_write_bytes`.
+
+    Args:
+        path: the file; its parent folders are created.
+        table: the Arrow table.
+        overwrite: replace an existing file; by default an existing file is an error
+            (artifacts are immutable).
+
+    Returns:
+        ``path``.
+
+    Raises:
+        FileExistsError: ``path`` exists and ``overwrite`` is False.
+    """
+    return atomic_write_bytes(path, parquet_bytes(table), overwrite=overwrite)
 
 
 _OWNER_SEP = "~"

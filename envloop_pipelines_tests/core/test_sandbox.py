@@ -235,7 +235,7 @@ def traversable_home(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 def _label_file(home: Path) -> Path:
-    from .test_snapshots import dataset
+    from .data.test_snapshots import dataset
     from envloop_pipelines.core.data.datasets import import_file
 
     data_dir = Path(tempfile.mkdtemp(dir=home))

@@ -34,7 +34,7 @@ from envloop_pipelines.core.verify.protocol import (
 from envloop_pipelines.core.verify.rule import RuleVerifier
 from envloop_pipelines.core.verify.runner import DEFAULT_WORKER_LIMITS, VerifierRunner, verify_task
 
-from .test_snapshots import dataset
+from .data.test_snapshots import dataset
 
 PACKAGE = Path(__file__).resolve().parents[2] / "envloop_pipelines"
 

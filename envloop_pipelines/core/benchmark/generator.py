@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
 from ..data.splits import OPEN_SPLITS, SPLITS, SplitFractions, assign_splits
+from ..fractions import Fractions
 from ._rng import shuffled, stream, weighted
 from .labels import FAMILY_TYPES, criteria_for, derive_label, instructions_for
 from .render import RENDERERS, render_state
@@ -47,44 +48,22 @@ _ID_PREFIX = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
 @dataclass(frozen=True)
-class VariantMix:
-    """Probability of each evidence variant per record; they must sum to 1.
+class VariantMix(Fractions):
+    """Probability of each evidence variant per record; they must sum to 1 (see :class:`Fractions`).
 
     Defaults: 40% clean, 20% each of override, removed and buried, so the hard
     variants are 60% of the records but each alone stays a minority.
+    Parsed from ``"clean=0.4,override=0.2,removed=0.2,buried=0.2"`` (omitted variants are 0).
     """
 
+    label = "variant_mix"
+    item = "variant"
+
+    # The fields, in VARIANTS order, are the variant names.
     clean: float = 0.4
     override: float = 0.2
     removed: float = 0.2
     buried: float = 0.2
-
-    def __post_init__(self) -> None:
-        for name in VARIANTS:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-                raise ValueError(f"variant_mix.{name} must be a number in [0, 1], got {value!r}")
-        total = sum(self.as_dict().values())
-        if abs(total - 1.0) > 1e-6:
-            raise ValueError(f"variant_mix must sum to 1 over {', '.join(VARIANTS)}, got {total:.6f} ({self.as_dict()})")
-
-    def as_dict(self) -> dict[str, float]:
-        """Variant → probability, in ``VARIANTS`` order."""
-        return {name: getattr(self, name) for name in VARIANTS}
-
-    @classmethod
-    def parse(cls, text: str) -> "VariantMix":
-        """Parse ``"clean=0.4,override=0.2,removed=0.2,buried=0.2"`` (omitted variants are 0)."""
-        values = {name: 0.0 for name in VARIANTS}
-        for part in filter(None, (p.strip() for p in text.split(","))):
-            name, _, number = part.partition("=")
-            if name not in values:
-                raise ValueError(f"variant_mix: unknown variant {name!r}; allowed: {', '.join(VARIANTS)}")
-            try:
-                values[name] = float(number)
-            except ValueError:
-                raise ValueError(f"variant_mix.{name}: {number!r} is not a number") from None
-        return cls(**values)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ labels. The verifier reads hidden labels through
 
 from __future__ import annotations
 
-import io
 import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from envloop_pipelines.core.storage import (
     canonical_json,
     envloop_home,
     make_read_only,
+    parquet_bytes,
     publish_dir,
     sha256_bytes,
     sha256_file,
@@ -63,13 +63,6 @@ class BenchmarkMismatchError(ValueError):
 
 class SnapshotIntegrityError(RuntimeError):
     """A snapshot file no longer matches the hash in its manifest."""
-
-
-def _parquet_bytes(table: pa.Table) -> bytes:
-    """Deterministic Parquet bytes for a table (same table → same bytes)."""
-    sink = io.BytesIO()
-    pq.write_table(table, sink, compression="zstd", use_dictionary=True, write_statistics=False)
-    return sink.getvalue()
 
 
 def declared_splits(records: Sequence[Record], source: str, lines: Sequence[int | None] | None = None) -> dict[str, str]:
@@ -195,11 +188,11 @@ def create_snapshot(
         if split in HIDDEN_SPLITS:
             inputs = table.select(INPUT_SCHEMA.names)
             labels = table.select(list(HIDDEN_LABEL_COLUMNS))
-            open_files[split] = _parquet_bytes(inputs)
-            label_files[split] = _parquet_bytes(labels)
+            open_files[split] = parquet_bytes(inputs)
+            label_files[split] = parquet_bytes(labels)
             labels_meta[split] = {"file": f"{split}.labels.parquet", "sha256": sha256_bytes(label_files[split])}
         else:
-            open_files[split] = _parquet_bytes(table)
+            open_files[split] = parquet_bytes(table)
         splits_meta[split] = {"file": f"{split}.parquet", "sha256": sha256_bytes(open_files[split]), **counts}
 
     content = {

@@ -12,6 +12,8 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
+from envloop_pipelines.core.fractions import Fractions
+
 SPLITS: tuple[str, ...] = ("train", "val", "dev", "test", "holdout")
 #: Splits whose labels live apart from their inputs and are read by the verifier only.
 HIDDEN_SPLITS: frozenset[str] = frozenset({"test", "holdout"})
@@ -20,43 +22,22 @@ OPEN_SPLITS: tuple[str, ...] = ("train", "val", "dev")
 
 
 @dataclass(frozen=True)
-class SplitFractions:
-    """Fractions of groups per split; they must sum to 1.
+class SplitFractions(Fractions):
+    """Fractions of groups per split; they must sum to 1 (validation and ``parse`` from :class:`Fractions`).
 
     Defaults: 60% train, 10% val, 10% dev, 10% test, 10% holdout of the users.
+    Parsed from ``"train=0.6,val=0.1,dev=0.1,test=0.1,holdout=0.1"`` (omitted splits are 0).
     """
 
+    label = "fractions"
+    item = "split"
+
+    # The fields, in SPLITS order, are the split names.
     train: float = 0.6
     val: float = 0.1
     dev: float = 0.1
     test: float = 0.1
     holdout: float = 0.1
-
-    def __post_init__(self) -> None:
-        for name in SPLITS:
-            value = getattr(self, name)
-            if not 0.0 <= value <= 1.0:
-                raise ValueError(f"split fraction {name!r} must be in [0, 1], got {value}")
-        total = sum(self.as_dict().values())
-        if abs(total - 1.0) > 1e-6:
-            raise ValueError(f"split fractions must sum to 1, got {total:.6f} ({self.as_dict()})")
-
-    def as_dict(self) -> dict[str, float]:
-        return {name: getattr(self, name) for name in SPLITS}
-
-    @classmethod
-    def parse(cls, text: str) -> "SplitFractions":
-        """Parse ``"train=0.6,val=0.1,dev=0.1,test=0.1,holdout=0.1"`` (omitted splits are 0)."""
-        values: dict[str, float] = {name: 0.0 for name in SPLITS}
-        for part in filter(None, (p.strip() for p in text.split(","))):
-            name, _, number = part.partition("=")
-            if name not in values:
-                raise ValueError(f"unknown split {name!r} in {text!r}; allowed: {', '.join(SPLITS)}")
-            try:
-                values[name] = float(number)
-            except ValueError:
-                raise ValueError(f"split {name!r}: {number!r} is not a number") from None
-        return cls(**values)
 
 
 def assign_splits(

@@ -32,6 +32,7 @@ from envloop_pipelines.core.sandbox.k8s import (
     namespace_manifest,
     runner_rbac,
 )
+from envloop_pipelines.core.sandbox.launch import DEFAULT_WORKER_LIMITS, WORKER_ENV, verifier_worker_argv
 
 #: Where Dagster runs and which service account its run and step pods use (k8s/dagster/values.yaml).
 DAGSTER_NAMESPACE = "envloop"
@@ -72,11 +73,9 @@ def setup_documents(namespace: str = DEFAULT_NAMESPACE) -> list[dict[str, Any]]:
 
 def verifier_job_document(namespace: str = DEFAULT_NAMESPACE, image: str = IMAGE) -> dict[str, Any]:
     """The Job of one verifier run (a rule verifier on ``predictions.parquet``, labels on stdin)."""
-    from envloop_pipelines.core.verify.runner import DEFAULT_WORKER_LIMITS, WORKER_ENV, VerifierRunner
-
     sandbox = KubernetesSandbox(DEFAULT_WORKER_LIMITS, image=image, namespace=namespace)
-    runner = VerifierRunner(sandbox, python="python")
-    argv = runner.worker_argv("rule", "predictions.parquet", grader="text_match", threshold=0.5, safety_families=())
+    argv = verifier_worker_argv("python", "rule", "predictions.parquet", grader="text_match", threshold=0.5,
+                                safety_families=())
     return sandbox.job_for(TEMPLATE_JOB_NAME, argv, env=WORKER_ENV, input_secret=TEMPLATE_JOB_NAME,
                            input_files=["predictions.parquet"], has_stdin=True, result_channel=True)
 

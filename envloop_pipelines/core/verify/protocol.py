@@ -48,7 +48,7 @@ from typing import Any, Iterable, Literal, Mapping, Protocol, Sequence, runtime_
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from envloop_pipelines.core.storage import canonical_json, sha256_bytes
+from envloop_pipelines.core.storage import atomic_write_parquet, canonical_json, parquet_bytes, sha256_bytes
 
 PREDICTION_SCHEMA = pa.schema(
     [
@@ -96,7 +96,7 @@ def write_predictions(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> Pa
         schema = PREDICTION_SCHEMA
         if rows and any("answer" in r for r in rows):
             schema = schema.append(pa.field("answer", pa.string()))
-        pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+        atomic_write_parquet(path, pa.Table.from_pylist(rows, schema=schema), overwrite=True)
     return path
 
 
@@ -282,10 +282,11 @@ class Verifier(Protocol):
 
 
 def labels_to_bytes(labels: pa.Table) -> bytes:
-    """Parquet bytes of a label table, the form the worker receives on its stdin."""
-    sink = io.BytesIO()
-    pq.write_table(labels, sink, compression="zstd")
-    return sink.getvalue()
+    """Parquet bytes of a label table, the form the worker receives on its stdin.
+
+    The project's one encoding, :func:`~envloop_pipelines.core.storage.parquet_bytes`.
+    """
+    return parquet_bytes(labels)
 
 
 def labels_from_bytes(data: bytes) -> pa.Table:

@@ -25,20 +25,12 @@ from typing import Any, Literal, Sequence
 import pyarrow as pa
 
 from envloop_pipelines.core.sandbox import Sandbox, SandboxLimits, SandboxResult, sandbox_from_env
+from envloop_pipelines.core.sandbox.launch import DEFAULT_WORKER_LIMITS, WORKER_ENV, verifier_worker_argv
 from envloop_pipelines.core.storage import envloop_home, sha256_bytes
 from envloop_pipelines.core.verify.protocol import VerifierReport, labels_to_bytes, prediction_format
 
 log = logging.getLogger(__name__)
 
-#: A worker maps ~0.75 GiB of address space importing numpy, scipy and pyarrow (with Arrow's
-#: system allocator; mimalloc would reserve another ~0.8 GiB arena up front), then scores.
-DEFAULT_WORKER_LIMITS = SandboxLimits(cpu_s=120.0, mem_mb=2048, wall_s=180.0, fsize_mb=16, nofile=256, nproc=64)
-#: Arrow's default pool (mimalloc) sizes its up-front reservation to whatever RLIMIT_AS leaves, and
-#: a later import then fails to map a shared library; the system allocator reserves nothing.
-#: Under RLIMIT_AS, every extra thread's malloc arena (64 MiB of address space each) and BLAS/OpenMP
-#: thread buffers eat into the limit; the worker scores on one thread, so it gets one of each.
-WORKER_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_ARENA_MAX": "2", "OMP_NUM_THREADS": "1",
-              "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 RunStatus = Literal["ok", "error", "timeout", "cpu_limit", "memory_exceeded", "killed", "file_size_exceeded"]
 
 
@@ -155,12 +147,9 @@ class VerifierRunner:
 
     def worker_argv(self, kind: str, predictions_name: str, *, grader: str, threshold: float,
                     safety_families: Sequence[str]) -> list[str]:
-        """The worker's command line: labels on stdin (fd 0), the verdict on the result channel."""
-        argv = [self.python, "-m", "envloop_pipelines.core.verify.worker", "--kind", kind, "--predictions",
-                predictions_name, "--labels-fd", "0", "--result-fd", "env", "--grader", grader, "--threshold", str(threshold)]
-        for family in safety_families:
-            argv += ["--safety-family", family]
-        return argv
+        """The worker's command line (:func:`~envloop_pipelines.core.sandbox.launch.verifier_worker_argv`)."""
+        return verifier_worker_argv(self.python, kind, predictions_name, grader=grader, threshold=threshold,
+                                    safety_families=safety_families)
 
     @staticmethod
     def _read(result: SandboxResult, pred_sha: str, label_sha: str, baseline_sha: str | None = None) -> VerifierRun:
