@@ -1,13 +1,20 @@
 """Composes ``defs/`` into the one Definitions object Dagster loads."""
 
+import os
+
 import dagster as dg
 
+from envloop_pipelines.core.loop.config import settings_from_env
 from envloop_pipelines.defs.executor import EXECUTOR_ENV, select_executor
 from envloop_pipelines.defs.rounds.assets import ROUND_ASSETS, noise_floor, round_job, setup_job, task_benchmark
 from envloop_pipelines.defs.rounds.checks import ROUND_CHECKS
 from envloop_pipelines.defs.rounds.schedules import nightly_loop
 from envloop_pipelines.defs.rounds.sensors import failed_round_sensor, next_round_sensor
-from envloop_pipelines.resources.loop import LoopResource, MlflowResource
+from envloop_pipelines.resources.loop import MlflowResource, loop_resource
+from envloop_pipelines.resources.round_store import RoundStoreIOManager
+
+# The code location's loop: every LoopConfig field from ENVLOOP_<FIELD> when set (core/loop/config.py).
+loop = loop_resource(settings_from_env(os.environ))
 
 defs = dg.Definitions(
     assets=[task_benchmark, noise_floor, *ROUND_ASSETS],
@@ -17,12 +24,5 @@ defs = dg.Definitions(
     sensors=[next_round_sensor, failed_round_sensor],
     # ENVLOOP_EXECUTOR=k8s: one Kubernetes Job per step (k8s/dagster/values.yaml); unset: Dagster's default.
     executor=select_executor(dg.EnvVar(EXECUTOR_ENV).get_value()),
-    resources={
-        "loop": LoopResource(
-            task=dg.EnvVar("ENVLOOP_TASK").get_value("personal_agent"),
-            recipe=dg.EnvVar("ENVLOOP_RECIPE").get_value("packaged:decision_head_cpu.yaml"),
-            recipe_overrides_json=dg.EnvVar("ENVLOOP_RECIPE_OVERRIDES").get_value("{}"),
-        ),
-        "mlflow": MlflowResource(),
-    },
+    resources={"loop": loop, "mlflow": MlflowResource(), "io_manager": RoundStoreIOManager(loop=loop)},
 )

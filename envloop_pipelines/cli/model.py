@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from envloop_pipelines.cli.round import _parse_overrides
+from envloop_pipelines.cli.options import parse_recipe_overrides, recipe_override_option
 
 
 @click.command("train")
@@ -17,20 +17,17 @@ from envloop_pipelines.cli.round import _parse_overrides
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path), help="New checkpoint directory.")
 @click.option("--init-from", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="Continue from this checkpoint (the champion) instead of the base model.")
-@click.option("--override", "overrides", multiple=True, help="Recipe override KEY=VALUE (repeatable).")
-def train(task: str, recipe_path: str, out: Path, init_from: Path | None, overrides: tuple[str, ...]) -> None:
+@recipe_override_option
+def train(task: str, recipe_path: str, out: Path, init_from: Path | None, recipe_overrides: tuple[str, ...]) -> None:
     """Train a decision model on TASK's train split, calibrate on val, write a checkpoint to OUT."""
-    from envloop_pipelines.core.loop.round import resolve_recipe_path
-    from envloop_pipelines.core.model.recipe import RecipeError, load_recipe
+    from envloop_pipelines.core.model.recipe import RecipeError, load_recipe_spec
     from envloop_pipelines.core.model.training import is_main_process, train_checkpoint
     from envloop_pipelines.core.data.snapshots import open_task
 
     try:
-        recipe = load_recipe(resolve_recipe_path(recipe_path))
-        if overrides:
-            recipe = recipe.replace(**_parse_overrides(overrides))
+        recipe = load_recipe_spec(recipe_path, parse_recipe_overrides(recipe_overrides))
     except (RecipeError, FileNotFoundError, TypeError, ValueError) as exc:
-        raise click.BadParameter(str(exc), param_hint="--recipe/--override") from None
+        raise click.BadParameter(str(exc), param_hint="--recipe/--recipe-override") from None
     if out.exists():
         raise click.BadParameter(f"{out} exists; checkpoints are never overwritten", param_hint="--out")
     snapshot = open_task(task)

@@ -17,34 +17,46 @@ from typing import Any
 
 import click
 
-from envloop_pipelines.core.storage import envloop_home
+from envloop_pipelines.cli.options import loop_options, loop_settings, parse_recipe_overrides
+from envloop_pipelines.core.storage import atomic_write_bytes, envloop_home
 
 
-def _parse_overrides(pairs: tuple[str, ...]) -> dict[str, Any]:
-    import yaml
-
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"{pair!r} must look like KEY=VALUE", param_hint="--override")
-        out[key] = yaml.safe_load(value)
-    return out
+#: The one Dagster instance file of every local entry point (shipped in the package).
+INSTANCE_FILE = Path(__file__).resolve().parents[1] / "dagster.yaml"
+#: What earlier versions wrote as the instance file; replaced by INSTANCE_FILE when found.
+_LEGACY_INSTANCE = "telemetry:\n  enabled: false\n"
 
 
 def dagster_home() -> Path:
-    """``$DAGSTER_HOME``, or ``<envloop home>/dagster`` with the project's local ``dagster.yaml``."""
+    """``$DAGSTER_HOME``, or ``<envloop home>/dagster``; its ``dagster.yaml`` is the package's instance file.
+
+    A ``dagster.yaml`` a person put there (Postgres, say) is kept; a missing one, or the
+    telemetry-only file earlier versions wrote, becomes a copy of :data:`INSTANCE_FILE`.
+    """
     home = Path(os.environ.get("DAGSTER_HOME") or envloop_home() / "dagster").resolve()
     home.mkdir(parents=True, exist_ok=True)
     config = home / "dagster.yaml"
-    if not config.exists():
-        config.write_text("telemetry:\n  enabled: false\n", encoding="utf-8")
+    if not config.exists() or config.read_text(encoding="utf-8") == _LEGACY_INSTANCE:
+        atomic_write_bytes(config, INSTANCE_FILE.read_bytes(), overwrite=True)
     os.environ["DAGSTER_HOME"] = str(home)
     return home
 
 
 #: Dagster's console logger at WARNING: the CLI prints its own one line per step.
 QUIET: dict[str, Any] = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+
+
+#: Loop settings as earlier versions recorded them in a run's tags (read back by ``round retry``).
+_LEGACY_SETTINGS = {"recipe_overrides_json": "recipe_overrides"}
+
+
+def _resources(settings: dict[str, Any]) -> dict[str, Any]:
+    """The Dagster resources of a loop with these settings (``LoopConfig`` names), as ``definitions.py`` binds them."""
+    from envloop_pipelines.resources.loop import MlflowResource, loop_resource
+    from envloop_pipelines.resources.round_store import RoundStoreIOManager
+
+    loop = loop_resource({_LEGACY_SETTINGS.get(k, k): v for k, v in settings.items()})
+    return {"loop": loop, "mlflow": MlflowResource(), "io_manager": RoundStoreIOManager(loop=loop)}
 
 
 def _run_rounds(instance: Any, loop_settings: dict[str, Any], proposal: dict[str, Any] | None, echo: Any,
@@ -58,11 +70,12 @@ def _run_rounds(instance: Any, loop_settings: dict[str, Any], proposal: dict[str
         SETTINGS_TAG,
         worker_tags,
     )
-    from envloop_pipelines.resources.loop import LoopResource, MlflowResource
+    from envloop_pipelines.core.loop.results import RoundDecision
+    from envloop_pipelines.core.loop.store import RoundStore
 
-    loop = LoopResource(**loop_settings)
-    cfg = loop.config()
-    resources = {"loop": loop, "mlflow": MlflowResource()}
+    resources = _resources(loop_settings)
+    cfg = resources["loop"].config()
+    loop_settings = cfg.to_settings()
     job = defs.resolve_job_def("round_job")
     timings: list[dict[str, Any]] = []
     while True:
@@ -94,12 +107,11 @@ def _run_rounds(instance: Any, loop_settings: dict[str, Any], proposal: dict[str
             echo(f"round {key} failed; see `envloop ledger` and the Dagster run {out.run_id}; "
                  f"`envloop round retry` runs it again")
             break
-        decision = json.loads((envloop_home(cfg.home) / "loops" / cfg.task / "rounds" / key /
-                               "promotion_decision.json").read_text())
-        verdict = f"promoted as release {decision['release']}" if decision["promote"] else "rejected"
-        echo(f"round {key}: {verdict} (delta {decision['delta']['delta']:+.4f}, floor {decision['noise_floor']:.4f}; "
+        decision = RoundStore(cfg.task, cfg.home).load("promotion_decision", RoundDecision, key)
+        verdict = f"promoted as release {decision.release}" if decision.promote else "rejected"
+        echo(f"round {key}: {verdict} (delta {decision.delta['delta']:+.4f}, floor {decision.noise_floor:.4f}; "
              f"{timings[-1]['s']:.0f}s)")
-        for reason in decision["reasons"]:
+        for reason in decision.reasons:
             echo(f"  - {reason}")
     return timings
 
@@ -112,15 +124,13 @@ def run_loop(*, loop_settings: dict[str, Any], rounds: int, patience: int, max_w
     from envloop_pipelines.core.loop.budget import LoopBudget, start_loop
     from envloop_pipelines.definitions import defs
     from envloop_pipelines.defs.rounds.recovery import reap_orphaned_runs, worker_tags
-    from envloop_pipelines.resources.loop import LoopResource, MlflowResource
 
     dagster_home()
     instance = dg.DagsterInstance.get()
     for run in reap_orphaned_runs(instance):
         echo(f"marked run {run.run_id} ({run.job_name}) failed: its worker is gone")
-    loop = LoopResource(**loop_settings)
-    cfg = loop.config()
-    resources = {"loop": loop, "mlflow": MlflowResource()}
+    resources = _resources(loop_settings)
+    cfg = resources["loop"].config()
     started = time.perf_counter()
     setup = defs.resolve_job_def("setup_job")
     result = setup.execute_in_process(instance=instance, resources=resources, run_config=QUIET, tags=worker_tags())
@@ -144,7 +154,7 @@ def retry_round(task: str, *, echo: Any = click.echo) -> list[dict[str, Any]]:
     import dagster as dg
 
     from envloop_pipelines.core.loop.budget import decided_rounds, last_round_number
-    from envloop_pipelines.core.loop.round import round_key
+    from envloop_pipelines.core.loop.config import round_key
     from envloop_pipelines.defs.rounds.recovery import SETTINGS_TAG, reap_orphaned_runs
 
     dagster_home()
@@ -191,47 +201,19 @@ def print_releases(task: str, as_json: bool = False) -> None:
             click.echo(f"         erratum {e['erratum']}: {e['field']} {e['old']} -> {e['new']} ({e['reason']})")
 
 
-def _loop_options(fn):
-    options = [
-        click.option("--task", default="personal_agent", show_default=True),
-        click.option("--recipe", default="packaged:decision_head_cpu.yaml", show_default=True,
-                     help="Recipe file (packaged:<name> or a path)."),
-        click.option("--override", "overrides", multiple=True, help="Recipe override KEY=VALUE (repeatable)."),
-        click.option("--noise-arms", type=int, default=3, show_default=True),
-        click.option("--synthesized", "n_synthesized", type=int, default=120, show_default=True,
-                     help="New training examples per round."),
-        click.option("--generator", default="builtin_targeted", show_default=True,
-                     help="builtin_targeted | label_preserving_variants | module:attribute"),
-        click.option("--users", type=int, default=None, help="Built-in benchmark size (when generated)."),
-        click.option("--records-per-user", type=int, default=None),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
-
-
-def _settings(task: str, recipe: str, overrides: tuple[str, ...], noise_arms: int, n_synthesized: int, generator: str,
-              users: int | None, records_per_user: int | None) -> dict[str, Any]:
-    return {"task": task, "recipe": recipe, "recipe_overrides_json": json.dumps(_parse_overrides(overrides)),
-            "noise_arms": noise_arms, "n_synthesized": n_synthesized, "generator": generator,
-            "builtin_users": users, "builtin_records_per_user": records_per_user}
-
-
 @click.group("round")
 def round_group() -> None:
     """Run rounds of the loop."""
 
 
 @round_group.command("start")
-@_loop_options
+@loop_options
 @click.option("--rounds", type=int, default=1, show_default=True, help="Round budget of this loop.")
 @click.option("--patience", type=int, default=2, show_default=True, help="Stop after this many rounds without gain.")
 @click.option("--max-wall-s", type=float, default=6 * 3600, show_default=True)
 @click.option("--hypothesis", "hypothesis_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="A person's hypothesis (JSON: change, predicted_delta, gate, seeds, rationale).")
-def round_start(task: str, recipe: str, overrides: tuple[str, ...], noise_arms: int, n_synthesized: int, generator: str,
-                users: int | None, records_per_user: int | None, rounds: int, patience: int, max_wall_s: float,
-                hypothesis_file: Path | None) -> None:
+def round_start(rounds: int, patience: int, max_wall_s: float, hypothesis_file: Path | None, **options: Any) -> None:
     """Start a loop of rounds and run it to the end of its budget."""
     proposal = None
     if hypothesis_file is not None:
@@ -241,9 +223,18 @@ def round_start(task: str, recipe: str, overrides: tuple[str, ...], noise_arms: 
             raise click.BadParameter(f"{hypothesis_file}: line {exc.lineno}: {exc.msg}", param_hint="--hypothesis") from None
         if not isinstance(proposal, dict):
             raise click.BadParameter(f"{hypothesis_file}: must be a JSON object", param_hint="--hypothesis")
-    run_loop(loop_settings=_settings(task, recipe, overrides, noise_arms, n_synthesized, generator, users, records_per_user),
-             rounds=rounds, patience=patience, max_wall_s=max_wall_s, proposal=proposal)
-    print_releases(task)
+        from envloop_pipelines.core.loop.steps import proposal_errors
+
+        errors = proposal_errors(proposal)
+        if errors:
+            raise click.BadParameter(f"{hypothesis_file}: " + "; ".join(errors), param_hint="--hypothesis")
+    settings = loop_settings(options)
+    try:
+        _resources(settings)["loop"].config()
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    run_loop(loop_settings=settings, rounds=rounds, patience=patience, max_wall_s=max_wall_s, proposal=proposal)
+    print_releases(settings["task"])
 
 
 @round_group.command("retry")
@@ -261,7 +252,7 @@ def round_add(task: str) -> None:
     import dagster as dg
 
     from envloop_pipelines.core.loop.budget import last_round_number
-    from envloop_pipelines.core.loop.round import round_key
+    from envloop_pipelines.core.loop.config import round_key
 
     dagster_home()
     instance = dg.DagsterInstance.get()
@@ -319,8 +310,8 @@ DEMO_OVERRIDES = ("max_steps=24", "max_length=256")
 def demo(rounds: int) -> None:
     """The main job on the embedded defaults: a two-round loop on the built-in benchmark, then the release chain."""
     started = time.perf_counter()
-    timings = run_loop(loop_settings=_settings("personal_agent", "packaged:decision_head_cpu.yaml", DEMO_OVERRIDES, 2,
-                                               120, "builtin_targeted", None, None),
+    timings = run_loop(loop_settings={"task": "personal_agent", "noise_arms": 2,
+                                      "recipe_overrides": parse_recipe_overrides(DEMO_OVERRIDES)},
                        rounds=rounds, patience=rounds, max_wall_s=3600)
     print_releases("personal_agent")
     click.echo("timings: " + ", ".join(f"{t['step']} {t['s']:.0f}s" for t in timings))

@@ -23,6 +23,28 @@ CHAMPION_ALIAS = "champion"
 #: MLflow's own tag that nests a run under its parent in the UI.
 PARENT_RUN_TAG = "mlflow.parentRunId"
 
+# -- the only spelling of the loop's MLflow tags, run kinds and metric prefixes (docs/concepts.md) -------------
+TAG_KIND = "envloop.kind"
+TAG_ROUND = "envloop.round"
+TAG_RELEASE = "envloop.release"
+TAG_CHECKPOINT = "envloop.checkpoint_sha256"
+TAG_HYPOTHESIS = "envloop.hypothesis_hash"
+TAG_NOISE_KEY = "envloop.noise_key"
+TAG_SUPERSEDED = "envloop.superseded"
+
+#: Values of ``envloop.kind``: a round step's run is named for its Dagster asset.
+KIND_ROUND = "round"
+KIND_NOISE_FLOOR = "noise_floor"
+KIND_NULL_ARM = "null_arm"
+KIND_HYPOTHESIS = "registered_hypothesis"
+KIND_TRAINING = "lora_checkpoint"
+KIND_REEVAL = "independent_reeval"
+KIND_RELEASE = "release"
+RUN_KINDS = (KIND_ROUND, KIND_NOISE_FLOOR, KIND_NULL_ARM, KIND_HYPOTHESIS, KIND_TRAINING, KIND_REEVAL, KIND_RELEASE)
+
+#: Metric name prefixes: ``holdout.family_macro_accuracy``, ``candidate.brier``, ``delta.ece`` ...
+HOLDOUT_PREFIX = "holdout."
+
 
 def default_tracking_uri(home: str | Path | None = None) -> str:
     """``$MLFLOW_TRACKING_URI`` if set, else SQLite under the EnvLoop home."""
@@ -50,12 +72,14 @@ class Tracker(Protocol):
 
     def start_run(self, experiment: str, name: str, *, parent_run_id: str | None = None,
                   tags: Mapping[str, str] | None = None) -> TrackedRun: ...
+    def find_run(self, experiment: str, tags: Mapping[str, str]) -> TrackedRun | None: ...
     def running_runs(self, experiment: str, tags: Mapping[str, str]) -> list[str]: ...
     def log_params(self, run_id: str, params: Mapping[str, Any]) -> None: ...
     def log_metrics(self, run_id: str, metrics: Mapping[str, float], step: int | None = None) -> None: ...
     def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None: ...
     def log_artifact(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None: ...
     def end_run(self, run_id: str, status: str = "FINISHED") -> None: ...
+    def artifact_uri(self, run_id: str) -> str: ...
     def register_version(self, model_name: str, source: str, run_id: str, tags: Mapping[str, str] | None = None) -> str: ...
     def set_champion(self, model_name: str, version: str) -> None: ...
     def champion_version(self, model_name: str) -> str | None: ...
@@ -157,6 +181,10 @@ class MlflowTracker:
 
     def run_data(self, run_id: str) -> Any:
         return self.client.get_run(run_id)
+
+    def artifact_uri(self, run_id: str) -> str:
+        """Where the run's artifacts live (a registered version's ``source`` is below it)."""
+        return self.client.get_run(run_id).info.artifact_uri
 
     # -- registry ----------------------------------------------------------------------------
     def register_version(self, model_name: str, source: str, run_id: str, tags: Mapping[str, str] | None = None) -> str:

@@ -1,45 +1,62 @@
-"""Dagster resources wrapping the loop's core: its configuration and MLflow."""
+"""Dagster resources wrapping the loop's core: its settings, MLflow, and the store of step values.
+
+``LoopResource``'s fields are generated from :class:`~envloop_pipelines.core.loop.config.LoopConfig`
+(one field per setting, same name and default), so the resource cannot drift from
+the core. ``recipe_overrides`` is JSON text here (Dagster config and environment
+variables are text); ``safety_families`` a list.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import dagster as dg
+import pydantic
 
-from envloop_pipelines.core.loop.round import LoopConfig
+from envloop_pipelines.core.loop.config import LoopConfig, field_default, field_type, loop_fields
 from envloop_pipelines.core.tracking import MlflowTracker
 
 
-class LoopResource(dg.ConfigurableResource):
-    """The loop a code location runs: task, recipe and the knobs a person picks.
-
-    Values can come from the environment in deployment (``dg.EnvVar``).
-    """
-
-    task: str = "personal_agent"
-    recipe: str = "packaged:decision_head_cpu.yaml"
-    recipe_overrides_json: str = "{}"
-    noise_arms: int = 3
-    top_clusters: int = 4
-    n_synthesized: int = 120
-    generator: str = "builtin_targeted"
-    contamination_policy: str = "remove"
-    builtin_users: int | None = None
-    builtin_records_per_user: int | None = None
-    home: str | None = None
-
+class _LoopSettings(dg.ConfigurableResource):
     def config(self) -> LoopConfig:
-        try:
-            overrides: dict[str, Any] = json.loads(self.recipe_overrides_json or "{}")
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"recipe_overrides_json is not JSON: {exc}") from None
-        return LoopConfig(
-            task=self.task, recipe=self.recipe, recipe_overrides=overrides, noise_arms=self.noise_arms,
-            top_clusters=self.top_clusters, n_synthesized=self.n_synthesized, generator=self.generator,
-            contamination_policy=self.contamination_policy, builtin_users=self.builtin_users,
-            builtin_records_per_user=self.builtin_records_per_user, home=self.home,
-        )
+        """The loop's settings as the core's value (validated there)."""
+        return LoopConfig.from_settings({f.name: getattr(self, f.name) for f in loop_fields()})
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """JSON-able settings (what a run records in its tags, and what :func:`loop_resource` reads back)."""
+        return self.config().to_settings()
+
+
+def _resource_field(f: Any) -> tuple[Any, Any]:
+    default = field_default(f)
+    if f.name == "recipe_overrides":
+        return str, json.dumps(dict(default))
+    if f.name == "safety_families":
+        return list[str], pydantic.Field(default_factory=lambda d=tuple(default): list(d))
+    kind = field_type(f)
+    return (kind | None if default is None else kind), default
+
+
+LoopResource = pydantic.create_model(  # type: ignore[call-overload]
+    "LoopResource",
+    __base__=_LoopSettings,
+    __module__=__name__,
+    __doc__="The loop a code location runs: every setting of ``LoopConfig`` (env ``ENVLOOP_<FIELD>``).",
+    **{f.name: _resource_field(f) for f in loop_fields()},
+)
+
+
+def loop_resource(settings: Mapping[str, Any]) -> Any:
+    """A ``LoopResource`` from settings (``LoopConfig`` names; ``recipe_overrides`` a mapping or JSON)."""
+    data = dict(settings)
+    if "recipe_overrides" in data and not isinstance(data["recipe_overrides"], str):
+        data["recipe_overrides"] = json.dumps(dict(data["recipe_overrides"]), sort_keys=True)
+    if "safety_families" in data:
+        data["safety_families"] = list(data["safety_families"])
+    return LoopResource(**data)
 
 
 class MlflowResource(dg.ConfigurableResource):

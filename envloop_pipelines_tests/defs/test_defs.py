@@ -15,8 +15,10 @@ EXPECTED_DEPS = {
     "registered_hypothesis": {"environment_synthesis"},
     "training_dataset_snapshot": {"environment_synthesis"},
     "lora_checkpoint": {"training_dataset_snapshot", "registered_hypothesis"},
-    "independent_reeval": {"lora_checkpoint"},
-    "promotion_decision": {"independent_reeval"},
+    # Typed values flow through the IO manager: an asset depends on every step whose value it reads.
+    "independent_reeval": {"lora_checkpoint", "training_dataset_snapshot"},
+    "promotion_decision": {"independent_reeval", "lora_checkpoint", "training_dataset_snapshot",
+                           "registered_hypothesis", "noise_floor"},
 }
 UNPARTITIONED = {"task_benchmark", "noise_floor"}
 EXPECTED_CHECKS = {

@@ -8,24 +8,28 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from envloop_pipelines.core.loop import round as core
+from envloop_pipelines.core.loop import candidate, setup
+from envloop_pipelines.core.loop.config import round_key
+from envloop_pipelines.core.loop.results import RegisteredHypothesis, RoundDecision, TrainingSnapshot
+from envloop_pipelines.core.loop.store import RoundStore
 from envloop_pipelines.core.loop.budget import LoopBudget, start_loop
 from envloop_pipelines.core.loop.ledger import Ledger, LedgerError
-from envloop_pipelines.core.tracking import MlflowTracker
+from envloop_pipelines.core.tracking import KIND_HYPOTHESIS, KIND_REEVAL, KIND_ROUND, KIND_TRAINING, TAG_KIND, TAG_ROUND, MlflowTracker
 from envloop_pipelines.definitions import defs
-from envloop_pipelines.defs.rounds.assets import ROUND_ASSETS, noise_floor, task_benchmark
+from envloop_pipelines.defs.rounds.assets import ROUND_ASSETS, noise_floor, task_benchmark, with_upstream_sources
 from envloop_pipelines.defs.rounds.checks import ROUND_CHECKS
 from envloop_pipelines.defs.rounds.sensors import next_round_sensor
 from envloop_pipelines.resources.loop import LoopResource, MlflowResource
+from envloop_pipelines.resources.round_store import RoundStoreIOManager
 
 pytestmark = pytest.mark.slow
 REPOSITORY = defs.get_repository_def()
 
 # Small and fast: 30 users x 3 records, 2 null arms, 2 optimizer steps per arm.
 LOOP = dict(builtin_users=30, builtin_records_per_user=3, noise_arms=2, n_synthesized=12,
-            recipe_overrides_json=json.dumps({"max_steps": 2, "max_length": 128}))
+            recipe_overrides=json.dumps({"max_steps": 2, "max_length": 128}))
 # A person's hypothesis for round 2: 25 more steps from the champion, with a permissive gate.
-PROMOTING = {"change": {"kind": "recipe", "recipe_overrides": {"max_steps": 25}},
+PROMOTING = {"change": {"kind": "recipe", "recipe_diff": {"max_steps": 25}},
              "predicted_delta": 0.05,
              "gate": {"min_delta": 0.0, "floor_multiplier": 0.0, "require_ci_above_zero": False, "max_ece": 1.0,
                       "max_safety_fnr_increase": 1.0, "family_drop_tolerance": 1.0},
@@ -44,14 +48,14 @@ def loop_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch_module: pytes
     monkeypatch_module.setenv("ENVLOOP_HOME", str(home))
     monkeypatch_module.delenv("MLFLOW_TRACKING_URI", raising=False)
     loop = LoopResource(home=str(home), **LOOP)
-    resources = {"loop": loop, "mlflow": MlflowResource(home=str(home))}
+    resources = {"loop": loop, "mlflow": MlflowResource(home=str(home)), "io_manager": RoundStoreIOManager(loop=loop)}
     instance = dg.DagsterInstance.ephemeral()
     setup = dg.materialize([task_benchmark, noise_floor], resources=resources, instance=instance)
     assert setup.success
     results = {}
     for key, proposal in (("r0001", None), ("r0002", PROMOTING)):
         instance.add_dynamic_partitions("rounds", [key])
-        results[key] = dg.materialize(ROUND_ASSETS + ROUND_CHECKS, partition_key=key, resources=resources,
+        results[key] = dg.materialize(with_upstream_sources(ROUND_ASSETS + ROUND_CHECKS), partition_key=key, resources=resources,
                                       instance=instance, run_config=hypothesis_config(proposal))
         assert results[key].success
     return {"home": home, "loop": loop, "resources": resources, "instance": instance, "results": results,
@@ -65,7 +69,7 @@ def monkeypatch_module():
 
 
 def decision(env: dict[str, Any], key: str) -> dict[str, Any]:
-    return json.loads((core.RoundPaths(env["config"]).round_dir(key) / "promotion_decision.json").read_text())
+    return RoundStore("personal_agent", env["home"]).load("promotion_decision", RoundDecision, key).to_dict()
 
 
 def test_every_asset_and_check_materialized(loop_env: dict[str, Any]) -> None:
@@ -91,10 +95,10 @@ def test_metadata_a_person_wants(loop_env: dict[str, Any]) -> None:
 def test_mlflow_records_hypothesis_before_training(loop_env: dict[str, Any]) -> None:
     tracker: MlflowTracker = loop_env["tracker"]
     for key in ("r0001", "r0002"):
-        hyp = tracker.find_run("personal_agent", {"envloop.round": key, "envloop.kind": "hypothesis"})
-        train = tracker.find_run("personal_agent", {"envloop.round": key, "envloop.kind": "training"})
-        evaluation = tracker.find_run("personal_agent", {"envloop.round": key, "envloop.kind": "evaluation"})
-        parent = tracker.find_run("personal_agent", {"envloop.round": key, "envloop.kind": "round"})
+        hyp = tracker.find_run("personal_agent", {TAG_ROUND: key, TAG_KIND: KIND_HYPOTHESIS})
+        train = tracker.find_run("personal_agent", {TAG_ROUND: key, TAG_KIND: KIND_TRAINING})
+        evaluation = tracker.find_run("personal_agent", {TAG_ROUND: key, TAG_KIND: KIND_REEVAL})
+        parent = tracker.find_run("personal_agent", {TAG_ROUND: key, TAG_KIND: KIND_ROUND})
         h, t, e = (tracker.run_data(r.run_id) for r in (hyp, train, evaluation))
         assert h.info.end_time <= t.info.start_time  # registered (and closed) before training started
         assert h.data.tags["mlflow.parentRunId"] == t.data.tags["mlflow.parentRunId"] == parent.run_id
@@ -134,7 +138,7 @@ def test_release_card_holdout_first_and_baseline_beside(loop_env: dict[str, Any]
 def test_reeval_ran_the_verifier_in_another_process(loop_env: dict[str, Any]) -> None:
     import os
 
-    reeval = json.loads((core.RoundPaths(loop_env["config"]).round_dir("r0001") / "independent_reeval.json").read_text())
+    reeval = json.loads(RoundStore("personal_agent", loop_env["home"]).step_path("independent_reeval", "r0001").read_text())
     assert reeval["verifier_pid"] != os.getpid()
     assert reeval["complete"]
 
@@ -157,15 +161,22 @@ def test_no_second_holdout_read_and_cards_never_rewritten(loop_env: dict[str, An
 
 def test_round_without_hypothesis_is_refused(loop_env: dict[str, Any]) -> None:
     env = loop_env
+    store = RoundStore("personal_agent", env["home"])
+    registered = store.load("registered_hypothesis", RegisteredHypothesis, "r0001")
+    snapshot = store.load("training_dataset_snapshot", TrainingSnapshot, "r0001")
+    from dataclasses import replace
+
     with pytest.raises(LedgerError, match="no registered hypothesis"):
-        core.lora_checkpoint(env["config"], "r0099", env["tracker"])
+        candidate.train_candidate(env["config"], registered, replace(snapshot, round="r0099"), env["tracker"])
+    with pytest.raises(LedgerError, match="is not the one registered"):  # a hypothesis handed in must be the ledger's
+        candidate.train_candidate(env["config"], replace(registered, hash="0" * 64), snapshot, env["tracker"])
     env["instance"].add_dynamic_partitions("rounds", ["r0098"])
     from envloop_pipelines.defs.rounds.assets import lora_checkpoint
 
-    result = dg.materialize([lora_checkpoint], partition_key="r0098", resources=env["resources"],
+    result = dg.materialize(with_upstream_sources([lora_checkpoint]), partition_key="r0098", resources=env["resources"],
                             instance=env["instance"], raise_on_error=False)
     assert not result.success
-    assert not (core.RoundPaths(env["config"]).round_dir("r0098") / "lora_checkpoint.json").exists()
+    assert not RoundStore("personal_agent", env["home"]).step_path("lora_checkpoint", "r0098").exists()
 
 
 def test_hypothesis_is_immutable(loop_env: dict[str, Any]) -> None:
@@ -181,9 +192,10 @@ def test_hypothesis_is_immutable(loop_env: dict[str, Any]) -> None:
 
 
 def tick_sensor(env: dict[str, Any]) -> Any:
-    context = dg.build_sensor_context(instance=env["instance"], resources=env["resources"], repository_def=REPOSITORY)
-    with dg.partition_loading_context(dynamic_partitions_store=env["instance"]):
-        return next_round_sensor.evaluate_tick(context)
+    with dg.build_sensor_context(instance=env["instance"], resources=env["resources"],
+                                 repository_def=REPOSITORY) as context:
+        with dg.partition_loading_context(dynamic_partitions_store=env["instance"]):
+            return next_round_sensor.evaluate_tick(context)
 
 
 def test_sensor_ticks_request_the_next_round_until_the_budget_is_spent(loop_env: dict[str, Any]) -> None:
@@ -192,7 +204,7 @@ def test_sensor_ticks_request_the_next_round_until_the_budget_is_spent(loop_env:
     env = loop_env
     home = env["home"]
     start_loop("personal_agent", "test-loop", LoopBudget(max_rounds=1, patience=1), home=home)
-    expected = core.round_key(last_round_number("personal_agent", home) + 1)
+    expected = round_key(last_round_number("personal_agent", home) + 1)
     assert expected not in {"r0001", "r0002"}
     # The tick's run request is validated against the instance's partitions, which the daemon adds from
     # the tick's own dynamic_partitions_requests first; the test adds it the same way.
@@ -205,7 +217,7 @@ def test_sensor_ticks_request_the_next_round_until_the_budget_is_spent(loop_env:
         assert request.run_key == f"test-loop:{expected}"
         assert tick.dynamic_partitions_requests[0].partition_keys == [expected]
     # While that round is undecided the sensor waits; once decided, the one-round budget is spent.
-    (core.RoundPaths(env["config"]).round_dir(expected))
+    RoundStore("personal_agent", home).round_dir(expected)
     tick = tick_sensor(env)
     assert not tick.run_requests and "not decided yet" in tick.skip_message
     Ledger("personal_agent", home).append("round_decided", {"round": expected, "promoted": False, "observed_delta": 0.0,
@@ -219,9 +231,9 @@ def test_contaminated_snapshot_is_blocked(loop_env: dict[str, Any]) -> None:
     cfg_home = str(env["home"])
     loop = LoopResource(home=cfg_home, contamination_policy="refuse",
                         generator="envloop_pipelines_tests.defs.test_round:LeakyGenerator", **LOOP)
-    resources = {"loop": loop, "mlflow": env["resources"]["mlflow"]}
+    resources = {"loop": loop, "mlflow": env["resources"]["mlflow"], "io_manager": RoundStoreIOManager(loop=loop)}
     env["instance"].add_dynamic_partitions("rounds", ["r0050"])
-    result = dg.materialize(ROUND_ASSETS + ROUND_CHECKS, partition_key="r0050", resources=resources,
+    result = dg.materialize(with_upstream_sources(ROUND_ASSETS + ROUND_CHECKS), partition_key="r0050", resources=resources,
                             instance=env["instance"], raise_on_error=False)
     checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
     assert checks["snapshot_is_uncontaminated"].passed is False
@@ -257,7 +269,7 @@ def test_ledger_keeps_every_arm_and_hypothesis(loop_env: dict[str, Any]) -> None
     kinds = [e["kind"] for e in ledger.events()]
     assert kinds.count("null_arm") == 2
     assert {e["round"] for e in ledger.events("hypothesis_registered")} >= {"r0001", "r0002"}
-    assert {e["round"] for e in ledger.events("arm_trained")} >= {"r0001", "r0002"}
+    assert {e["round"] for e in ledger.events("lora_checkpoint_trained")} >= {"r0001", "r0002"}
     # Replaying an event does not duplicate it.
     before = len(list(ledger.events()))
     ledger.append("round_decided", {"round": "r0001"}, key="decided:r0001")
@@ -265,6 +277,6 @@ def test_ledger_keeps_every_arm_and_hypothesis(loop_env: dict[str, Any]) -> None
 
 
 def test_noise_floor_is_cached(loop_env: dict[str, Any]) -> None:
-    result = core.measure_noise_floor(loop_env["config"], loop_env["tracker"])
-    assert result["cached"] is True and len(result["values"]) == 2
-    assert result["floor"] == pytest.approx(max(result["values"]) - min(result["values"]))
+    result = setup.measure_noise_floor(loop_env["config"], loop_env["tracker"])
+    assert result.cached is True and len(result.floor.values) == 2
+    assert result.floor.floor == pytest.approx(max(result.floor.values) - min(result.floor.values))

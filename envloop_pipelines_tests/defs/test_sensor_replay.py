@@ -51,7 +51,7 @@ from dagster._daemon.sensor import execute_sensor_iteration
 
 from envloop_pipelines.core.loop.budget import LoopBudget, next_round, start_loop
 from envloop_pipelines.core.loop.ledger import Ledger
-from envloop_pipelines.core.loop.round import LoopConfig, RoundPaths
+from envloop_pipelines.core.loop.store import RoundStore
 from envloop_pipelines.definitions import defs
 
 SENSOR = "next_round_sensor"
@@ -97,7 +97,7 @@ def decide_round_one(home: Path) -> None:
     """A loop of three rounds whose first round r0001 was run and decided, as the real round code leaves it."""
     start_loop(TASK, LOOP_ID, LoopBudget(max_rounds=3, patience=3), home=home)
     # promotion_decision(...) leaves the round directory (it holds the round's step outputs) and appends this event.
-    RoundPaths(LoopConfig(task=TASK, home=str(home))).round_dir("r0001")
+    RoundStore(TASK, str(home)).round_dir("r0001")
     Ledger(TASK, home).append("round_decided", {"round": "r0001", "promoted": False, "observed_delta": 0.0,
                                                 "release": None}, key="decided:r0001")
     assert next_round(TASK, home=home).run_key == f"{LOOP_ID}:r0002"

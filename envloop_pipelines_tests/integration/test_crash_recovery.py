@@ -30,8 +30,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TASK = "personal_agent"
 ENVLOOP = str(Path(sys.executable).with_name("envloop"))
 # 30 users x 3 records, 2 null arms; 40 optimizer steps so training lasts long enough to be killed in.
-LOOP_ARGS = ["--users", "30", "--records-per-user", "3", "--noise-arms", "2", "--synthesized", "12",
-             "--override", "max_steps=40", "--override", "max_length=128"]
+LOOP_ARGS = ["--builtin-users", "30", "--builtin-records-per-user", "3", "--noise-arms", "2", "--n-synthesized", "12",
+             "--recipe-override", "max_steps=40", "--recipe-override", "max_length=128"]
 
 
 def _env(home: Path, dagster_home: Path) -> dict[str, str]:
@@ -112,7 +112,7 @@ def test_no_duplicate_or_half_written_artifact(recovered: dict[str, Any]) -> Non
     home: Path = recovered["home"]
     ledger = Ledger(TASK, home)
     checkpoints = sorted(p.name for p in (home / "artifacts" / "checkpoints").iterdir())
-    trained = sorted({e["checkpoint_sha256"] for e in ledger.events() if e["kind"] in ("null_arm", "arm_trained")})
+    trained = sorted({e["checkpoint_sha256"] for e in ledger.events() if e["kind"] in ("null_arm", "lora_checkpoint_trained")})
     assert checkpoints == trained  # one directory per trained arm, nothing staged or half-written beside them
     snapshots = sorted(p.name for p in (home / "artifacts" / "snapshots").iterdir())
     snap = json.loads((recovered["round_dir"] / "training_dataset_snapshot.json").read_text())
@@ -128,7 +128,7 @@ def test_the_ledger_has_each_entry_once(recovered: dict[str, Any]) -> None:
     ids = [e["event_id"] for e in events]
     assert len(ids) == len(set(ids))
     per_round = collections.Counter(e["kind"] for e in events if e.get("round") == "r0001")
-    assert per_round["hypothesis_registered"] == 1 and per_round["arm_trained"] == 1
+    assert per_round["hypothesis_registered"] == 1 and per_round["lora_checkpoint_trained"] == 1
     assert per_round["round_decided"] == 1
     assert sum(1 for e in events if e["kind"] == "null_arm") == 2
 
@@ -137,11 +137,11 @@ def test_mlflow_has_one_finished_training_run_and_the_dead_one_closed(recovered:
     tracker: MlflowTracker = recovered["tracker"]
     exp = tracker.client.get_experiment_by_name(TASK)
     runs = tracker.client.search_runs([exp.experiment_id],
-                                      filter_string="tags.`envloop.round` = 'r0001' and tags.`envloop.kind` = 'training'")
+                                      filter_string="tags.`envloop.round` = 'r0001' and tags.`envloop.kind` = 'lora_checkpoint'")
     assert sorted(r.info.status for r in runs) == ["FINISHED", "KILLED"]
     killed = next(r for r in runs if r.info.status == "KILLED")
     assert "envloop.superseded" in killed.data.tags
     hypothesis = tracker.client.search_runs(
-        [exp.experiment_id], filter_string="tags.`envloop.round` = 'r0001' and tags.`envloop.kind` = 'hypothesis'")
+        [exp.experiment_id], filter_string="tags.`envloop.round` = 'r0001' and tags.`envloop.kind` = 'registered_hypothesis'")
     assert [r.info.status for r in hypothesis] == ["FINISHED"]
-    assert tracker.running_runs(TASK, {"envloop.round": "r0001", "envloop.kind": "training"}) == []
+    assert tracker.running_runs(TASK, {"envloop.round": "r0001", "envloop.kind": "lora_checkpoint"}) == []

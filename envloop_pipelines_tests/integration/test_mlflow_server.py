@@ -18,6 +18,7 @@ from envloop_pipelines.defs.rounds.assets import (
 )
 from envloop_pipelines.defs.rounds.checks import ROUND_CHECKS
 from envloop_pipelines.resources.loop import LoopResource, MlflowResource
+from envloop_pipelines.resources.round_store import RoundStoreIOManager
 from envloop_pipelines_tests import services
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -34,20 +35,21 @@ def test_round_against_a_real_mlflow_server(mlflow_server: str, tmp_path: Path, 
     home = tmp_path / "home"
     monkeypatch.setenv("ENVLOOP_HOME", str(home))
     loop = LoopResource(home=str(home), builtin_users=30, builtin_records_per_user=3, noise_arms=2, n_synthesized=8,
-                        recipe_overrides_json=json.dumps({"max_steps": 1, "max_length": 128}))
-    resources = {"loop": loop, "mlflow": MlflowResource(tracking_uri=mlflow_server, home=str(home))}
+                        recipe_overrides=json.dumps({"max_steps": 1, "max_length": 128}))
+    resources = {"loop": loop, "mlflow": MlflowResource(tracking_uri=mlflow_server, home=str(home)),
+                 "io_manager": RoundStoreIOManager(loop=loop)}
     instance = dg.DagsterInstance.ephemeral()
     assert dg.materialize([task_benchmark, noise_floor], resources=resources, instance=instance).success
     instance.add_dynamic_partitions("rounds", ["r0001"])
-    result = dg.materialize(ROUND_ASSETS + ROUND_CHECKS, partition_key="r0001", resources=resources, instance=instance)
+    result = dg.materialize(with_upstream_sources(ROUND_ASSETS + ROUND_CHECKS), partition_key="r0001", resources=resources, instance=instance)
     assert result.success
     # Everything went over HTTP: nothing local but the loop's own files.
     assert not (home / "mlflow.db").exists()
     tracker = MlflowTracker(mlflow_server)
-    for kind in ("round", "hypothesis", "training", "evaluation"):
+    for kind in ("round", "registered_hypothesis", "lora_checkpoint", "independent_reeval"):
         run = tracker.find_run("personal_agent", {"envloop.round": "r0001", "envloop.kind": kind})
         assert run is not None and run.url.startswith(mlflow_server), kind
-    evaluation = tracker.find_run("personal_agent", {"envloop.round": "r0001", "envloop.kind": "evaluation"})
+    evaluation = tracker.find_run("personal_agent", {"envloop.round": "r0001", "envloop.kind": "independent_reeval"})
     data = tracker.run_data(evaluation.run_id)
     assert "candidate.family_macro_accuracy" in data.data.metrics
     artifacts = [a.path for a in tracker.client.list_artifacts(evaluation.run_id)]

@@ -69,8 +69,8 @@ def round_on_postgres(pg: PostgresServer, mlflow_on_postgres: str,
            "MLFLOW_TRACKING_URI": mlflow_on_postgres, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     started = time.perf_counter()
     proc = subprocess.run(
-        [str(BIN / "envloop"), "round", "start", "--users", "30", "--records-per-user", "3", "--noise-arms", "2",
-         "--synthesized", "12", "--override", "max_steps=2", "--override", "max_length=128", "--rounds", "1"],
+        [str(BIN / "envloop"), "round", "start", "--builtin-users", "30", "--builtin-records-per-user", "3", "--noise-arms", "2",
+         "--n-synthesized", "12", "--recipe-override", "max_steps=2", "--recipe-override", "max_length=128", "--rounds", "1"],
         env=env, check=False, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     saved = {k: os.environ.get(k) for k in (*_dagster_env(pg), "DAGSTER_HOME")}
@@ -126,15 +126,15 @@ def test_the_round_runs_are_in_postgres(round_on_postgres: dict[str, Any], pg: P
 
 def test_mlflow_records_are_in_postgres(round_on_postgres: dict[str, Any], pg: PostgresServer) -> None:
     tracker = MlflowTracker(round_on_postgres["mlflow"])
-    for kind in ("round", "hypothesis", "training", "evaluation"):
+    for kind in ("round", "registered_hypothesis", "lora_checkpoint", "independent_reeval"):
         assert tracker.find_run(TASK, {"envloop.round": "r0001", "envloop.kind": kind}) is not None, kind
     hyp = Ledger(TASK, round_on_postgres["home"]).hypothesis("r0001")
     kinds = dict(pg.query("mlflow", "SELECT t.value, count(*) FROM tags t JOIN runs r ON r.run_uuid = t.run_uuid "
                                     "WHERE t.key = 'envloop.kind' GROUP BY t.value"))
-    assert kinds["hypothesis"] == kinds["training"] == kinds["evaluation"] == 1
+    assert kinds["registered_hypothesis"] == kinds["lora_checkpoint"] == kinds["independent_reeval"] == 1
     assert kinds["null_arm"] == 2  # the noise floor's arms
     (param,) = pg.query("mlflow", "SELECT p.value FROM params p JOIN tags t ON t.run_uuid = p.run_uuid "
-                                  "WHERE p.key = 'hash' AND t.key = 'envloop.kind' AND t.value = 'hypothesis'")
+                                  "WHERE p.key = 'hash' AND t.key = 'envloop.kind' AND t.value = 'registered_hypothesis'")
     assert param[0] == hyp.hash
     champion = tracker.champion_version(f"envloop-{TASK}")
     aliases = pg.query("mlflow", "SELECT name, alias, version FROM registered_model_aliases")

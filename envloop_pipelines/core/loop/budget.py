@@ -13,8 +13,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from envloop_pipelines.core.loop.ledger import Ledger
-from envloop_pipelines.core.storage import atomic_write_json, envloop_home
+from envloop_pipelines.core.loop.config import round_key
+from envloop_pipelines.core.loop.ledger import EVENT_LOOP_STARTED, EVENT_LOOP_STOPPED, EVENT_ROUND_DECIDED, Ledger
+from envloop_pipelines.core.loop.store import RoundStore
+from envloop_pipelines.core.storage import atomic_write_json
 
 
 @dataclass(frozen=True)
@@ -47,11 +49,11 @@ class NextRound:
 
 
 def _path(task: str, home: str | Path | None) -> Path:
-    return envloop_home(home) / "loops" / task / "loop.json"
+    return RoundStore(task, home).loop_state
 
 
 def _decided(ledger: Ledger) -> dict[str, dict]:
-    return {e["round"]: e for e in ledger.events("round_decided")}
+    return {e["round"]: e for e in ledger.events(EVENT_ROUND_DECIDED)}
 
 
 def decided_rounds(task: str, home: str | Path | None = None) -> dict[str, dict]:
@@ -61,8 +63,7 @@ def decided_rounds(task: str, home: str | Path | None = None) -> dict[str, dict]
 
 def last_round_number(task: str, home: str | Path | None = None) -> int:
     """The highest round number the task has started (0 when none)."""
-    rounds = envloop_home(home) / "loops" / task / "rounds"
-    numbers = [int(p.name[1:]) for p in rounds.glob("r*") if p.name[1:].isdigit()] if rounds.exists() else []
+    numbers = RoundStore(task, home).started_rounds()
     decided = [int(k[1:]) for k in _decided(Ledger(task, home))]
     return max(numbers + decided + [0])
 
@@ -76,7 +77,7 @@ def start_loop(task: str, loop_id: str, budget: LoopBudget, *, home: str | Path 
     state = LoopState(loop_id=loop_id, task=task, first_round=last_round_number(task, home) + 1, budget=budget,
                       started_at=time.time() if now is None else now)
     atomic_write_json(_path(task, home), {**asdict(state), "budget": asdict(budget)}, overwrite=True)
-    Ledger(task, home).append("loop_started", {"loop_id": loop_id, "first_round": state.first_round,
+    Ledger(task, home).append(EVENT_LOOP_STARTED, {"loop_id": loop_id, "first_round": state.first_round,
                                                "budget": asdict(budget)}, key=f"loop:{loop_id}")
     return state
 
@@ -92,8 +93,6 @@ def load_loop(task: str, home: str | Path | None = None) -> LoopState | None:
 
 def next_round(task: str, *, home: str | Path | None = None, now: float | None = None) -> NextRound:
     """The loop's next round if its budget is not spent and its last round was decided."""
-    from envloop_pipelines.core.loop.round import round_key
-
     state = load_loop(task, home)
     if state is None:
         return NextRound(None, "no active loop")
@@ -114,5 +113,5 @@ def next_round(task: str, *, home: str | Path | None = None, now: float | None =
         key = round_key(max(started, state.first_round - 1) + 1)
         return NextRound(key, f"round {len(mine) + 1} of {state.budget.max_rounds} (after {expected or 'start'})",
                          run_key=f"{state.loop_id}:{key}")
-    ledger.append("loop_stopped", {"loop_id": state.loop_id, "reason": reason}, key=f"loop_stopped:{state.loop_id}")
+    ledger.append(EVENT_LOOP_STOPPED, {"loop_id": state.loop_id, "reason": reason}, key=f"loop_stopped:{state.loop_id}")
     return NextRound(None, reason)

@@ -28,7 +28,28 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from envloop_pipelines.core.storage import atomic_write_bytes, canonical_json, envloop_home, sha256_bytes
+from envloop_pipelines.core.loop.store import loop_dir
+from envloop_pipelines.core.storage import atomic_write_bytes, canonical_json, sha256_bytes
+
+# -- the ledger's event kinds: the only spelling (docs/concepts.md) -------------------------------------------
+EVENT_LOOP_STARTED = "loop_started"
+EVENT_LOOP_STOPPED = "loop_stopped"
+EVENT_NULL_ARM = "null_arm"
+EVENT_HYPOTHESIS_REGISTERED = "hypothesis_registered"
+EVENT_HYPOTHESIS_REFUTED = "hypothesis_refuted"
+EVENT_GATE_AMENDED = "gate_amended"
+EVENT_CHECKPOINT_TRAINED = "lora_checkpoint_trained"
+EVENT_CANDIDATE_REJECTED = "candidate_rejected"
+EVENT_ROUND_DECIDED = "round_decided"
+EVENT_ROUND_FAILED = "round_failed"
+EVENT_HOLDOUT_READ = "holdout_read"
+EVENT_RELEASE_PROMOTED = "release_promoted"
+EVENT_ERRATUM = "erratum"
+EVENT_KINDS = (EVENT_LOOP_STARTED, EVENT_LOOP_STOPPED, EVENT_NULL_ARM, EVENT_HYPOTHESIS_REGISTERED,
+               EVENT_HYPOTHESIS_REFUTED, EVENT_GATE_AMENDED, EVENT_CHECKPOINT_TRAINED, EVENT_CANDIDATE_REJECTED,
+               EVENT_ROUND_DECIDED, EVENT_ROUND_FAILED, EVENT_HOLDOUT_READ, EVENT_RELEASE_PROMOTED, EVENT_ERRATUM)
+#: Kinds written by earlier versions, read under their current name (the line on disk is never rewritten).
+LEGACY_EVENT_KINDS = {"arm_trained": EVENT_CHECKPOINT_TRAINED}
 
 
 class LedgerError(RuntimeError):
@@ -128,7 +149,7 @@ class Ledger:
 
     def __init__(self, task: str, home: str | Path | None = None) -> None:
         self.task = task
-        self.root = envloop_home(home) / "loops" / task
+        self.root = loop_dir(task, home)
         self.root.mkdir(parents=True, exist_ok=True)
         self.events_path = self.root / "ledger.jsonl"
 
@@ -137,7 +158,12 @@ class Ledger:
         """Append one event; an event with the same ``key`` (default: content hash) is written once.
 
         Replaying a step after a crash therefore never duplicates an entry.
+
+        Raises:
+            LedgerError: ``kind`` is not one of ``EVENT_KINDS`` (one spelling per event).
         """
+        if kind not in EVENT_KINDS:
+            raise LedgerError(f"unknown ledger event kind {kind!r}; allowed: {', '.join(EVENT_KINDS)}")
         body = {"kind": kind, "task": self.task, **payload}
         event_id = key or sha256_bytes(canonical_json(body))[:16]
         for existing in self.events():
@@ -165,6 +191,8 @@ class Ledger:
                     event = json.loads(line)
                 except json.JSONDecodeError:
                     continue  # a torn last line from a crash mid-write is not an event
+                if event.get("kind") in LEGACY_EVENT_KINDS:
+                    event["kind"] = LEGACY_EVENT_KINDS[event["kind"]]
                 if kind is None or event.get("kind") == kind:
                     yield event
 
@@ -189,7 +217,7 @@ class Ledger:
             return existing.hash
         body = {**hypothesis.to_dict(), "hash": hypothesis.hash}
         atomic_write_bytes(path, (json.dumps(body, sort_keys=True, indent=2, ensure_ascii=False) + "\n").encode())
-        self.append("hypothesis_registered", {"round": hypothesis.round, "hash": hypothesis.hash,
+        self.append(EVENT_HYPOTHESIS_REGISTERED, {"round": hypothesis.round, "hash": hypothesis.hash,
                                               "predicted_delta": hypothesis.predicted_delta,
                                               "change": dict(hypothesis.change)},
                     key=f"hypothesis:{hypothesis.round}")
@@ -223,7 +251,7 @@ class Ledger:
         body = {"round": round_key, "original_gate": asdict(original.gate), "amended_gate": asdict(new_gate),
                 "reason": reason, "hypothesis_hash": original.hash, "requires_fresh_seeds": True}
         atomic_write_bytes(self.root / "amendments" / f"{round_key}-{len(existing) + 1}.json", canonical_json(body))
-        self.append("gate_amended", body)
+        self.append(EVENT_GATE_AMENDED, body)
         return body
 
     def amendments(self, round_key: str) -> list[dict[str, Any]]:
@@ -274,7 +302,7 @@ class Ledger:
             marker.unlink(missing_ok=True)  # a failed read did not consume the holdout
             raise
         os.close(fd)
-        self.append("holdout_read", {"release": release}, key=f"holdout:{release}")
+        self.append(EVENT_HOLDOUT_READ, {"release": release}, key=f"holdout:{release}")
         return result
 
     def holdout_result(self, release: int) -> Any:
@@ -292,7 +320,7 @@ class Ledger:
             raise ReleaseCardExistsError(f"release card {exc} exists and is never rewritten; append an erratum") from None
         for path in (d / "card.json", d / "card.md"):
             path.chmod(0o444)
-        self.append("release_promoted", {"release": release, "round": card.get("round"),
+        self.append(EVENT_RELEASE_PROMOTED, {"release": release, "round": card.get("round"),
                                          "checkpoint_sha256": card.get("checkpoint_sha256")}, key=f"release:{release}")
         return d
 
@@ -305,5 +333,5 @@ class Ledger:
         body = {"release": release, "erratum": n, "field": field_name, "old": old, "new": new, "reason": reason,
                 "at": time.time()}
         atomic_write_bytes(d / "errata" / f"{n:03d}.json", canonical_json(body))
-        self.append("erratum", body)
+        self.append(EVENT_ERRATUM, body)
         return body

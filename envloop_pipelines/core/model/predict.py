@@ -325,6 +325,41 @@ def evaluate_checkpoint(
     return out
 
 
+def predict_table(checkpoint: str | Path, table: pa.Table) -> pa.Table:
+    """A checkpoint's calibrated predictions on a question table (only the inputs are read, never labels)."""
+    from envloop_pipelines.core.model.readout import questions_from_table
+
+    return predictions_table(DecisionModel.load(checkpoint).predict(questions_from_table(table)))
+
+
+def score_table(table: pa.Table, predictions: pa.Table, safety_families: Sequence[str] = ()) -> dict[str, Any]:
+    """Metrics of ``predictions`` on an open split's question table (train/val/dev: the caller holds the labels)."""
+    from envloop_pipelines.core.model.readout import questions_from_table
+
+    return score_predictions(predictions_from_table(predictions), questions_from_table(table),
+                             safety_families=safety_families)
+
+
+def rescore_matches(checkpoint: str | Path, table: pa.Table) -> dict[str, Any]:
+    """Re-score a checkpoint from disk on its own eval questions and compare with its end-of-training predictions.
+
+    Returns:
+        ``identical`` (bit-for-bit), ``n_questions`` and ``max_abs_diff`` over the saved predictions.
+    """
+    import pyarrow.parquet as pq
+
+    saved = pq.read_table(Path(checkpoint) / "predictions.parquet").to_pylist()
+    wanted = {(r["record_id"], r["question_id"]) for r in saved}
+    rows = [i for i, key in enumerate(zip(table.column("record_id").to_pylist(), table.column("question_id").to_pylist()))
+            if key in wanted]
+    fresh = {(p["record_id"], p["question_id"]): p["probs"]
+             for p in predict_table(checkpoint, table.take(pa.array(rows, pa.int64()))).to_pylist()}
+    diffs = [float(np.max(np.abs(np.asarray(fresh[(r["record_id"], r["question_id"])]) - np.asarray(r["probs"]))))
+             if (r["record_id"], r["question_id"]) in fresh else float("inf") for r in saved]
+    identical = all(fresh.get((r["record_id"], r["question_id"])) == r["probs"] for r in saved)
+    return {"identical": identical, "n_questions": len(saved), "max_abs_diff": max(diffs) if diffs else 0.0}
+
+
 __all__ = [
     "DecisionModel",
     "PREDICTION_SCHEMA",
@@ -332,6 +367,9 @@ __all__ = [
     "evaluate_checkpoint",
     "json_safe",
     "predictions_from_table",
+    "predict_table",
     "predictions_table",
+    "rescore_matches",
     "score_predictions",
+    "score_table",
 ]

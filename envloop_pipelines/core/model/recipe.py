@@ -34,6 +34,8 @@ PACKAGED_PREFIX = "packaged:"
 PACKAGED_MINILM = "packaged:minilm"
 #: Where shipped recipes and DeepSpeed configs live.
 RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
+#: The recipe a loop, ``envloop train`` and the benches use when none is named (the one spelling of it).
+DEFAULT_RECIPE = "packaged:decision_head_cpu.yaml"
 
 
 class RecipeError(ValueError):
@@ -328,7 +330,27 @@ def shipped_recipes() -> list[Path]:
     return sorted(RECIPES_DIR.glob("*.yaml"))
 
 
+def resolve_recipe_path(spec: str) -> Path:
+    """The recipe file of ``spec``: ``packaged:<file>`` (a shipped recipe) or a path.
+
+    Raises:
+        FileNotFoundError: naming the spec and the shipped recipes.
+    """
+    path = RECIPES_DIR / spec[len(PACKAGED_PREFIX):] if spec.startswith(PACKAGED_PREFIX) else Path(spec)
+    if not path.exists():
+        shipped = ", ".join(f"{PACKAGED_PREFIX}{p.name}" for p in shipped_recipes())
+        raise FileNotFoundError(f"recipe {spec!r} not found; shipped recipes: {shipped}")
+    return path
+
+
+def load_recipe_spec(spec: str, overrides: Mapping[str, Any] | None = None) -> Recipe:
+    """Load the recipe named by ``spec`` (see :func:`resolve_recipe_path`) with ``overrides`` applied (validated)."""
+    recipe = load_recipe(resolve_recipe_path(spec))
+    return recipe.replace(**dict(overrides)) if overrides else recipe
+
+
 __all__ = [
+    "DEFAULT_RECIPE",
     "LR_SCHEDULERS",
     "LoraSpec",
     "PACKAGED_MINILM",
@@ -338,10 +360,12 @@ __all__ = [
     "RecipeError",
     "dump_recipe",
     "load_recipe",
+    "load_recipe_spec",
     "recipe_from_dict",
     "recipe_hash",
     "recipe_to_dict",
     "resolve_base_model",
     "resolve_deepspeed",
+    "resolve_recipe_path",
     "shipped_recipes",
 ]

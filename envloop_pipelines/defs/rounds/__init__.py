@@ -1,1 +1,1 @@
-"""The round as Dagster assets: the thin layer over ``core.loop.round``."""
+"""The round as Dagster assets: the thin layer over ``core.loop`` (steps, candidate, decide, setup)."""

@@ -1,4 +1,8 @@
-"""The assets of a round. Each body resolves config, calls one core function, returns metadata."""
+"""The assets of a round. Each body resolves config, calls one core function, returns its typed value.
+
+The values are frozen records (``core/loop/results.py``) that the ``RoundStoreIOManager``
+stores and hands to the downstream assets, so the graph's edges are the data flow.
+"""
 
 
 import json
@@ -6,7 +10,20 @@ import json
 import dagster as dg
 import pyarrow.parquet as pq
 
-from envloop_pipelines.core.loop import round as core
+from envloop_pipelines.core.data.snapshots import open_task
+from envloop_pipelines.core.loop import candidate, decide, setup, steps
+from envloop_pipelines.core.loop.results import (
+    BaselineEval,
+    Benchmark,
+    EnvironmentSynthesis,
+    FailureMining,
+    MeasuredNoiseFloor,
+    Reevaluation,
+    RegisteredHypothesis,
+    RoundDecision,
+    TrainedCheckpoint,
+    TrainingSnapshot,
+)
 from envloop_pipelines.defs.rounds.metadata import metrics_table, mlflow_link, run_tags
 from envloop_pipelines.defs.rounds.partitions import rounds
 from envloop_pipelines.resources.loop import LoopResource, MlflowResource
@@ -15,125 +32,129 @@ ROUND_GROUP = "round"
 
 
 @dg.asset(group_name="benchmark")
-def task_benchmark(loop: LoopResource) -> dg.MaterializeResult:
+def task_benchmark(loop: LoopResource) -> dg.Output[Benchmark]:
     """The task's versioned, group-disjoint splits (the built-in benchmark is generated on first use)."""
-    snapshot = core.ensure_task_benchmark(loop.config())
-    summary = snapshot.summary()
+    bench = setup.ensure_task_benchmark(loop.config())
     rows = {s: {"groups": v["groups"], "records": v["records"], "questions": v["questions"]}
-            for s, v in summary["splits"].items()}
-    return dg.MaterializeResult(metadata={
-        "benchmark_version": snapshot.benchmark_version,
-        "snapshot_id": snapshot.snapshot_id,
+            for s, v in bench.splits.items()}
+    return dg.Output(bench, metadata={
+        "benchmark_version": bench.benchmark_version,
+        "snapshot_id": bench.snapshot_id,
         "splits": metrics_table(rows),
-        "n_questions": sum(v["questions"] for v in summary["splits"].values()),
-    }, data_version=dg.DataVersion(snapshot.snapshot_id))
+        "n_questions": sum(v["questions"] for v in bench.splits.values()),
+    }, data_version=dg.DataVersion(bench.snapshot_id))
 
 
 @dg.asset(group_name="benchmark", deps=[task_benchmark])
-def noise_floor(context: dg.AssetExecutionContext, loop: LoopResource, mlflow: MlflowResource) -> dg.MaterializeResult:
+def noise_floor(context: dg.AssetExecutionContext, loop: LoopResource,
+                mlflow: MlflowResource) -> dg.Output[MeasuredNoiseFloor]:
     """Spread of the primary metric over K null arms of the control recipe; cached per benchmark version and recipe."""
-    result = core.measure_noise_floor(loop.config(), mlflow.tracker(), run_tags=run_tags(context))
-    arms = {f"seed {a['seed']}": a["metrics"] for a in result["arms"]}
-    return dg.MaterializeResult(metadata={
-        "noise_floor": result["floor"],
-        "key": result["key"],
-        "cached": result["cached"],
-        "benchmark_version": result["benchmark_version"],
-        "recipe_hash": result["recipe_hash"],
+    result = setup.measure_noise_floor(loop.config(), mlflow.tracker(), run_tags=run_tags(context))
+    arms = {f"seed {a['seed']}": a["metrics"] for a in result.floor.arms}
+    return dg.Output(result, metadata={
+        "noise_floor": result.floor.floor,
+        "key": result.floor.key,
+        "cached": result.cached,
+        "benchmark_version": result.benchmark_version,
+        "recipe_hash": result.recipe_hash,
         "arms": metrics_table(arms),
         **mlflow_link(result),
-    }, data_version=dg.DataVersion(result["key"]))
+    }, data_version=dg.DataVersion(result.floor.key))
 
 
 @dg.asset(partitions_def=rounds, group_name=ROUND_GROUP, deps=[noise_floor])
-def baseline_eval(context: dg.AssetExecutionContext, loop: LoopResource) -> dg.MaterializeResult:
+def baseline_eval(context: dg.AssetExecutionContext, loop: LoopResource) -> dg.Output[BaselineEval]:
     """The champion on dev: per-question predictions and metrics."""
     from envloop_pipelines.core.loop.plots import reliability_diagram
 
-    result = core.baseline_eval(loop.config(), context.partition_key)
-    preds = pq.read_table(result["predictions"]).to_pylist()
-    dev = {(r["record_id"], r["question_id"]): r for r in core.open_task(loop.task, home=loop.home).table("dev").to_pylist()}
+    cfg = loop.config()
+    result = steps.evaluate_champion(cfg, context.partition_key)
+    preds = pq.read_table(result.predictions).to_pylist()
+    dev = {(r["record_id"], r["question_id"]): r for r in open_task(cfg.task, home=cfg.home).table("dev").to_pylist()}
     hard = [(p, dev[(p["record_id"], p["question_id"])]) for p in preds
             if dev[(p["record_id"], p["question_id"])]["soft_label"] is None]
     plot = reliability_diagram([max(p["probs"]) for p, _ in hard],
                                [p["probs"].index(max(p["probs"])) == q["label"] for p, q in hard],
-                               title=f"champion release {result['champion_release']} on dev")
-    return dg.MaterializeResult(metadata={
-        "champion_release": result["champion_release"],
-        "checkpoint_sha256": result["checkpoint_sha256"],
-        "metrics": metrics_table({"champion (dev)": result["metrics"]}),
-        "family_macro_accuracy": result["metrics"].get("family_macro_accuracy"),
+                               title=f"champion release {result.champion_release} on dev")
+    return dg.Output(result, metadata={
+        "champion_release": result.champion_release,
+        "checkpoint_sha256": result.checkpoint_sha256,
+        "metrics": metrics_table({"champion (dev)": result.metrics}),
+        "family_macro_accuracy": result.metrics.get("family_macro_accuracy"),
         "reliability": dg.MetadataValue.md(plot),
     })
 
 
-@dg.asset(partitions_def=rounds, group_name=ROUND_GROUP, deps=[baseline_eval])
-def failure_mining(context: dg.AssetExecutionContext, loop: LoopResource) -> dg.MaterializeResult:
+@dg.asset(partitions_def=rounds, group_name=ROUND_GROUP)
+def failure_mining(loop: LoopResource, baseline_eval: BaselineEval) -> dg.Output[FailureMining]:
     """The champion's dev errors and confident errors, clustered and ranked by excess error."""
-    result = core.failure_mining(loop.config(), context.partition_key)
-    top = result["clusters"][:10]
+    result = steps.mine_failures(loop.config(), baseline_eval)
     lines = ["| cluster | n | errors | confident | excess | examples |", "|---|---|---|---|---|---|"]
     lines += [f"| {c['name']} | {c['n']} | {c['errors']} | {c['confident_errors']} | {c['excess_errors']:.1f} | "
-              f"{', '.join(c['example_ids'][:2])} |" for c in top]
-    return dg.MaterializeResult(metadata={
-        "n_errors": result["n_errors"],
-        "n_confident_errors": result["n_confident_errors"],
-        "error_rate": result["error_rate"],
-        "n_clusters": len(result["clusters"]),
+              f"{', '.join(c['example_ids'][:2])} |" for c in result.clusters[:10]]
+    return dg.Output(result, metadata={
+        "n_errors": result.n_errors,
+        "n_confident_errors": result.n_confident_errors,
+        "error_rate": result.error_rate,
+        "n_clusters": len(result.clusters),
         "top_clusters": dg.MetadataValue.md("\n".join(lines)),
     })
 
 
-@dg.asset(partitions_def=rounds, group_name=ROUND_GROUP, deps=[failure_mining])
-def environment_synthesis(context: dg.AssetExecutionContext, loop: LoopResource) -> dg.MaterializeResult:
+@dg.asset(partitions_def=rounds, group_name=ROUND_GROUP)
+def environment_synthesis(loop: LoopResource, failure_mining: FailureMining) -> dg.Output[EnvironmentSynthesis]:
     """New training examples aimed at the top failure clusters, each with provenance to its cluster."""
-    result = core.environment_synthesis(loop.config(), context.partition_key)
-    return dg.MaterializeResult(metadata={
-        "generator": result["generator"],
-        "n_rows": result["n_rows"],
-        "per_cluster": dg.MetadataValue.json(result["per_cluster"]),
-        "sha256": result["sha256"],
+    result = steps.synthesize_environments(loop.config(), failure_mining)
+    return dg.Output(result, metadata={
+        "generator": result.generator,
+        "n_rows": result.n_rows,
+        "per_cluster": dg.MetadataValue.json(dict(result.per_cluster)),
+        "sha256": result.sha256,
     })
 
 
 class HypothesisConfig(dg.Config):
     """A person's hypothesis for the round (JSON); empty means derive it from the mined failures.
 
-    Keys: ``change`` (object), ``predicted_delta`` (number), ``gate`` (Gate fields such as
-    ``min_delta``, ``primary_metric``), ``seeds`` (list), ``rationale`` (text).
+    Keys: ``change`` (object; a recipe change is ``{"kind": "recipe", "recipe_diff": {...}}``),
+    ``predicted_delta`` (number), ``gate`` (Gate fields such as ``min_delta``, ``primary_metric``),
+    ``seeds`` (list), ``rationale`` (text).
     """
 
     proposal_json: str = ""
 
 
-@dg.asset(partitions_def=rounds, group_name=ROUND_GROUP, deps=[environment_synthesis])
+@dg.asset(partitions_def=rounds, group_name=ROUND_GROUP)
 def registered_hypothesis(context: dg.AssetExecutionContext, config: HypothesisConfig, loop: LoopResource,
-                          mlflow: MlflowResource) -> dg.MaterializeResult:
+                          mlflow: MlflowResource,
+                          environment_synthesis: EnvironmentSynthesis) -> dg.Output[RegisteredHypothesis]:
     """The round's hypothesis (change, predicted delta, gate, seeds), in MLflow and the ledger before training; immutable."""
     proposal = json.loads(config.proposal_json) if config.proposal_json.strip() else None
-    result = core.registered_hypothesis(loop.config(), context.partition_key, mlflow.tracker(), proposal=proposal,
-                                        run_tags=run_tags(context))
-    return dg.MaterializeResult(metadata={
-        "hash": result["hash"],
-        "author": result["author"],
-        "predicted_delta": result["predicted_delta"],
-        "gate": dg.MetadataValue.json(result["gate"]),
-        "change": dg.MetadataValue.json(result["change"]),
+    result = steps.register_hypothesis(loop.config(), environment_synthesis, mlflow.tracker(), proposal=proposal,
+                                       run_tags=run_tags(context))
+    h = result.hypothesis
+    return dg.Output(result, metadata={
+        "hash": result.hash,
+        "author": h.author,
+        "predicted_delta": h.predicted_delta,
+        "gate": dg.MetadataValue.json(h.gate.__dict__),
+        "change": dg.MetadataValue.json(dict(h.change)),
         **mlflow_link(result),
-    }, data_version=dg.DataVersion(result["hash"]))
+    }, data_version=dg.DataVersion(result.hash))
 
 
-@dg.asset(partitions_def=rounds, group_name=ROUND_GROUP, deps=[environment_synthesis])
-def training_dataset_snapshot(context: dg.AssetExecutionContext, loop: LoopResource) -> dg.MaterializeResult:
+@dg.asset(partitions_def=rounds, group_name=ROUND_GROUP)
+def training_dataset_snapshot(loop: LoopResource,
+                              environment_synthesis: EnvironmentSynthesis) -> dg.Output[TrainingSnapshot]:
     """Base train plus synthesized rows as content-addressed Parquet, with its contamination report."""
-    result = core.training_dataset_snapshot(loop.config(), context.partition_key)
-    return dg.MaterializeResult(metadata={
-        "sha256": result["sha256"],
-        "path": dg.MetadataValue.path(result["path"]),
-        "n_rows": result["n_rows"],
-        "n_synthesized": result["n_synthesized"],
-        "n_removed_as_contaminated": result["n_removed"],
-    }, data_version=dg.DataVersion(result["sha256"]))
+    result = steps.build_training_snapshot(loop.config(), environment_synthesis)
+    return dg.Output(result, metadata={
+        "sha256": result.sha256,
+        "path": dg.MetadataValue.path(result.path),
+        "n_rows": result.n_rows,
+        "n_synthesized": result.n_synthesized,
+        "n_removed_as_contaminated": result.n_removed,
+    }, data_version=dg.DataVersion(result.sha256))
 
 
 # One GPU and memory for training when the run uses the k8s_job_executor (ignored locally). A GPU is an
@@ -146,57 +167,65 @@ TRAINING_POD = {"dagster-k8s/config": {
 }}
 
 
-@dg.asset(partitions_def=rounds, group_name=ROUND_GROUP, deps=[training_dataset_snapshot, registered_hypothesis],
-          op_tags=TRAINING_POD)
-def lora_checkpoint(context: dg.AssetExecutionContext, loop: LoopResource, mlflow: MlflowResource) -> dg.MaterializeResult:
+@dg.asset(partitions_def=rounds, group_name=ROUND_GROUP, op_tags=TRAINING_POD)
+def lora_checkpoint(context: dg.AssetExecutionContext, loop: LoopResource, mlflow: MlflowResource,
+                    training_dataset_snapshot: TrainingSnapshot,
+                    registered_hypothesis: RegisteredHypothesis) -> dg.Output[TrainedCheckpoint]:
     """LoRA SFT from the champion on the round's snapshot, calibrated on val; refuses without a registered hypothesis."""
-    result = core.lora_checkpoint(loop.config(), context.partition_key, mlflow.tracker(), run_tags=run_tags(context))
-    return dg.MaterializeResult(metadata={
-        "checkpoint_sha256": result["checkpoint_sha256"],
-        "checkpoint": dg.MetadataValue.path(result["checkpoint"]),
-        "init_from": result["init_from"],
-        "train_s": result["train_s"],
-        "val_metrics": metrics_table({"candidate (val)": result["metrics"].get("val", result["metrics"])}),
+    result = candidate.train_candidate(loop.config(), registered_hypothesis, training_dataset_snapshot,
+                                       mlflow.tracker(), run_tags=run_tags(context))
+    return dg.Output(result, metadata={
+        "checkpoint_sha256": result.checkpoint_sha256,
+        "checkpoint": dg.MetadataValue.path(result.checkpoint),
+        "init_from": result.init_from,
+        "train_s": result.train_s,
+        "val_metrics": metrics_table({"candidate (val)": result.metrics.get("val", result.metrics)}),
         **mlflow_link(result),
-    }, data_version=dg.DataVersion(result["checkpoint_sha256"]))
+    }, data_version=dg.DataVersion(result.checkpoint_sha256))
 
 
-@dg.asset(partitions_def=rounds, group_name=ROUND_GROUP, deps=[lora_checkpoint])
-def independent_reeval(context: dg.AssetExecutionContext, loop: LoopResource, mlflow: MlflowResource) -> dg.MaterializeResult:
+@dg.asset(partitions_def=rounds, group_name=ROUND_GROUP)
+def independent_reeval(context: dg.AssetExecutionContext, loop: LoopResource, mlflow: MlflowResource,
+                       lora_checkpoint: TrainedCheckpoint,
+                       training_dataset_snapshot: TrainingSnapshot) -> dg.Output[Reevaluation]:
     """Candidate and champion scored on the hidden test set by the sandboxed verifier, beside a TF-IDF baseline."""
-    result = core.independent_reeval(loop.config(), context.partition_key, mlflow.tracker(), run_tags=run_tags(context))
-    deltas = result["paired"]["deltas"]
+    result = candidate.reevaluate(loop.config(), lora_checkpoint, training_dataset_snapshot, mlflow.tracker(),
+                                  run_tags=run_tags(context))
     lines = ["| metric | delta | 95% CI |", "|---|---|---|"]
-    lines += [f"| {k} | {v['delta']:+.4f} | [{v['ci_low']:+.4f}, {v['ci_high']:+.4f}] |" for k, v in deltas.items()
+    lines += [f"| {k} | {v['delta']:+.4f} | [{v['ci_low']:+.4f}, {v['ci_high']:+.4f}] |" for k, v in result.deltas.items()
               if v["delta"] is not None and v["ci_low"] is not None]
-    return dg.MaterializeResult(metadata={
-        "test_metrics": metrics_table({"candidate": result["candidate"], "champion": result["champion"],
-                                       "TF-IDF + LR": result["tfidf_baseline"]}),
+    return dg.Output(result, metadata={
+        "test_metrics": metrics_table({"candidate": result.candidate, "champion": result.champion,
+                                       "TF-IDF + LR": result.tfidf_baseline}),
         "paired_deltas": dg.MetadataValue.md("\n".join(lines)),
-        "verifier_pid": result["verifier_pid"],
-        "verifier_isolation": dg.MetadataValue.json(result["verifier"]),
+        "verifier_pid": result.verifier_pid,
+        "verifier_isolation": dg.MetadataValue.json(dict(result.verifier)),
         **mlflow_link(result),
     })
 
 
-@dg.asset(partitions_def=rounds, group_name=ROUND_GROUP, deps=[independent_reeval])
-def promotion_decision(context: dg.AssetExecutionContext, loop: LoopResource, mlflow: MlflowResource) -> dg.MaterializeResult:
+@dg.asset(partitions_def=rounds, group_name=ROUND_GROUP)
+def promotion_decision(context: dg.AssetExecutionContext, loop: LoopResource, mlflow: MlflowResource,
+                       noise_floor: MeasuredNoiseFloor, registered_hypothesis: RegisteredHypothesis,
+                       training_dataset_snapshot: TrainingSnapshot, lora_checkpoint: TrainedCheckpoint,
+                       independent_reeval: Reevaluation) -> dg.Output[RoundDecision]:
     """The registered gate applied: a release card and the champion alias on promotion, a refuted hypothesis otherwise."""
     from envloop_pipelines.core.loop.ledger import Ledger
     from envloop_pipelines.core.loop.plots import metric_by_round
 
     cfg = loop.config()
-    result = core.promotion_decision(cfg, context.partition_key, mlflow.tracker(), run_tags=run_tags(context))
+    result = decide.decide_round(cfg, registered_hypothesis, training_dataset_snapshot, lora_checkpoint,
+                                 independent_reeval, noise_floor, mlflow.tracker(), run_tags=run_tags(context))
     releases = Ledger(cfg.task, cfg.home).releases()
     plot = metric_by_round([str(r["release"]) for r in releases],
                            {"holdout family-macro accuracy": [r["holdout"].get("family_macro_accuracy") for r in releases]},
                            "release chain")
-    return dg.MaterializeResult(metadata={
-        "promoted": result["promote"],
-        "release": result["release"],
-        "reasons": dg.MetadataValue.md("\n".join(f"- {r}" for r in result["reasons"])),
-        "delta": result["delta"]["delta"],
-        "noise_floor": result["noise_floor"],
+    return dg.Output(result, metadata={
+        "promoted": result.promote,
+        "release": result.release,
+        "reasons": dg.MetadataValue.md("\n".join(f"- {r}" for r in result.reasons)),
+        "delta": result.delta["delta"],
+        "noise_floor": result.noise_floor,
         "release_chain": dg.MetadataValue.md(plot),
     })
 
@@ -213,4 +242,14 @@ round_job = dg.define_asset_job("round_job", selection=dg.AssetSelection.assets(
 setup_job = dg.define_asset_job("setup_job", selection=dg.AssetSelection.assets(task_benchmark, noise_floor),
                                 description="The benchmark and the noise floor (and the first champion).")
 
-__all__ = ["GPU_POOL_TAG", "ROUND_ASSETS", "TRAINING_POD", "round_job", "setup_job", "task_benchmark", "noise_floor"]
+def with_upstream_sources(selected: list) -> list:
+    """``selected`` assets and checks plus every other asset of the loop as a source, for ``dg.materialize``.
+
+    A round's assets read their upstream values (the noise floor, or earlier steps of the same
+    round) through the IO manager; ``dg.materialize`` needs those upstream assets named.
+    """
+    chosen = {id(a) for a in selected}
+    return [*selected, *(a.to_source_asset() for a in (task_benchmark, noise_floor, *ROUND_ASSETS) if id(a) not in chosen)]
+
+
+__all__ = ["with_upstream_sources", "GPU_POOL_TAG", "ROUND_ASSETS", "TRAINING_POD", "round_job", "setup_job", "task_benchmark", "noise_floor"]

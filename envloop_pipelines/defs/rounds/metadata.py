@@ -23,11 +23,12 @@ def metrics_table(columns: Mapping[str, Mapping[str, Any]]) -> dg.MetadataValue:
     return dg.MetadataValue.md("\n".join(lines))
 
 
-def mlflow_link(result: Mapping[str, Any]) -> dict[str, dg.MetadataValue]:
-    if result.get("mlflow_url"):
-        return {"mlflow_run": dg.MetadataValue.url(result["mlflow_url"]) if str(result["mlflow_url"]).startswith("http")
-                else dg.MetadataValue.text(result["mlflow_url"]),
-                "mlflow_run_id": dg.MetadataValue.text(result["mlflow_run_id"])}
+def mlflow_link(result: Any) -> dict[str, dg.MetadataValue]:
+    """The MLflow run of a step's record (its ``mlflow_url`` and ``mlflow_run_id``), when it has one."""
+    url, run_id = getattr(result, "mlflow_url", None), getattr(result, "mlflow_run_id", None)
+    if url:
+        return {"mlflow_run": dg.MetadataValue.url(url) if str(url).startswith("http") else dg.MetadataValue.text(url),
+                "mlflow_run_id": dg.MetadataValue.text(str(run_id))}
     return {}
 
 

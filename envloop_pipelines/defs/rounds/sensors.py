@@ -4,7 +4,7 @@
 import dagster as dg
 
 from envloop_pipelines.core.loop.budget import next_round
-from envloop_pipelines.core.loop.ledger import Ledger
+from envloop_pipelines.core.loop.ledger import EVENT_ROUND_FAILED, Ledger
 from envloop_pipelines.defs.rounds.assets import promotion_decision, round_job
 from envloop_pipelines.defs.rounds.partitions import rounds
 from envloop_pipelines.resources.loop import LoopResource
@@ -31,7 +31,7 @@ def failed_round_sensor(context: dg.RunFailureSensorContext, loop: LoopResource)
     cfg = loop.config()
     run = context.dagster_run
     Ledger(cfg.task, cfg.home).append(
-        "round_failed",
+        EVENT_ROUND_FAILED,
         {"round": run.tags.get("dagster/partition"), "dagster_run_id": run.run_id,
          "error": context.failure_event.message if context.failure_event else None},
         key=f"failed:{run.run_id}",

@@ -1,0 +1,68 @@
+"""Command-line options shared by the commands, derived from the core's values where one exists.
+
+The loop's options are generated from the fields of ``LoopConfig``: ``--<field-with-dashes>``
+with the field's default and help; ``recipe_overrides`` is ``--recipe-override KEY=VALUE``
+(repeatable; ``--override`` is accepted too), ``safety_families`` a comma-separated list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import click
+
+from envloop_pipelines.core.loop.config import field_default, field_type, loop_fields
+
+#: Older spellings of loop options, still accepted.
+OPTION_ALIASES = {"n_synthesized": ("--synthesized",), "builtin_users": ("--users",),
+                  "builtin_records_per_user": ("--records-per-user",)}
+
+
+def parse_recipe_overrides(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs (values parsed as YAML) as a dict of recipe fields."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} must look like KEY=VALUE", param_hint="--recipe-override")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def recipe_override_option(fn: Callable) -> Callable:
+    return click.option("--recipe-override", "--override", "recipe_overrides", multiple=True, metavar="KEY=VALUE",
+                        help="Recipe override (repeatable).")(fn)
+
+
+def loop_options(fn: Callable) -> Callable:
+    """Add one option per loop setting (``LoopConfig``'s fields, defaults and help)."""
+    for f in reversed(loop_fields()):
+        if f.name == "recipe_overrides":
+            fn = click.option("--recipe-override", "--override", "recipe_overrides", multiple=True,
+                              metavar="KEY=VALUE", help=f.metadata["help"])(fn)
+            continue
+        default = field_default(f)
+        names = (f"--{f.name.replace('_', '-')}", *OPTION_ALIASES.get(f.name, ()), f.name)
+        if f.name == "safety_families":
+            fn = click.option(*names, default=",".join(default), show_default=True, help=f.metadata["help"])(fn)
+            continue
+        kind = field_type(f)
+        fn = click.option(*names, type=kind if kind in (int, float) else str, default=default,
+                          show_default=default is not None, help=f.metadata["help"])(fn)
+    return fn
+
+
+def loop_settings(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The loop's settings from the options :func:`loop_options` added (``LoopConfig`` names)."""
+    names = {f.name for f in loop_fields()}
+    settings = {k: v for k, v in options.items() if k in names}
+    settings["recipe_overrides"] = parse_recipe_overrides(tuple(settings.get("recipe_overrides") or ()))
+    if isinstance(settings.get("safety_families"), str):
+        settings["safety_families"] = [s.strip() for s in settings["safety_families"].split(",") if s.strip()]
+    return settings
+
+
+__all__ = ["loop_options", "loop_settings", "parse_recipe_overrides", "recipe_override_option"]

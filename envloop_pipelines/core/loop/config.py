@@ -1,0 +1,188 @@
+"""The loop's settings: one frozen value, the only place they are declared.
+
+The Dagster resource (``resources/loop.py``), the CLI options (``cli/round.py``)
+and the environment variables of a code location (``ENVLOOP_<FIELD>``) are all
+derived from the fields of :class:`LoopConfig`, so a setting has one name and
+one default everywhere.
+
+Two recipe changes are kept apart by name:
+
+- ``recipe_overrides`` (here): the **loop's** override of the recipe file, applied to
+  every arm of the loop, the null arms of the noise floor included (it is part of the
+  recipe hash the floor is keyed by). CLI ``--recipe-override KEY=VALUE``, env
+  ``ENVLOOP_RECIPE_OVERRIDES`` (JSON).
+- ``change.recipe_diff`` (a hypothesis): the change **one round** tests, applied to
+  its candidate only, on top of the loop's recipe.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from envloop_pipelines.core.model.recipe import DEFAULT_RECIPE
+
+ROUND_KEY_WIDTH = 4
+#: Environment variables of a code location: ``ENVLOOP_<FIELD>`` (``ENVLOOP_RECIPE_OVERRIDES`` is JSON).
+ENV_PREFIX = "ENVLOOP_"
+CONTAMINATION_POLICIES = ("remove", "refuse")
+
+
+def round_key(n: int) -> str:
+    """The partition key of round ``n`` (``r0001``)."""
+    return f"r{n:0{ROUND_KEY_WIDTH}d}"
+
+
+def round_number(key: str) -> int:
+    """The number of a round key; raises ``ValueError`` naming the expected shape."""
+    if not (key.startswith("r") and key[1:].isdigit()):
+        raise ValueError(f"round key {key!r} must look like r0001")
+    return int(key[1:])
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """What a person chooses for a loop; everything else comes from the recipe file."""
+
+    task: str = field(default="personal_agent", metadata=_help("Task (its current snapshot is the benchmark)."))
+    recipe: str = field(default=DEFAULT_RECIPE, metadata=_help("Recipe file (packaged:<name> or a path)."))
+    recipe_overrides: Mapping[str, Any] = field(default_factory=dict, metadata=_help(
+        "The loop's recipe override, for every arm including the null arms (KEY=VALUE, repeatable)."))
+    noise_arms: int = field(default=3, metadata=_help("K null arms of the noise floor (≥ 2)."))
+    top_clusters: int = field(default=4, metadata=_help("Failure clusters a round targets."))
+    n_synthesized: int = field(default=120, metadata=_help("New training examples per round."))
+    generator: str = field(default="builtin_targeted", metadata=_help(
+        "Environment generator: builtin_targeted | label_preserving_variants | module:attribute."))
+    safety_families: tuple[str, ...] = field(default=("needs_approval",), metadata=_help(
+        "Families whose false-negative rate is guarded (comma-separated)."))
+    contamination_policy: str = field(default="remove", metadata=_help(
+        "remove: drop synthesized rows that overlap test/holdout; refuse: keep them so the check blocks training."))
+    builtin_users: int | None = field(default=None, metadata=_help("Built-in benchmark size in users (when generated)."))
+    builtin_records_per_user: int | None = field(default=None, metadata=_help("Built-in benchmark records per user."))
+    home: str | None = field(default=None, metadata=_help("The EnvLoop home (default $ENVLOOP_HOME or ./.envloop)."))
+
+    def __post_init__(self) -> None:
+        if self.noise_arms < 2:
+            raise ValueError(f"noise_arms must be ≥ 2 (a spread needs two arms), got {self.noise_arms}")
+        if self.contamination_policy not in CONTAMINATION_POLICIES:
+            raise ValueError(f"contamination_policy must be one of {CONTAMINATION_POLICIES}, "
+                             f"got {self.contamination_policy!r}")
+        if self.top_clusters < 1:
+            raise ValueError(f"top_clusters must be ≥ 1, got {self.top_clusters}")
+        if self.n_synthesized < 0:
+            raise ValueError(f"n_synthesized must be ≥ 0, got {self.n_synthesized}")
+        if not isinstance(self.recipe_overrides, Mapping):
+            raise ValueError(f"recipe_overrides must be a mapping of recipe fields, got {self.recipe_overrides!r}")
+        object.__setattr__(self, "safety_families", tuple(self.safety_families))
+
+    def load_recipe(self) -> Any:
+        """The loop's recipe: the file with the loop's ``recipe_overrides`` (validated)."""
+        from envloop_pipelines.core.model.recipe import load_recipe_spec
+
+        return load_recipe_spec(self.recipe, self.recipe_overrides)
+
+    def recipe_hash(self) -> str:
+        from envloop_pipelines.core.model.recipe import recipe_hash
+
+        return recipe_hash(self.load_recipe())
+
+    @property
+    def model_name(self) -> str:
+        """The MLflow registered model of the task's releases."""
+        return f"envloop-{self.task}"
+
+    # -- one source for the resource, the CLI and the environment ---------------------------
+    def to_settings(self) -> dict[str, Any]:
+        """JSON-able settings (what a run records, and what :meth:`from_settings` reads back)."""
+        out = dataclasses.asdict(self)
+        out["recipe_overrides"] = dict(self.recipe_overrides)
+        out["safety_families"] = list(self.safety_families)
+        return out
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> "LoopConfig":
+        """A config from settings; ``recipe_overrides`` may be a mapping or its JSON text.
+
+        Raises:
+            ValueError: an unknown setting, or ``recipe_overrides`` that is not a JSON object.
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(settings) - names)
+        if unknown:
+            raise ValueError(f"unknown loop setting(s) {unknown}; allowed: {sorted(names)}")
+        data = dict(settings)
+        overrides = data.get("recipe_overrides")
+        if isinstance(overrides, str):
+            try:
+                data["recipe_overrides"] = json.loads(overrides or "{}")
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"recipe_overrides is not JSON: {exc}") from None
+        if isinstance(data.get("safety_families"), str):
+            data["safety_families"] = tuple(s.strip() for s in data["safety_families"].split(",") if s.strip())
+        return cls(**data)
+
+
+def loop_fields() -> tuple[dataclasses.Field, ...]:
+    """The settings of a loop, in declaration order."""
+    return dataclasses.fields(LoopConfig)
+
+
+def field_default(f: dataclasses.Field) -> Any:
+    """A field's default (calling its factory)."""
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+
+
+def field_type(f: dataclasses.Field) -> Any:
+    """A field's type with ``X | None`` unwrapped to ``X`` (for parsing text)."""
+    hint = typing.get_type_hints(LoopConfig)[f.name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if type(None) in typing.get_args(hint) and len(args) == 1 else hint
+
+
+def env_name(name: str) -> str:
+    """The environment variable of a setting (``ENVLOOP_NOISE_ARMS``)."""
+    return f"{ENV_PREFIX}{name.upper()}"
+
+
+def settings_from_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The settings given as ``ENVLOOP_<FIELD>`` variables, parsed by field type.
+
+    Raises:
+        ValueError: naming the variable and the expected type.
+    """
+    out: dict[str, Any] = {}
+    for f in loop_fields():
+        raw = environ.get(env_name(f.name))
+        if raw is None or raw == "":
+            continue
+        kind = field_type(f)
+        if kind is int:
+            try:
+                out[f.name] = int(raw)
+            except ValueError:
+                raise ValueError(f"{env_name(f.name)}={raw!r}: must be an integer") from None
+        elif f.name == "recipe_overrides":
+            try:
+                value = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{env_name(f.name)} is not JSON: {exc}") from None
+            if not isinstance(value, dict):
+                raise ValueError(f"{env_name(f.name)} must be a JSON object of recipe fields")
+            out[f.name] = value
+        elif f.name == "safety_families":
+            out[f.name] = tuple(s.strip() for s in raw.split(",") if s.strip())
+        else:
+            out[f.name] = raw
+    return out
+
+
+__all__ = ["ENV_PREFIX", "LoopConfig", "env_name", "field_default", "field_type", "loop_fields", "round_key",
+           "round_number", "settings_from_env"]

@@ -1,0 +1,101 @@
+"""The round's verdict (``promotion_decision``): the registered gate applied; a release on promotion.
+
+A round is decided once: the decision is written to the round's store before
+the function returns and a retry returns it unchanged (the ledger's one
+holdout read and write-once release card make a second release impossible anyway).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from envloop_pipelines.core.data.snapshots import open_task, require_same_benchmark
+from envloop_pipelines.core.loop.ledger import (
+    EVENT_CANDIDATE_REJECTED,
+    EVENT_HYPOTHESIS_REFUTED,
+    EVENT_ROUND_DECIDED,
+    Ledger,
+)
+from envloop_pipelines.core.loop.config import LoopConfig
+from envloop_pipelines.core.loop.promotion import decide_promotion
+from envloop_pipelines.core.loop.release import champion, publish_release
+from envloop_pipelines.core.loop.results import (
+    MeasuredNoiseFloor,
+    Reevaluation,
+    RegisteredHypothesis,
+    RoundDecision,
+    TrainedCheckpoint,
+    TrainingSnapshot,
+)
+from envloop_pipelines.core.loop.store import RoundStore
+from envloop_pipelines.core.tracking import Tracker
+
+PROMOTION_DECISION = "promotion_decision"
+
+
+def decide_round(config: LoopConfig, hypothesis: RegisteredHypothesis, snapshot: TrainingSnapshot,
+                 candidate: TrainedCheckpoint, reeval: Reevaluation, noise_floor: MeasuredNoiseFloor,
+                 tracker: Tracker, *, run_tags: Mapping[str, str] | None = None) -> RoundDecision:
+    """Apply the registered (or amended) gate; on promotion read the holdout once and publish a release."""
+    key = reeval.round
+    store = RoundStore(config.task, config.home)
+    existing = store.load(PROMOTION_DECISION, RoundDecision, key)
+    if existing is not None:
+        return existing  # decided once; a retry reports the same decision
+    ledger = Ledger(config.task, config.home)
+    registered = ledger.require_hypothesis(key)
+    gate = ledger.effective_gate(key)
+    champ = champion(config)
+    require_same_benchmark(reeval.benchmark_version, registered.benchmark_version, champ["benchmark_version"],
+                           noise_floor.benchmark_version)
+    delta = reeval.delta(gate.primary_metric)
+    verdict = decide_promotion(gate, delta, noise_floor.floor, reeval.candidate, reeval.champion,
+                               config.safety_families)
+    decision = RoundDecision.of(key, verdict, delta=delta, noise_floor=noise_floor.floor.floor, hypothesis=registered,
+                                gate=gate)
+    if verdict.promote:
+        def card(release: int, holdout: dict[str, Any]) -> dict[str, Any]:
+            return {
+                "round": key, "task": config.task, "parent_release": champ["release"],
+                "benchmark_version": reeval.benchmark_version, "data_snapshot": snapshot.sha256,
+                "recipe_hash": registered.recipe_hash, "checkpoint_dir": candidate.checkpoint,
+                "checkpoint_sha256": candidate.checkpoint_sha256,
+                "parent_checkpoint_sha256": champ["checkpoint_sha256"],
+                "test": reeval.candidate, "parent_test": reeval.champion,
+                "tfidf_baseline_test": reeval.tfidf_baseline, "paired_deltas": reeval.deltas,
+                "gate": registered.gate.__dict__, "effective_gate": gate.__dict__,
+                "amendments": ledger.amendments(key), "noise_floor": noise_floor.floor.floor, "guards": verdict.checks,
+                "hypothesis_hash": registered.hash, "predicted_delta": registered.predicted_delta,
+                "limitations": [
+                    "Test and holdout users are unseen during training; half of them use a second renderer.",
+                    "The noise floor measures seed variance of the control recipe trained from the base model.",
+                ],
+            }
+
+        release = publish_release(config, tracker, checkpoint=Path(candidate.checkpoint),
+                                  snapshot=open_task(config.task, home=config.home),
+                                  holdout_out=store.round_dir(key) / "candidate_holdout_predictions.parquet",
+                                  card=card, round_key=key, run_tags=run_tags)
+        decision = _with_release(decision, release.release, release.model_version)
+    else:
+        ledger.append(EVENT_CANDIDATE_REJECTED, {"round": key, "reasons": list(verdict.reasons), "delta": delta,
+                                                 "noise_floor": noise_floor.floor.floor,
+                                                 "checkpoint_sha256": candidate.checkpoint_sha256,
+                                                 "candidate": reeval.candidate, "champion": reeval.champion},
+                      key=f"rejected:{key}")
+        ledger.append(EVENT_HYPOTHESIS_REFUTED, {"round": key, "hash": registered.hash}, key=f"refuted:{key}")
+    ledger.append(EVENT_ROUND_DECIDED, {"round": key, "promoted": verdict.promote, "observed_delta": delta["delta"],
+                                        "release": decision.release}, key=f"decided:{key}")
+    store.save(PROMOTION_DECISION, decision, key)
+    return decision
+
+
+def _with_release(decision: RoundDecision, release: int, model_version: str) -> RoundDecision:
+    from dataclasses import replace
+
+    return replace(decision, release=release, model_version=model_version)
+
+
+__all__ = ["PROMOTION_DECISION", "decide_round"]

@@ -1,0 +1,97 @@
+"""Releases: the one holdout read, the registered model version, the champion alias and the card.
+
+:func:`publish_release` is the only way a checkpoint becomes a release: the
+bootstrap champion (the control arm of the noise floor) and every promotion
+go through it, and it reaches MLflow only through the ``Tracker`` protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from envloop_pipelines.core.data.snapshots import TaskSnapshot
+from envloop_pipelines.core.loop.cards import render_card
+from envloop_pipelines.core.loop.config import LoopConfig
+from envloop_pipelines.core.loop.ledger import Ledger, LedgerError
+from envloop_pipelines.core.loop.runs import child_run, flat_metrics, verify_predictions, write_predictions
+from envloop_pipelines.core.tracking import (
+    HOLDOUT_PREFIX,
+    KIND_RELEASE,
+    TAG_CHECKPOINT,
+    TAG_KIND,
+    TAG_RELEASE,
+    TAG_ROUND,
+    Tracker,
+)
+
+
+@dataclass(frozen=True)
+class Release:
+    """A published release: its number, registered model version and card."""
+
+    release: int
+    model_version: str
+    card: Mapping[str, Any]
+
+
+def champion(config: LoopConfig) -> dict[str, Any]:
+    """The latest release card (the champion).
+
+    Raises:
+        LedgerError: the task has no release yet (the noise floor step makes release 1).
+    """
+    releases = Ledger(config.task, config.home).releases()
+    if not releases:
+        raise LedgerError(f"task {config.task!r} has no champion yet: materialize noise_floor first")
+    return releases[-1]
+
+
+def holdout_metrics(config: LoopConfig, checkpoint: Path, snapshot: TaskSnapshot, out: Path) -> dict[str, Any]:
+    """The checkpoint's holdout metrics from the verifier (called only inside the ledger's one holdout read)."""
+    preds = write_predictions(out, checkpoint, snapshot.table("holdout"))
+    return dict(verify_predictions(config, "holdout", preds).report.metrics)
+
+
+def publish_release(config: LoopConfig, tracker: Tracker, *, checkpoint: Path, snapshot: TaskSnapshot,
+                    holdout_out: Path, card: Callable[[int, dict[str, Any]], dict[str, Any]],
+                    round_key: str | None = None, run_tags: Mapping[str, str] | None = None) -> Release:
+    """Read the holdout once, register the checkpoint, move the champion alias and write the card.
+
+    Args:
+        config: the loop.
+        tracker: MLflow (through the ``Tracker`` protocol).
+        checkpoint: the checkpoint directory to release (named by its content hash).
+        snapshot: the task snapshot whose holdout is read.
+        holdout_out: where the holdout predictions are written.
+        card: builds the card's body from ``(release number, holdout metrics)``; the model version
+            and the MLflow run are added here.
+        round_key: the round that promoted the checkpoint (its release run is a child of the round's
+            run); ``None`` for the bootstrap release.
+        run_tags: extra tags of the release run (the Dagster run).
+    """
+    ledger = Ledger(config.task, config.home)
+    release = ledger.next_release_number()
+    holdout = ledger.read_holdout_once(release, lambda: holdout_metrics(config, checkpoint, snapshot, holdout_out))
+    tags = {TAG_RELEASE: str(release), TAG_CHECKPOINT: checkpoint.name}
+    if round_key is not None:
+        mrun = child_run(tracker, config, round_key, KIND_RELEASE, {**(run_tags or {}), **tags})
+        tags[TAG_ROUND] = round_key
+    else:
+        mrun = tracker.start_run(config.task, f"release {release} (bootstrap)",
+                                 tags={TAG_KIND: KIND_RELEASE, **(run_tags or {}), **tags})
+    tracker.log_metrics(mrun.run_id, flat_metrics(holdout, HOLDOUT_PREFIX))
+    tracker.log_artifact(mrun.run_id, checkpoint, "checkpoint")
+    version = tracker.register_version(config.model_name, f"{tracker.artifact_uri(mrun.run_id)}/checkpoint",
+                                       mrun.run_id, tags=tags)
+    tracker.set_champion(config.model_name, version)
+    tracker.end_run(mrun.run_id)
+    body = {**card(release, holdout), "release": release, "holdout": holdout, "model_version": version,
+            "mlflow_run_id": mrun.run_id}
+    ledger.write_release_card(release, body, render_card(body))
+    return Release(release=release, model_version=version, card=body)
+
+
+__all__ = ["Release", "champion", "holdout_metrics", "publish_release"]

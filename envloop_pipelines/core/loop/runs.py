@@ -1,0 +1,85 @@
+"""The round's MLflow runs, its predictions on disk and its calls to the verifier.
+
+A round has one parent run (``envloop.kind=round``) and one child run per step
+that records something, named ``<round> <step>`` with ``envloop.kind`` the step's
+asset name (constants in ``core/tracking.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from envloop_pipelines.core.loop.config import LoopConfig
+from envloop_pipelines.core.storage import atomic_write_parquet
+from envloop_pipelines.core.tracking import KIND_ROUND, TAG_KIND, TAG_ROUND, TAG_SUPERSEDED, TrackedRun, Tracker
+
+log = logging.getLogger(__name__)
+
+
+def round_run(tracker: Tracker, config: LoopConfig, key: str, tags: Mapping[str, str] | None = None) -> TrackedRun:
+    """The round's parent MLflow run (found again on a retry)."""
+    found = tracker.find_run(config.task, {TAG_ROUND: key, TAG_KIND: KIND_ROUND})
+    if found is not None:
+        return found
+    return tracker.start_run(config.task, f"round {key}", tags={TAG_ROUND: key, TAG_KIND: KIND_ROUND, **(tags or {})})
+
+
+def child_run(tracker: Tracker, config: LoopConfig, key: str, kind: str,
+              tags: Mapping[str, str] | None = None) -> TrackedRun:
+    """A fresh child run of the round's parent run, of ``kind`` (a ``KIND_*`` of ``core/tracking.py``).
+
+    A step that died mid-way (its worker killed) left its run RUNNING; the retry closes it as
+    KILLED, tagged ``envloop.superseded``, so each step of a round has one finished run.
+    """
+    parent = round_run(tracker, config, key, tags)
+    for stale in tracker.running_runs(config.task, {TAG_ROUND: key, TAG_KIND: kind}):
+        tracker.set_tags(stale, {TAG_SUPERSEDED: "a retry of the step started a new run"})
+        tracker.end_run(stale, "KILLED")
+        log.warning("round %s: closed the %s run %s left RUNNING by a dead worker", key, kind, stale)
+    return tracker.start_run(config.task, f"{key} {kind}", parent_run_id=parent.run_id,
+                             tags={TAG_ROUND: key, TAG_KIND: kind, **(tags or {})})
+
+
+def flat_metrics(d: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
+    """Finite numbers of a nested metrics dict as MLflow metric names (``a.b``; ``acc/x`` → ``acc.x``)."""
+    out: dict[str, float] = {}
+    for k, v in d.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flat_metrics(v, name + "."))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v):
+            out[name.replace("/", ".")] = float(v)
+    return out
+
+
+def write_predictions(path: Path, checkpoint: str | Path, table: pa.Table) -> Path:
+    """The checkpoint's predictions on ``table`` (inputs only), written atomically as Parquet."""
+    from envloop_pipelines.core.model.predict import predict_table
+
+    return atomic_write_parquet(path, predict_table(checkpoint, table), overwrite=True)
+
+
+def verify_predictions(config: LoopConfig, split: str, predictions: Path, baseline: Path | None = None,
+                       seed: int = 0) -> Any:
+    """Score predictions on a hidden split in the sandboxed verifier (a separate process).
+
+    Raises:
+        RuntimeError: the verifier failed; the message carries its status and the worker's stderr.
+    """
+    from envloop_pipelines.core.verify.runner import verify_task
+
+    run = verify_task(config.task, split, predictions, home=config.home, safety_families=config.safety_families,
+                      baseline_predictions=baseline, seed=seed)
+    if not run.ok:
+        raise RuntimeError(f"verifier on {split} failed ({run.status}): {run.error}; "
+                           f"worker stderr: {run.sandbox.stderr_tail[-1000:]!r}")
+    return run
+
+
+__all__ = ["child_run", "flat_metrics", "round_run", "verify_predictions", "write_predictions"]

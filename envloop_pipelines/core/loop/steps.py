@@ -1,0 +1,208 @@
+"""The round's steps before training, each a verb over the typed results of the steps before it.
+
+``evaluate_champion → mine_failures → synthesize_environments → register_hypothesis →
+build_training_snapshot``; training, re-evaluation and the decision follow in
+``candidate.py`` and ``decide.py``. Rows and predictions a step writes go to
+the round's folder; the step's value is returned, not written (the IO manager
+stores it).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from envloop_pipelines.core.data.snapshots import open_task, require_same_benchmark
+from envloop_pipelines.core.loop.config import LoopConfig, round_number
+from envloop_pipelines.core.loop.contamination import check_contamination
+from envloop_pipelines.core.loop.ledger import EVENT_ROUND_DECIDED, Gate, Hypothesis, Ledger, LedgerError
+from envloop_pipelines.core.loop.mining import FailureCluster, mine_failures_with_fallback
+from envloop_pipelines.core.loop.release import champion
+from envloop_pipelines.core.loop.results import (
+    BaselineEval,
+    EnvironmentSynthesis,
+    FailureMining,
+    RegisteredHypothesis,
+    TrainingSnapshot,
+)
+from envloop_pipelines.core.loop.runs import child_run, write_predictions
+from envloop_pipelines.core.loop.store import RoundStore
+from envloop_pipelines.core.loop.synthesis import SNAPSHOT_SCHEMA, SynthesisRequest, load_generator, with_provenance
+from envloop_pipelines.core.storage import (
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_parquet,
+    parquet_bytes,
+    sha256_bytes,
+    sha256_file,
+    sweep_stale,
+)
+from envloop_pipelines.core.tracking import KIND_HYPOTHESIS, TAG_HYPOTHESIS, TAG_KIND, TAG_ROUND, Tracker
+
+#: Keys a person's hypothesis proposal may set.
+PROPOSAL_KEYS = ("change", "predicted_delta", "gate", "seeds", "rationale")
+
+
+def evaluate_champion(config: LoopConfig, key: str) -> BaselineEval:
+    """The champion on dev: per-question predictions and metrics."""
+    from envloop_pipelines.core.model.predict import score_table
+
+    task = open_task(config.task, home=config.home)
+    champ = champion(config)
+    require_same_benchmark(champ["benchmark_version"], task.benchmark_version)
+    dev = task.table("dev")
+    preds = write_predictions(RoundStore(config.task, config.home).round_dir(key) / "dev_predictions.parquet",
+                              champ["checkpoint_dir"], dev)
+    calibration = json.loads((Path(champ["checkpoint_dir"]) / "calibration.json").read_text(encoding="utf-8"))
+    threshold = calibration.get("automation_threshold")
+    return BaselineEval(round=key, champion_release=champ["release"], checkpoint_sha256=champ["checkpoint_sha256"],
+                        checkpoint_dir=champ["checkpoint_dir"], benchmark_version=task.benchmark_version,
+                        metrics=score_table(dev, pq.read_table(preds), config.safety_families),
+                        predictions=str(preds), automation_threshold=float("inf") if threshold is None else threshold)
+
+
+def mine_failures(config: LoopConfig, baseline: BaselineEval) -> FailureMining:
+    """Cluster the champion's dev errors, ranked by excess error."""
+    dev = open_task(config.task, home=config.home).table("dev")
+    report = mine_failures_with_fallback(dev, pq.read_table(baseline.predictions),
+                                         threshold=baseline.automation_threshold)
+    return FailureMining.from_dict({"round": baseline.round, **report.to_dict()})
+
+
+def top_clusters(mined: FailureMining, k: int) -> tuple[FailureCluster, ...]:
+    """The ``k`` highest-ranked clusters as ``FailureCluster`` values."""
+    return tuple(FailureCluster(key=c["key"], n=c["n"], errors=c["errors"], confident_errors=c["confident_errors"],
+                                error_rate=c["error_rate"], excess_errors=c["excess_errors"],
+                                example_ids=tuple(c["example_ids"])) for c in mined.clusters[:k])
+
+
+def synthesize_environments(config: LoopConfig, mined: FailureMining) -> EnvironmentSynthesis:
+    """New training rows aimed at the top clusters, each with provenance to its cluster."""
+    key = mined.round
+    task = open_task(config.task, home=config.home)
+    clusters = top_clusters(mined, config.top_clusters)
+    kwargs: dict[str, Any] = {}
+    if config.generator == "builtin_targeted":
+        from envloop_pipelines.core.benchmark import BenchmarkConfig
+
+        kwargs["benchmark_config"] = BenchmarkConfig(seed=int(task.manifest.extra.get("generator", {}).get("seed", 0)))
+    generator = load_generator(config.generator, **kwargs)
+    request = SynthesisRequest(round=key, clusters=clusters, n_examples=config.n_synthesized, seed=round_number(key))
+    table = generator.synthesize(request, task.table("train")) if clusters else SNAPSHOT_SCHEMA.empty_table()
+    path = atomic_write_parquet(RoundStore(config.task, config.home).round_dir(key) / "synthesized.parquet", table,
+                                overwrite=True)
+    per_cluster: dict[str, int] = {}
+    for p in table.column("provenance").to_pylist():
+        name = json.loads(p)["cluster"]
+        per_cluster[name] = per_cluster.get(name, 0) + 1
+    return EnvironmentSynthesis(round=key, generator=getattr(generator, "name", config.generator), n_rows=table.num_rows,
+                                per_cluster=per_cluster, clusters=tuple(c.name for c in clusters), path=str(path),
+                                sha256=sha256_file(path))
+
+
+def proposal_errors(proposal: Mapping[str, Any]) -> list[str]:
+    errors = [f"unknown field {k!r} (allowed: {', '.join(PROPOSAL_KEYS)})" for k in proposal if k not in PROPOSAL_KEYS]
+    change = proposal.get("change")
+    if change is not None and not isinstance(change, Mapping):
+        errors.append("change: must be an object")
+    elif change and "recipe_overrides" in change:
+        errors.append("change.recipe_overrides: a hypothesis's own recipe change is change.recipe_diff "
+                      "(recipe_overrides is the loop's override, set with --recipe-override)")
+    return errors
+
+
+def register_hypothesis(config: LoopConfig, synthesis: EnvironmentSynthesis, tracker: Tracker, *,
+                        proposal: Mapping[str, Any] | None = None,
+                        run_tags: Mapping[str, str] | None = None) -> RegisteredHypothesis:
+    """Write the round's hypothesis to MLflow and the ledger before any training.
+
+    ``proposal`` (from a person) may set ``change`` (with ``recipe_diff`` for a recipe change),
+    ``predicted_delta``, ``gate`` (``Gate`` fields), ``seeds`` and ``rationale``; anything not
+    given is derived from the mined failures and past rounds.
+
+    Raises:
+        ValueError: the proposal has an unknown field or names the loop's override as its change.
+    """
+    key = synthesis.round
+    proposal = dict(proposal or {})
+    errors = proposal_errors(proposal)
+    if errors:
+        raise ValueError(f"round {key}: hypothesis proposal refused: " + "; ".join(errors))
+    ledger = Ledger(config.task, config.home)
+    recipe = config.load_recipe()
+    past = [e["observed_delta"] for e in ledger.events(EVENT_ROUND_DECIDED) if e.get("observed_delta") is not None]
+    # Predicted delta: the mean observed gain of past rounds, or a modest +0.01 for the first.
+    predicted = float(proposal.get("predicted_delta", np.mean(past) if past else 0.01))
+    hypothesis = ledger.hypothesis(key) or Hypothesis(  # immutable: a retry reuses what was registered
+        task=config.task,
+        round=key,
+        benchmark_version=open_task(config.task, home=config.home).benchmark_version,
+        change=proposal.get("change") or {"kind": "data", "generator": synthesis.generator,
+                                          "clusters": list(synthesis.clusters), "n_new_examples": synthesis.n_rows,
+                                          "synthesis_sha256": synthesis.sha256,
+                                          "recipe_overrides": dict(config.recipe_overrides)},
+        predicted_delta=predicted,
+        gate=Gate(**proposal.get("gate", {})),
+        seeds=tuple(proposal.get("seeds") or (recipe.seed + 1000 + round_number(key),)),
+        recipe_hash=config.recipe_hash(),
+        author="person" if proposal else "auto",
+        rationale=proposal.get("rationale", f"target the top {len(synthesis.clusters)} failure clusters of the "
+                                            f"champion on dev"),
+    )
+    digest = ledger.register_hypothesis(hypothesis)
+    run = tracker.find_run(config.task, {TAG_ROUND: key, TAG_KIND: KIND_HYPOTHESIS})
+    if run is None:
+        run = child_run(tracker, config, key, KIND_HYPOTHESIS, {**(run_tags or {}), TAG_HYPOTHESIS: digest})
+        tracker.log_params(run.run_id, {"hash": digest, "predicted_delta": hypothesis.predicted_delta,
+                                        "primary_metric": hypothesis.gate.primary_metric,
+                                        "direction": hypothesis.gate.direction, "min_delta": hypothesis.gate.min_delta,
+                                        "seeds": list(hypothesis.seeds), "author": hypothesis.author,
+                                        "change": json.dumps(dict(hypothesis.change), sort_keys=True)})
+        tracker.log_artifact(run.run_id, ledger.hypothesis_path(key))
+        tracker.end_run(run.run_id)
+    return RegisteredHypothesis(hypothesis=hypothesis, hash=digest, mlflow_run_id=run.run_id, mlflow_url=run.url)
+
+
+def build_training_snapshot(config: LoopConfig, synthesis: EnvironmentSynthesis) -> TrainingSnapshot:
+    """Base train + synthesized rows as content-addressed Parquet, checked for contamination."""
+    store = RoundStore(config.task, config.home)
+    task = open_task(config.task, home=config.home)
+    base = with_provenance(task.table("train"), json.dumps({"kind": "base", "snapshot": task.snapshot_id}))
+    synth = pq.read_table(synthesis.path)
+    reference = []
+    for split in ("test", "holdout"):
+        t = task.table(split)
+        reference += [(f"{split}/{r}", s) for r, s in zip(t.column("record_id").to_pylist(), t.column("state_text").to_pylist())]
+    synth_report = check_contamination(_states(synth), reference)
+    removed = sorted(synth_report.flagged_rows) if config.contamination_policy == "remove" else []
+    if removed:
+        synth = synth.take(pa.array([i for i in range(synth.num_rows) if i not in set(removed)], pa.int64()))
+    table = pa.concat_tables([base, synth.cast(SNAPSHOT_SCHEMA)])
+    final_report = check_contamination(_states(table), reference)
+    data = parquet_bytes(table)
+    digest = sha256_bytes(data)
+    sweep_stale(store.snapshots)  # temp files of a writer that was killed mid-write
+    path = store.snapshots / f"{digest}.parquet"
+    if not path.exists():
+        atomic_write_bytes(path, data)
+    atomic_write_json(store.snapshots / f"{digest}.contamination.json",
+                      {"synthesized": synth_report.to_dict(), "removed_rows": removed, "final": final_report.to_dict(),
+                       "policy": config.contamination_policy}, overwrite=True)
+    return TrainingSnapshot(round=synthesis.round, sha256=digest, path=str(path), n_rows=table.num_rows,
+                            n_base=base.num_rows, n_synthesized=synth.num_rows, n_removed=len(removed),
+                            contamination=final_report.to_dict(), schema_ok=table.schema.equals(SNAPSHOT_SCHEMA),
+                            benchmark_version=task.benchmark_version)
+
+
+def _states(table: pa.Table) -> list[tuple[str, str]]:
+    return list(zip(table.column("record_id").to_pylist(), table.column("state_text").to_pylist()))
+
+
+__all__ = ["PROPOSAL_KEYS", "build_training_snapshot", "evaluate_champion", "mine_failures", "register_hypothesis",
+           "synthesize_environments", "top_clusters"]
