@@ -34,25 +34,25 @@ import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from envloop_pipelines.cli.round import _parse_overrides  # noqa: E402
+from envloop_pipelines.cli.options import parse_recipe_overrides  # noqa: E402
 from envloop_pipelines.core.baseline import TfidfBaseline  # noqa: E402
 from envloop_pipelines.core.benchmark import SAFETY_FAMILIES  # noqa: E402
 from envloop_pipelines.core.data.datasets import generate_builtin_task  # noqa: E402
-from envloop_pipelines.core.loop.round import resolve_recipe_path, write_table  # noqa: E402
 from envloop_pipelines.core.model.calibration import fit_calibration  # noqa: E402
 from envloop_pipelines.core.model.checkpoint import METRICS_FILE  # noqa: E402
 from envloop_pipelines.core.model.predict import DecisionModel, predictions_table  # noqa: E402
 from envloop_pipelines.core.model.readout import questions_from_table  # noqa: E402
-from envloop_pipelines.core.model.recipe import load_recipe  # noqa: E402
+from envloop_pipelines.core.model.recipe import DEFAULT_RECIPE, load_recipe_spec  # noqa: E402
 from envloop_pipelines.core.model.training import build_trainable_model, train_checkpoint  # noqa: E402
 from envloop_pipelines.core.data.snapshots import open_task  # noqa: E402
+from envloop_pipelines.core.storage import atomic_write_parquet  # noqa: E402
 from envloop_pipelines.core.verify.runner import verify_task  # noqa: E402
 
 KEYS = ("family_macro_accuracy", "brier", "ece", "coverage_at_5pct", "nll", "fnr/needs_approval")
 
 
 def score(task: str, home: Path, name: str, table) -> dict:  # noqa: ANN001
-    path = write_table(home / f"{name}-{task}-test.parquet", table)
+    path = atomic_write_parquet(home / f"{name}-{task}-test.parquet", table, overwrite=True)
     run = verify_task(task, "test", path, home=home, safety_families=SAFETY_FAMILIES)
     if not run.ok:
         raise SystemExit(f"verifier failed for {name}: {run.error}")
@@ -115,7 +115,7 @@ def paired_line(task: str, home: Path) -> dict | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--users", type=int, default=None, help="benchmark users (default: the benchmark default)")
-    parser.add_argument("--recipe", default="packaged:decision_head_cpu.yaml")
+    parser.add_argument("--recipe", default=DEFAULT_RECIPE)
     parser.add_argument("--override", action="append", default=[], help="recipe override KEY=VALUE")
     parser.add_argument("--wide-users", type=int, default=1920,
                         help="users of the generator whose unseen test users form the wide test (0: skip it)")
@@ -134,9 +134,8 @@ def main() -> None:
         tasks[wide] = open_task(wide, home=home).table("test")
         print(f"wide test: {tasks[wide].num_rows} questions of users unseen in training "
               f"(generator at {args.wide_users} users)")
-    recipe = load_recipe(resolve_recipe_path(args.recipe))
-    if args.override:
-        recipe = recipe.replace(**_parse_overrides(tuple(args.override)))
+    overrides = parse_recipe_overrides(tuple(args.override))
+    recipe = load_recipe_spec(args.recipe, overrides)
     results: dict[str, dict[str, dict]] = {name: {} for name in tasks}
     timings: dict[str, float] = {}
 
@@ -170,7 +169,7 @@ def main() -> None:
 
     fit = json.loads((ckpt / METRICS_FILE).read_text(encoding="utf-8"))["train"]  # the trainer's own counts
     epochs = fit["questions_per_second"] * fit["seconds"] / fit["n_questions"]  # max_steps may override epochs
-    print(f"\nrecipe: {args.recipe} {dict(_parse_overrides(tuple(args.override)))}; training {train_s:.0f}s "
+    print(f"\nrecipe: {args.recipe} {overrides}; training {train_s:.0f}s "
           f"({fit['questions_per_second']:.1f} training examples/s over {epochs:.2g} epochs, {fit['steps']} steps)")
     verdicts, paired = {}, {}
     for name, table in tasks.items():

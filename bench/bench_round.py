@@ -12,38 +12,44 @@ of both and the ratio of the totals (target: overhead ≤ 15%).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import dagster as dg  # noqa: E402
 
-from envloop_pipelines.cli.round import DEMO_OVERRIDES, QUIET, _parse_overrides  # noqa: E402
-from envloop_pipelines.core.loop import round as core  # noqa: E402
+from envloop_pipelines.cli.options import parse_recipe_overrides  # noqa: E402
+from envloop_pipelines.cli.round import DEMO_OVERRIDES, QUIET  # noqa: E402
+from envloop_pipelines.core.data.snapshots import open_task  # noqa: E402
+from envloop_pipelines.core.loop import candidate, decide, setup, steps  # noqa: E402
+from envloop_pipelines.core.loop.results import RoundDecision  # noqa: E402
+from envloop_pipelines.core.loop.store import RoundStore  # noqa: E402
+from envloop_pipelines.core.model.predict import rescore_matches  # noqa: E402
 from envloop_pipelines.core.tracking import MlflowTracker  # noqa: E402
-from envloop_pipelines.defs.rounds.assets import ROUND_ASSETS, noise_floor, task_benchmark  # noqa: E402
+from envloop_pipelines.defs.rounds.assets import ROUND_ASSETS, noise_floor, task_benchmark, with_upstream_sources  # noqa: E402
 from envloop_pipelines.defs.rounds.checks import ROUND_CHECKS  # noqa: E402
-from envloop_pipelines.resources.loop import LoopResource, MlflowResource  # noqa: E402
+from envloop_pipelines.resources.loop import MlflowResource, loop_resource  # noqa: E402
+from envloop_pipelines.resources.round_store import RoundStoreIOManager  # noqa: E402
 
 STEPS = ("baseline_eval", "failure_mining", "environment_synthesis", "registered_hypothesis",
          "training_dataset_snapshot", "lora_checkpoint", "independent_reeval", "promotion_decision")
 
 
 def resources_for(home: Path, overrides: dict) -> dict:
-    loop = LoopResource(home=str(home), noise_arms=2, recipe_overrides_json=json.dumps(overrides))
-    return {"loop": loop, "mlflow": MlflowResource(home=str(home))}
+    loop = loop_resource({"home": str(home), "noise_arms": 2, "recipe_overrides": overrides})
+    return {"loop": loop, "mlflow": MlflowResource(home=str(home)), "io_manager": RoundStoreIOManager(loop=loop)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--override", action="append", default=list(DEMO_OVERRIDES))
     args = parser.parse_args()
-    overrides = _parse_overrides(tuple(args.override))
+    overrides = parse_recipe_overrides(tuple(args.override))
     root = Path(tempfile.mkdtemp(prefix="bench-round-"))
     base = root / "base"
     os.environ["ENVLOOP_HOME"] = str(base)
@@ -55,29 +61,34 @@ def main() -> None:
     for home in homes.values():
         shutil.copytree(base, home)
 
-    # Direct: the same core functions, in this process, in the assets' order (checks included).
+    # Direct: the same core functions, in this process, in the assets' order (checks included),
+    # each step's record handed to the next as the IO manager hands it to the next asset.
     home = homes["direct"]
     os.environ["ENVLOOP_HOME"] = str(home)
     cfg = resources_for(home, overrides)["loop"].config()
     tracker = MlflowTracker(home=home)
     direct: dict[str, float] = {}
+    values: dict[str, Any] = {}
     calls = {
-        "baseline_eval": lambda: core.baseline_eval(cfg, "r0001"),
-        "failure_mining": lambda: core.failure_mining(cfg, "r0001"),
-        "environment_synthesis": lambda: core.environment_synthesis(cfg, "r0001"),
-        "registered_hypothesis": lambda: core.registered_hypothesis(cfg, "r0001", tracker),
-        "training_dataset_snapshot": lambda: core.training_dataset_snapshot(cfg, "r0001"),
-        "lora_checkpoint": lambda: core.lora_checkpoint(cfg, "r0001", tracker),
-        "checkpoint_reproduces": lambda: core.rescore_matches(
-            json.loads((core.RoundPaths(cfg).round_dir("r0001") / "lora_checkpoint.json").read_text())["checkpoint"],
-            core.open_task(cfg.task, home=home).table("val")),
-        "independent_reeval": lambda: core.independent_reeval(cfg, "r0001", tracker),
-        "promotion_decision": lambda: core.promotion_decision(cfg, "r0001", tracker),
+        "baseline_eval": lambda: steps.evaluate_champion(cfg, "r0001"),
+        "failure_mining": lambda: steps.mine_failures(cfg, values["baseline_eval"]),
+        "environment_synthesis": lambda: steps.synthesize_environments(cfg, values["failure_mining"]),
+        "registered_hypothesis": lambda: steps.register_hypothesis(cfg, values["environment_synthesis"], tracker),
+        "training_dataset_snapshot": lambda: steps.build_training_snapshot(cfg, values["environment_synthesis"]),
+        "lora_checkpoint": lambda: candidate.train_candidate(
+            cfg, values["registered_hypothesis"], values["training_dataset_snapshot"], tracker),
+        "checkpoint_reproduces": lambda: rescore_matches(
+            values["lora_checkpoint"].checkpoint, open_task(cfg.task, home=home).table("val")),
+        "independent_reeval": lambda: candidate.reevaluate(
+            cfg, values["lora_checkpoint"], values["training_dataset_snapshot"], tracker),
+        "promotion_decision": lambda: decide.decide_round(
+            cfg, values["registered_hypothesis"], values["training_dataset_snapshot"], values["lora_checkpoint"],
+            values["independent_reeval"], setup.current_noise_floor(cfg), tracker),
     }
     t0 = time.perf_counter()
     for name, call in calls.items():
         s = time.perf_counter()
-        call()
+        values[name] = call()
         direct[name] = time.perf_counter() - s
     direct_total = time.perf_counter() - t0
 
@@ -87,8 +98,8 @@ def main() -> None:
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("rounds", ["r0001"])
     t0 = time.perf_counter()
-    result = dg.materialize(ROUND_ASSETS + ROUND_CHECKS, partition_key="r0001", resources=resources_for(home, overrides),
-                            instance=instance, run_config=QUIET)
+    result = dg.materialize(with_upstream_sources(ROUND_ASSETS + ROUND_CHECKS), partition_key="r0001",
+                            resources=resources_for(home, overrides), instance=instance, run_config=QUIET)
     dagster_total = time.perf_counter() - t0
     assert result.success
     per_step: dict[str, float] = {}
@@ -102,7 +113,10 @@ def main() -> None:
         elif event.event_type_value == "STEP_SUCCESS":
             per_step[record.step_key] = record.timestamp - starts[record.step_key]
 
-    decision_a = json.loads((core.RoundPaths(cfg).round_dir("r0001") / "promotion_decision.json").read_text())
+    decision_direct: RoundDecision = values["promotion_decision"]
+    # The Dagster run's decision, as its IO manager stored it under the Dagster copy of the home.
+    decision_dagster = RoundStore(cfg.task, homes["dagster"]).load("promotion_decision", RoundDecision, "r0001")
+    assert decision_dagster is not None, "the Dagster run stored no promotion_decision for r0001"
     print(f"setup (benchmark + noise floor, 2 arms): {setup_s:.0f}s; recipe overrides {overrides}")
     print(f"{'asset':<28}{'dagster s':>11}{'direct s':>10}")
     for name in list(STEPS[:6]) + ["checkpoint_reproduces"] + list(STEPS[6:]):
@@ -114,7 +128,8 @@ def main() -> None:
     print(f"{'total':<28}{dagster_total:>11.1f}{direct_total:>10.1f}")
     print(f"orchestration overhead: dagster / direct = {dagster_total / direct_total:.3f} "
           f"({(dagster_total / direct_total - 1) * 100:+.1f}%, target <= +15%)")
-    print(f"direct round decided: promote={decision_a['promote']} delta={decision_a['delta']['delta']:+.4f}")
+    print(f"direct round decided: promote={decision_direct.promote} delta={decision_direct.delta['delta']:+.4f}")
+    print(f"dagster round decided: promote={decision_dagster.promote} delta={decision_dagster.delta['delta']:+.4f}")
 
 
 if __name__ == "__main__":
