@@ -17,7 +17,7 @@ from envloop_pipelines.core.sandbox import LocalSandbox, SandboxLimits
 from envloop_pipelines.core.verify.labels import read_hidden_labels
 from envloop_pipelines.core.verify.terminal import TerminalStateCheck, expect_files_params
 
-from .test_snapshots import dataset
+from .data.test_snapshots import dataset
 
 
 @pytest.fixture(scope="module")

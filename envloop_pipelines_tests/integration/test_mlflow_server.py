@@ -15,6 +15,7 @@ from envloop_pipelines.defs.rounds.assets import (
     ROUND_ASSETS,
     noise_floor,
     task_benchmark,
+    with_upstream_sources,
 )
 from envloop_pipelines.defs.rounds.checks import ROUND_CHECKS
 from envloop_pipelines.resources.loop import LoopResource, MlflowResource
