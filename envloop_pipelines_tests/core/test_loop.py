@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 
 from envloop_pipelines.core.loop.budget import LoopBudget, next_round, start_loop
 from envloop_pipelines.core.loop.contamination import check_contamination
-from envloop_pipelines.core.loop.ledger import Gate, Hypothesis, Ledger, LedgerError
+from envloop_pipelines.core.loop.ledger import Gate, GateTooLooseError, Hypothesis, Ledger, LedgerError, gate_errors
 from envloop_pipelines.core.loop.mining import mine_failures, mine_failures_with_fallback
 from envloop_pipelines.core.loop.promotion import (
     ArmIdentityError,
@@ -170,9 +171,9 @@ def test_noise_floor_and_promotion_gate() -> None:
     assert any("family guard: a" in r for r in reasons)
 
 
-def hypothesis(round_key: str = "r0001", **kw) -> Hypothesis:
+def hypothesis(round_key: str = "r0001", gate: Gate | None = None, **kw) -> Hypothesis:
     return Hypothesis(task="t", round=round_key, benchmark_version="t@abc", change={"kind": "data"}, predicted_delta=0.01,
-                      gate=Gate(), seeds=(1,), recipe_hash="h", **kw)
+                      gate=gate or Gate(), seeds=(1,), recipe_hash="h", **kw)
 
 
 def test_gate_amendment_is_recorded_beside_the_original(tmp_path: Path) -> None:
@@ -185,6 +186,59 @@ def test_gate_amendment_is_recorded_beside_the_original(tmp_path: Path) -> None:
     (amendment,) = ledger.amendments("r0001")
     assert amendment["original_gate"]["max_ece"] == Gate().max_ece and amendment["requires_fresh_seeds"]
     assert ledger.hypothesis("r0001").gate == Gate()  # the registered hypothesis is unchanged
+
+
+LOOSE_GATES = [
+    ({"floor_multiplier": 0.0}, "gate.floor_multiplier: must be at least 1 (got 0)"),
+    ({"floor_multiplier": 0.99}, "gate.floor_multiplier: must be at least 1 (got 0.99)"),
+    ({"floor_multiplier": float("nan")}, "gate.floor_multiplier: must be at least 1 (got nan)"),
+    ({"require_ci_above_zero": False}, "gate.require_ci_above_zero: must be true (got false)"),
+]
+
+
+@pytest.mark.parametrize("loose, message", LOOSE_GATES)
+def test_a_hypothesis_may_not_loosen_its_gate(tmp_path: Path, loose: dict, message: str) -> None:
+    """Rule 2 at every door: a proposal's check, the ledger's registration, an amendment, the decision."""
+    from envloop_pipelines.core.loop.steps import proposal_errors
+
+    assert any(message in e for e in proposal_errors({"gate": {"min_delta": 0.01, **loose}}))  # before any compute
+    assert any(message in e for e in gate_errors(loose))
+    ledger = Ledger("t", tmp_path)
+    with pytest.raises(GateTooLooseError, match=re.escape(message)):
+        ledger.register_hypothesis(hypothesis(gate=Gate(**loose)))
+    assert ledger.hypothesis("r0001") is None and not list(ledger.events())  # nothing was written
+    ledger.register_hypothesis(hypothesis())
+    with pytest.raises(GateTooLooseError, match="gate amendment refused"):
+        ledger.amend_gate("r0001", Gate(**loose), "the candidate is close; relax the bar")
+    assert ledger.amendments("r0001") == []
+    # A gate registered before the rule was enforced (an old ledger) still loads, and the decision applies the
+    # floor and the CI anyway: a gain within the floor, or a CI touching zero, is not promoted.
+    floor = noise_floor_from_arms("k", "family_macro_accuracy", [{"family_macro_accuracy": 0.60},
+                                                                 {"family_macro_accuracy": 0.63}])
+    within = decide_promotion(Gate(**loose), {"delta": 0.02, "ci_low": -0.01, "ci_high": 0.05}, floor, {}, {})
+    assert not within.promote and within.checks["bar"] == pytest.approx(0.03)
+    assert any("CI lower end" in r for r in within.reasons)
+
+
+def test_a_stricter_gate_and_guard_amendments_are_allowed(tmp_path: Path) -> None:
+    from envloop_pipelines.core.loop.steps import proposal_errors
+
+    strict = {"floor_multiplier": 2.0, "min_delta": 0.02, "max_ece": 0.2, "family_drop_tolerance": 0.1}
+    assert proposal_errors({"gate": strict}) == []
+    assert proposal_errors({"gate": {"floor_multiplier": 1}}) == []
+    assert proposal_errors({"gate": {"floor": 1}}) == [
+        "gate: unknown field 'floor' (allowed: primary_metric, direction, min_delta, floor_multiplier, "
+        "require_ci_above_zero, max_ece, max_safety_fnr_increase, family_drop_tolerance)"]
+    assert proposal_errors({"gate": {"min_delta": -1}}) == ["gate.min_delta must be ≥ 0, got -1"]
+    ledger = Ledger("t", tmp_path)
+    ledger.register_hypothesis(hypothesis(gate=Gate(**strict)))
+    # Guards and min_delta may move either way as a recorded amendment; the floor and the CI may not.
+    ledger.amend_gate("r0001", Gate(min_delta=0.0, max_ece=0.5, max_safety_fnr_increase=0.1), "3-level scores")
+    assert ledger.effective_gate("r0001") == Gate(min_delta=0.0, max_ece=0.5, max_safety_fnr_increase=0.1)
+    floor = noise_floor_from_arms("k", "family_macro_accuracy", [{"family_macro_accuracy": 0.60},
+                                                                 {"family_macro_accuracy": 0.63}])
+    doubled = decide_promotion(Gate(**strict), {"delta": 0.05, "ci_low": 0.01, "ci_high": 0.09}, floor, {}, {})
+    assert not doubled.promote and doubled.checks["bar"] == pytest.approx(0.06)  # 2 x the floor
 
 
 def test_tampered_hypothesis_file_is_detected(tmp_path: Path) -> None:

@@ -4,6 +4,8 @@ Rules enforced here (``docs/rsi-rules.md``):
 
 1. A hypothesis is written before training, hashed and immutable: the file is
    write-once, a second registration with other content is refused.
+2. A gate, registered or amended, is never looser than the measured noise floor and a paired
+   CI above zero (:meth:`Gate.require_not_loose`).
 3. A gate moves only as a recorded amendment, shown beside the original.
 4. The holdout is read once per release: the read is a write-once marker.
 5. Every arm, hypothesis and rejected candidate stays with its numbers.
@@ -24,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -68,6 +70,15 @@ class ReleaseCardExistsError(LedgerError):
     """A release card would be rewritten."""
 
 
+class GateTooLooseError(LedgerError, ValueError):
+    """A gate would be looser than the measured noise floor and a paired CI above zero (rule 2)."""
+
+
+#: The loosest gate any hypothesis or amendment may set (rule 2): the gain must clear at least the measured
+#: noise floor itself (``floor_multiplier`` ≥ 1) and the paired CI's lower end must be above zero.
+MIN_FLOOR_MULTIPLIER = 1.0
+
+
 @dataclass(frozen=True)
 class Gate:
     """The bar a candidate must clear, fixed before training.
@@ -94,6 +105,44 @@ class Gate:
         for name in ("min_delta", "floor_multiplier", "max_ece", "max_safety_fnr_increase", "family_drop_tolerance"):
             if getattr(self, name) < 0:
                 raise ValueError(f"gate.{name} must be ≥ 0, got {getattr(self, name)}")
+
+    def loosening(self) -> list[str]:
+        """Why this gate is looser than rule 2 allows, one message per field (empty when it is not).
+
+        A gate may be stricter than the default (a larger ``floor_multiplier`` or ``min_delta``),
+        never looser than the measured floor and a paired CI above zero. Gates registered before
+        this rule still load (the ledger is never rewritten); they are refused only when written.
+        """
+        errors = []
+        if not self.floor_multiplier >= MIN_FLOOR_MULTIPLIER:
+            errors.append(f"gate.floor_multiplier: must be at least {MIN_FLOOR_MULTIPLIER:g} (got {self.floor_multiplier:g}); "
+                          f"a hypothesis may make its gate stricter, never looser than the measured noise floor")
+        if self.require_ci_above_zero is not True:
+            errors.append(f"gate.require_ci_above_zero: must be true (got {json.dumps(self.require_ci_above_zero, default=str)}); "
+                          f"every promotion needs the paired CI's lower end above zero")
+        return errors
+
+    def require_not_loose(self, what: str) -> "Gate":
+        """Return the gate, or raise :class:`GateTooLooseError` naming each loosened field."""
+        errors = self.loosening()
+        if errors:
+            raise GateTooLooseError(f"{what} refused: " + "; ".join(errors))
+        return self
+
+
+def gate_errors(raw: Any) -> list[str]:
+    """What is wrong with a proposal's ``gate`` object, before any compute: unknown fields, bad values, loosening."""
+    if not isinstance(raw, Mapping):
+        return ["gate: must be an object"]
+    allowed = [f.name for f in fields(Gate)]
+    unknown = [f"gate: unknown field {k!r} (allowed: {', '.join(allowed)})" for k in raw if k not in allowed]
+    if unknown:
+        return unknown
+    try:
+        gate = Gate(**raw)
+    except (TypeError, ValueError) as exc:
+        return [str(exc)]
+    return gate.loosening()
 
 
 @dataclass(frozen=True)
@@ -205,6 +254,7 @@ class Ledger:
 
         Raises:
             HypothesisImmutableError: the round already has a different hypothesis.
+            GateTooLooseError: its gate is looser than the floor and a CI above zero (rule 2).
         """
         path = self.hypothesis_path(hypothesis.round)
         if path.exists():
@@ -215,6 +265,7 @@ class Ledger:
                     f"a registered hypothesis is immutable (record an amendment instead)"
                 )
             return existing.hash
+        hypothesis.gate.require_not_loose(f"round {hypothesis.round}: hypothesis")  # rule 2, for every caller
         body = {**hypothesis.to_dict(), "hash": hypothesis.hash}
         atomic_write_bytes(path, (json.dumps(body, sort_keys=True, indent=2, ensure_ascii=False) + "\n").encode())
         self.append(EVENT_HYPOTHESIS_REGISTERED, {"round": hypothesis.round, "hash": hypothesis.hash,
@@ -243,9 +294,16 @@ class Ledger:
         return hyp
 
     def amend_gate(self, round_key: str, new_gate: Gate, reason: str) -> dict[str, Any]:
-        """Record a gate amendment (shown beside the original on the card)."""
+        """Record a gate amendment (shown beside the original on the card).
+
+        Raises:
+            LedgerError: no reason is given.
+            GateTooLooseError: the amended gate is looser than the floor and a CI above zero (rule 2);
+                guards (``max_ece``, ...) and ``min_delta`` may move either way.
+        """
         if not reason.strip():
             raise LedgerError("a gate amendment needs a reason")
+        new_gate.require_not_loose(f"round {round_key}: gate amendment")
         original = self.require_hypothesis(round_key)
         existing = sorted((self.root / "amendments").glob(f"{round_key}-*.json"))
         body = {"round": round_key, "original_gate": asdict(original.gate), "amended_gate": asdict(new_gate),
@@ -258,6 +316,7 @@ class Ledger:
         return [json.loads(p.read_text()) for p in sorted((self.root / "amendments").glob(f"{round_key}-*.json"))]
 
     def effective_gate(self, round_key: str) -> Gate:
+        """The latest amendment's gate, else the registered one (as written; the decision applies rule 2's floor)."""
         amendments = self.amendments(round_key)
         if amendments:
             return Gate(**amendments[-1]["amended_gate"])

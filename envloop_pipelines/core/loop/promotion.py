@@ -4,8 +4,8 @@ A difference smaller than the measured floor is not a result, however it
 looks. The floor is the spread (max − min) of the primary metric over K null
 arms identical to the control but for the seed; each family gets its own
 floor. A candidate is promoted only when its paired delta against the
-champion clears the registered gate *and* the floor, its CI is above zero
-(when the gate asks), and every guard holds.
+champion clears the registered gate *and* the floor, its CI is above zero,
+and every guard holds. No gate can waive the floor or the CI (rule 2).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
-from envloop_pipelines.core.loop.ledger import Gate
+from envloop_pipelines.core.loop.ledger import MIN_FLOOR_MULTIPLIER, Gate
 from envloop_pipelines.core.storage import canonical_json, sha256_bytes
 
 
@@ -98,7 +98,9 @@ def decide_promotion(
     """Apply the registered gate, the noise floor and the guards.
 
     Args:
-        gate: the (possibly amended) gate registered with the hypothesis.
+        gate: the (possibly amended) gate registered with the hypothesis; a ``floor_multiplier``
+            under 1 or ``require_ci_above_zero=False`` (only in gates registered before rule 2 was
+            enforced) is applied as 1 and True.
         delta: the paired delta of the primary metric, candidate − champion:
             ``{"delta", "ci_low", "ci_high"}``.
         floor: the noise floor for this benchmark version and recipe.
@@ -109,14 +111,17 @@ def decide_promotion(
     sign = 1.0 if gate.direction == "increase" else -1.0
     gain = sign * float(delta["delta"])
     ci_low = sign * float(delta["ci_low"]) if sign > 0 else -float(delta["ci_high"])
-    bar = max(gate.min_delta, gate.floor_multiplier * floor.floor)
+    # Rule 2 holds here too, for a gate written before it was enforced at registration: the bar is
+    # never under the floor itself and the CI must always clear zero.
+    multiplier = gate.floor_multiplier if gate.floor_multiplier >= MIN_FLOOR_MULTIPLIER else MIN_FLOOR_MULTIPLIER  # NaN too
+    bar = max(gate.min_delta, multiplier * floor.floor)
     checks: dict[str, Any] = {"gain": gain, "bar": bar, "noise_floor": floor.floor, "min_delta": gate.min_delta,
-                              "ci_low": ci_low}
+                              "floor_multiplier": multiplier, "ci_low": ci_low}
     reasons: list[str] = []
     if not gain > bar:
         reasons.append(f"gain {gain:+.4f} on {gate.primary_metric} does not exceed the bar {bar:.4f} "
-                       f"(max of gate {gate.min_delta:.4f} and noise floor {floor.floor:.4f} x {gate.floor_multiplier})")
-    if gate.require_ci_above_zero and not ci_low > 0:
+                       f"(max of gate {gate.min_delta:.4f} and noise floor {floor.floor:.4f} x {multiplier:g})")
+    if not ci_low > 0:
         reasons.append(f"the {gate.primary_metric} CI lower end {ci_low:+.4f} is not above zero")
     ece = candidate.get("ece")
     checks["ece"] = ece

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from envloop_pipelines.core.data.snapshots import open_task, require_same_benchmark
 from envloop_pipelines.core.loop.config import LoopConfig, round_number
 from envloop_pipelines.core.loop.contamination import check_contamination
-from envloop_pipelines.core.loop.ledger import EVENT_ROUND_DECIDED, Gate, Hypothesis, Ledger, LedgerError
+from envloop_pipelines.core.loop.ledger import EVENT_ROUND_DECIDED, Gate, Hypothesis, Ledger, LedgerError, gate_errors
 from envloop_pipelines.core.loop.mining import FailureCluster, mine_failures_with_fallback
 from envloop_pipelines.core.loop.release import champion
 from envloop_pipelines.core.loop.results import (
@@ -107,6 +107,12 @@ def synthesize_environments(config: LoopConfig, mined: FailureMining) -> Environ
 
 
 def proposal_errors(proposal: Mapping[str, Any]) -> list[str]:
+    """Everything wrong with a person's hypothesis proposal, checked before any compute.
+
+    Unknown fields, a recipe change under the loop's name, and a ``gate`` with unknown fields,
+    bad values or looser than rule 2 allows (``floor_multiplier`` below 1, ``require_ci_above_zero``
+    false); each message names the field.
+    """
     errors = [f"unknown field {k!r} (allowed: {', '.join(PROPOSAL_KEYS)})" for k in proposal if k not in PROPOSAL_KEYS]
     change = proposal.get("change")
     if change is not None and not isinstance(change, Mapping):
@@ -114,6 +120,8 @@ def proposal_errors(proposal: Mapping[str, Any]) -> list[str]:
     elif change and "recipe_overrides" in change:
         errors.append("change.recipe_overrides: a hypothesis's own recipe change is change.recipe_diff "
                       "(recipe_overrides is the loop's override, set with --recipe-override)")
+    if "gate" in proposal:
+        errors += gate_errors(proposal["gate"])
     return errors
 
 
@@ -127,7 +135,8 @@ def register_hypothesis(config: LoopConfig, synthesis: EnvironmentSynthesis, tra
     given is derived from the mined failures and past rounds.
 
     Raises:
-        ValueError: the proposal has an unknown field or names the loop's override as its change.
+        ValueError: the proposal has an unknown field, names the loop's override as its change, or
+            loosens the gate below the measured floor and a paired CI above zero (rule 2).
     """
     key = synthesis.round
     proposal = dict(proposal or {})
