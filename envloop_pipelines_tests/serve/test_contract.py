@@ -62,8 +62,8 @@ def test_confidence_formulas_reproduce_the_contract_examples() -> None:
     assert choice_confidence([1.0, 0.0, 0.0]) == pytest.approx(1.0)
     assert score_confidence([0.2] * 5) == pytest.approx(0.0)
     assert score_confidence([0, 0, 1.0, 0]) == pytest.approx(1.0)
-    # mode 0 of 4 levels: MAD_uniform = (0+1+2+3)/4 = 1.5; spread = 0.1*1 + 0.1*3 = 0.4 → 1 - 0.4/1.5
-    assert score_confidence([0.8, 0.1, 0.0, 0.1]) == pytest.approx(1 - 0.4 / 1.5)
+    # mode 0 of 4 levels: MAD_uniform = (1.5+0.5+0.5+1.5)/4 = 1.0 (about the centre 1.5); spread = 0.1*1 + 0.1*3 = 0.4
+    assert score_confidence([0.8, 0.1, 0.0, 0.1]) == pytest.approx(1 - 0.4 / 1.0)
 
 
 def test_plain_text_chat_format_parses_each_type() -> None:
@@ -110,7 +110,7 @@ def test_each_answer_type_follows_the_contract(client: httpx.Client, model_id: s
     assert q.sum() == pytest.approx(1.0, abs=1e-9)
     assert anger["score"] == pytest.approx(float(np.dot([0, 1, 2], q)))
     mode = int(np.argmax(q))
-    mad_uniform = np.mean(np.abs(np.arange(3) - mode))
+    mad_uniform = np.mean(np.abs(np.arange(3) - 1.0))  # the uniform distribution's MAD about its centre, level 1
     assert anger["confidence"] == pytest.approx(max(0.0, 1 - float(np.dot(q, np.abs(np.arange(3) - mode))) / mad_uniform))
 
     for a in out["answers"].values():  # the automation decision: defer below the release's threshold

@@ -7,9 +7,14 @@
 * score: ``score`` = Σ i·pᵢ over zero-based levels, ``legend`` echoes the levels
   as sent, probabilities keyed by level index as a string, and the confidence
   ``max(0, 1 − Σ pᵢ·|i − mode| / MAD_uniform)`` with ``mode`` the most probable
-  level and ``MAD_uniform = Σ (1/K)·|i − mode|`` the same sum under the uniform
-  distribution. Worked example (the contract's): p = (0, 0.95, 0.05), mode 1,
-  Σ pᵢ|i−1| = 0.05, MAD_uniform = (1 + 0 + 1)/3 = 0.667, confidence = 1 − 0.075 = 0.925.
+  level (the lowest on an exact tie) and ``MAD_uniform`` the mean absolute
+  deviation of the uniform distribution over the K levels, ``Σ (1/K)·|i − (K−1)/2|``
+  (about its own centre; it depends on K only). A flat or nearly flat answer
+  therefore gets 0 wherever its mode falls: its spread about any level is at
+  least the uniform's MAD. Worked example (the contract's): p = (0, 0.95, 0.05),
+  mode 1, Σ pᵢ|i−1| = 0.05, MAD_uniform = (1 + 0 + 1)/3 = 0.667, confidence =
+  1 − 0.075 = 0.925. (Taking MAD_uniform about the mode instead, as this module
+  once did, gives a tilted flat 10-level answer a confidence near 0.1.)
 
 Fields we add carry an ``x_`` prefix, on every answer type:
 
@@ -75,14 +80,28 @@ def choice_confidence(probs: Sequence[float] | np.ndarray) -> float:
     return float(min(1.0, max(0.0, (float(p.max()) - 1.0 / k) / (1.0 - 1.0 / k))))
 
 
+def uniform_mad(k: int) -> float:
+    """The mean absolute deviation of the uniform distribution over levels ``0..k-1``: ``Σ (1/k)·|i − (k−1)/2|``.
+
+    K = 2: 0.5; K = 3: 2/3; K = 10: 2.5 (closed form: ``(k² − (k mod 2)) / (4k)``).
+    """
+    if k < 2:
+        raise ValueError(f"a score needs at least 2 levels, got {k}")
+    idx = np.arange(k, dtype=np.float64)
+    return float(np.mean(np.abs(idx - (k - 1) / 2.0)))
+
+
 def score_confidence(probs: Sequence[float] | np.ndarray) -> float:
-    """TypeSafe's score confidence ``max(0, 1 − Σ pᵢ·|i − mode| / MAD_uniform)``."""
+    """TypeSafe's score confidence ``max(0, 1 − Σ pᵢ·|i − mode| / MAD_uniform)``.
+
+    ``mode`` is the most probable level (the lowest index on an exact tie) and ``MAD_uniform``
+    is :func:`uniform_mad` of the number of levels.
+    """
     p = _checked(probs)
     idx = np.arange(p.size, dtype=np.float64)
     mode = int(np.argmax(p))
     spread = float(np.sum(p * np.abs(idx - mode)))
-    mad_uniform = float(np.mean(np.abs(idx - mode)))  # > 0: K ≥ 2, so some level differs from the mode
-    return float(min(1.0, max(0.0, 1.0 - spread / mad_uniform)))
+    return float(min(1.0, max(0.0, 1.0 - spread / uniform_mad(p.size))))
 
 
 def expected_score(probs: Sequence[float] | np.ndarray) -> float:
@@ -169,4 +188,5 @@ __all__ = [
     "jev_answer",
     "option_logprobs",
     "score_confidence",
+    "uniform_mad",
 ]
