@@ -1,12 +1,20 @@
 """``envloop sandbox``: run a command or a verifier in the sandbox and print the typed result as JSON.
 
     envloop sandbox exec [--backend local|docker|k8s] [--cpu-s N --mem-mb N --wall-s N ...] -- CMD ARGS
-    envloop sandbox verify --task NAME --split test --predictions FILE [--kind rule|grader] [--items]
+    envloop sandbox verify --task NAME --split dev --predictions FILE [--kind rule|grader] [--items]
+    envloop sandbox verify --task NAME --split test --predictions FILE          # aggregate scores only
+    envloop sandbox verify --task NAME --split holdout --release N --predictions FILE
     envloop sandbox info
+
+``verify`` goes through the verifier's one door (``verify_task``): on test and
+holdout it prints aggregate scores only (``--items`` is refused there), and a
+holdout read is release N's one read (``Ledger.read_holdout_once``), refused
+when that release has already read it (every published release has) and for
+a release that is not published yet (the release step reads its holdout).
 
 Exit status: 0 when the command (or the verifier) ended ``ok``, 1 when it did
 not (the JSON says why: timeout, cpu_limit, memory_exceeded, ...), 2 for a
-usage error.
+usage error or a read the rules refuse.
 """
 
 from __future__ import annotations
@@ -87,20 +95,39 @@ def sandbox_exec(backend: str, cpu_s: float | None, mem_mb: int | None, wall_s: 
 @click.option("--image", default=None, help="Verifier image (docker).")
 @click.option("--wall-s", type=float, default=None, help="Wall-clock limit of the worker.")
 @click.option("--mem-mb", type=int, default=None, help="Memory limit of the worker, MiB.")
-@click.option("--items/--no-items", default=False, show_default=True, help="Include the per-item scores.")
+@click.option("--items/--no-items", default=False, show_default=True,
+              help="Include the per-item scores (open splits only: test and holdout answer with aggregate scores).")
+@click.option("--release", type=int, default=None,
+              help="With --split holdout: the published release whose one holdout read this is.")
 def sandbox_verify(task: str, split: str, predictions: Path, kind: str, grader: str, snapshot_id: str | None,
                    home: Path | None, backend: str, image: str | None, wall_s: float | None, mem_mb: int | None,
-                   items: bool) -> None:
+                   items: bool, release: int | None) -> None:
     """Score PREDICTIONS on TASK's SPLIT with a verifier worker in the sandbox; print the report as JSON."""
+    from envloop_pipelines.core.data.splits import HIDDEN_SPLITS
+    from envloop_pipelines.core.loop.ledger import Ledger, LedgerError
     from envloop_pipelines.core.sandbox import make_sandbox
     from envloop_pipelines.core.verify.runner import DEFAULT_WORKER_LIMITS, VerifierRunner, verify_task
 
+    if items and split in HIDDEN_SPLITS:
+        raise click.UsageError(f"--items: {split} answers with aggregate scores only, never per item "
+                               f"(per-item scores are given on train, val and dev)")
+    if split != "holdout" and release is not None:
+        raise click.UsageError("--release applies to --split holdout only")
+    slot = None
+    if split == "holdout":
+        if release is None:
+            raise click.UsageError("--split holdout needs --release N: the holdout is read once per release "
+                                   "(envloop releases lists them)")
+        slot = Ledger(task, home)
+        if not (slot.release_dir(release) / "card.json").exists():
+            raise click.UsageError(f"--release {release}: release {release} of {task!r} is not published; the release "
+                                   f"step reads its holdout when it publishes it")
     limits = _limits(DEFAULT_WORKER_LIMITS, wall_s=wall_s, mem_mb=mem_mb)
     runner = VerifierRunner(make_sandbox(backend, limits=limits, **_backend_options(backend, image)), limits=limits)
     try:
         run = verify_task(task, split, predictions, kind=kind, snapshot_id=snapshot_id, home=home, runner=runner,
-                          grader=grader)
-    except FileNotFoundError as exc:
+                          grader=grader, holdout_slot=slot, release=release)
+    except (FileNotFoundError, LedgerError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
     _echo_json(run.to_dict(include_items=items))

@@ -76,16 +76,93 @@ def test_decision_verify_uses_the_rule_verifier(home: Path) -> None:
 
 
 def test_decision_verify_in_the_sandbox_matches_in_process(home: Path) -> None:
-    tasks = [DecisionEnvironment("tickets", "test", home=home, sandboxed=False).reset(s) for s in range(6)]
+    tasks = [DecisionEnvironment("tickets", "dev", home=home, sandboxed=False).reset(s) for s in range(6)]
     rng = np.random.default_rng(0)
     answers = [rng.dirichlet(np.ones(len(t.inputs["option_keys"]))).tolist() for t in tasks]
     tasks.append(tasks[0])  # the same question twice with another answer: scored in a second run
     answers.append(tasks[0].inputs["option_keys"][0])
-    boxed = DecisionEnvironment("tickets", "test", home=home).verify_batch(tasks, answers)
-    local = DecisionEnvironment("tickets", "test", home=home, sandboxed=False).verify_batch(tasks, answers)
+    boxed = DecisionEnvironment("tickets", "dev", home=home).verify_batch(tasks, answers)
+    local = DecisionEnvironment("tickets", "dev", home=home, sandboxed=False).verify_batch(tasks, answers)
     assert [(s.value, s.passed, s.status, s.details) for s in boxed] == [(s.value, s.passed, s.status, s.details) for s in local]
     assert all(s.sandbox is not None and s.sandbox.ok for s in boxed)
     assert boxed[0].sandbox.pid != boxed[-1].sandbox.pid  # two worker processes
+
+
+def right_answers(home: Path, env: DecisionEnvironment) -> dict[str, str]:
+    """Each question's labelled option (the soft label's argmax), keyed by task id: the answers of an oracle."""
+    out = {}
+    for task_id in env.task_ids:
+        record_id, question_id = task_id.split("#")
+        task = Task(env=env.name, seed=0, task_id=task_id, prompt="", inputs={"record_id": record_id,
+                                                                                "question_id": question_id})
+        label = label_of(home, env.split, task)
+        index = int(np.argmax(label["soft_label"])) if label["soft_label"] is not None else label["label"]
+        out[task_id] = label["option_keys"][index]
+    return out
+
+
+@pytest.mark.parametrize("split", ["test", "holdout"])
+@pytest.mark.parametrize("sandboxed", [True, False])
+def test_a_hidden_split_never_answers_per_item(home: Path, split: str, sandboxed: bool) -> None:
+    """Rule 4 through an environment: no per-item verdict on test or holdout, sandboxed or not."""
+    from envloop_pipelines.core.verify.runner import HiddenSplitQueryError
+
+    env = DecisionEnvironment("tickets", split, home=home, sandboxed=sandboxed)
+    task = env.reset(0)
+    with pytest.raises(HiddenSplitQueryError, match="aggregate scores only, never per item"):
+        env.verify(task, task.inputs["option_keys"][0])
+    with pytest.raises(HiddenSplitQueryError, match="aggregate scores only, never per item"):
+        env.verify_batch([task], [task.inputs["option_keys"][0]])
+
+
+def test_a_hidden_split_answers_aggregate_scores_of_every_question(home: Path) -> None:
+    env = DecisionEnvironment("tickets", "test", home=home)
+    oracle = right_answers(home, env)
+    run = env.evaluate(oracle)
+    assert run.ok, run.error
+    assert run.report.items == () and run.report.extra_ids == ()  # no per-item result reaches the caller
+    assert run.report.n_items == run.report.n_scored == len(env.task_ids) and run.report.accuracy_all == 1.0
+    assert "items" not in run.to_dict(include_items=False)["report"]
+    # The aggregate of a chosen question is that question's verdict: a partial answer set is refused, whatever
+    # the other rows hold (missing, or present but invalid).
+    one = dict(list(oracle.items())[:1])
+    partial = env.evaluate(one)
+    assert not partial.ok and partial.report is None
+    assert f"1 of {len(env.task_ids)} scored (missing {len(env.task_ids) - 1}, invalid 0)" in partial.error
+    assert "aggregate scores only" in partial.error
+    invalid = env.evaluate({**oracle, **{k: [0.5, 0.5, 0.5] for k in list(oracle)[1:]}})
+    assert not invalid.ok and f"1 of {len(env.task_ids)} scored" in invalid.error
+    with pytest.raises(ValueError, match="is not a question of"):
+        env.evaluate({"nope#queue": "billing"})
+
+
+def test_a_second_holdout_read_through_an_environment_is_refused(home: Path, tmp_path: Path) -> None:
+    """Rule 4 through an environment: the holdout is read as a release's one read, in the ledger's slot."""
+    from envloop_pipelines.core.loop.ledger import EVENT_HOLDOUT_READ, HoldoutAlreadyReadError, Ledger
+    from envloop_pipelines.core.verify.runner import HiddenSplitQueryError
+
+    env = DecisionEnvironment("tickets", "holdout", home=home)
+    oracle = right_answers(home, env)
+    with pytest.raises(HiddenSplitQueryError, match="read once per release"):
+        env.evaluate(oracle)  # no slot: no read
+    ledger = Ledger("tickets", tmp_path / "ledger-home")
+    failed = env.evaluate(dict(list(oracle.items())[:1]), holdout_slot=ledger, release=1)
+    assert not failed.ok and ledger.holdout_result(1) is None  # a refused or failed read does not consume it
+    first = env.evaluate(oracle, holdout_slot=ledger, release=1)
+    assert first.ok and first.report.accuracy_all == 1.0 and first.report.items == ()
+    assert ledger.holdout_result(1) == dict(first.report.metrics)
+    assert [e["release"] for e in ledger.events(EVENT_HOLDOUT_READ)] == [1]
+    with pytest.raises(HoldoutAlreadyReadError, match="each release reads it once"):
+        env.evaluate(oracle, holdout_slot=ledger, release=1)
+    with pytest.raises(HoldoutAlreadyReadError):
+        DecisionEnvironment("tickets", "holdout", home=home).evaluate(oracle, holdout_slot=ledger, release=1)
+    assert [e["release"] for e in ledger.events(EVENT_HOLDOUT_READ)] == [1]
+
+
+def test_an_open_split_evaluates_with_items(home: Path) -> None:
+    env = DecisionEnvironment("tickets", "dev", home=home)
+    run = env.evaluate(right_answers(home, env))
+    assert run.ok and len(run.report.items) == len(env.task_ids) and all(i.correct is not False for i in run.report.items)
 
 
 # --------------------------------------------------------------------------- shell tasks

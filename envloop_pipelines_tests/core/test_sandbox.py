@@ -240,12 +240,15 @@ def _label_file(home: Path) -> Path:
 
     data_dir = Path(tempfile.mkdtemp(dir=home))
     snap = import_file(dataset(data_dir), "tickets", home=home)
-    path = home / "verifier" / "tickets" / snap.snapshot_id / "test.labels.parquet"
+    return home / "verifier" / "tickets" / snap.snapshot_id / "test.labels.parquet"
+
+
+def _world_readable(path: Path, home: Path) -> None:
+    """What a label store written before it was owner-only looked like: files 0444 on traversable folders."""
     for p in [path, *path.parents]:
         if p == home.parent:
             break
         p.chmod(p.stat().st_mode | stat.S_IROTH | (stat.S_IXOTH if p.is_dir() else 0))
-    return path
 
 
 READ = ("import sys\ntry:\n    data = open(sys.argv[1], 'rb').read(); print('READ', len(data))\n"
@@ -254,9 +257,13 @@ READ = ("import sys\ntry:\n    data = open(sys.argv[1], 'rb').read(); print('REA
 
 @needs_root_isolation
 def test_hidden_label_file_is_not_readable(traversable_home: Path) -> None:
+    from envloop_pipelines.core.verify.labels import read_hidden_labels
+
     label = _label_file(traversable_home)
-    # The label files are world-readable (0444) on a traversable path: permissions alone would not hide them.
-    assert label.stat().st_mode & 0o777 == 0o444 and label.read_bytes()[:4] == b"PAR1"
+    store = traversable_home / "verifier"
+    # The label store is owner-only: files 0400, folders 0700 from <home>/verifier down.
+    assert label.stat().st_mode & 0o777 == 0o400 and label.read_bytes()[:4] == b"PAR1"
+    assert {p.stat().st_mode & 0o777 for p in (label.parent, label.parent.parent, store)} == {0o700}
     # Default: the EnvLoop home's verifier dir is masked (and /tmp is private, so the path is simply absent).
     default = box().run([PY, "-c", READ, str(label)])
     assert default.ok and default.hidden_paths_masked, default
@@ -264,9 +271,19 @@ def test_hidden_label_file_is_not_readable(traversable_home: Path) -> None:
     # Without the private /tmp, the mode-000 mask over <home>/verifier is what stops the read.
     masked = LocalSandbox(SandboxLimits(wall_s=10), private_tmp=False).run([PY, "-c", READ, str(label)])
     assert masked.stdout_tail.strip() == f"PermissionError {errno.EACCES}", masked
-    # The control: with masking off, the same unprivileged uid reads the file, and the result says it was not masked.
-    exposed = LocalSandbox(SandboxLimits(wall_s=10), mask_paths=False, private_tmp=False).run([PY, "-c", READ, str(label)])
+    # With masking off too, the file modes alone stop the sandbox's fresh uid.
+    unmasked = LocalSandbox(SandboxLimits(wall_s=10), mask_paths=False, private_tmp=False)
+    modes_only = unmasked.run([PY, "-c", READ, str(label)])
+    assert modes_only.stdout_tail.strip() == f"PermissionError {errno.EACCES}", modes_only
+    assert modes_only.hidden_paths_masked is False and modes_only.uid != os.getuid()
+    # The control: a store written world-readable (before it was owner-only) is read by the same unmasked uid ...
+    _world_readable(label, traversable_home)
+    exposed = unmasked.run([PY, "-c", READ, str(label)])
     assert exposed.stdout_tail.startswith("READ") and exposed.hidden_paths_masked is False, exposed
+    # ... and the verifier's next read narrows it again.
+    read_hidden_labels("tickets", "test", home=traversable_home)
+    assert label.stat().st_mode & 0o777 == 0o400 and store.stat().st_mode & 0o777 == 0o700
+    assert unmasked.run([PY, "-c", READ, str(label)]).stdout_tail.strip() == f"PermissionError {errno.EACCES}"
 
 
 @needs_root_isolation

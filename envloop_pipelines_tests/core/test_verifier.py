@@ -262,6 +262,66 @@ def test_verify_task_and_the_cli(task: dict[str, Any], tmp_path: Path) -> None:
     assert out["status"] == "ok" and out["report"]["kind"] == "grader" and "items" not in out["report"]
     assert out["report"]["n_items"] == task["labels"].num_rows and out["worker_pid"] == out["sandbox"]["pid"]
     assert DEFAULT_WORKER_LIMITS.mem_mb >= 1024
+    # A hidden split's report carries no items, even to the caller of verify_task.
+    assert run.report.items == () and run.report.n_scored == task["labels"].num_rows
+
+
+def _cli_verify(task: dict[str, Any], path: Path, *args: str) -> Any:
+    return CliRunner().invoke(sandbox_cli, ["verify", "--task", "tickets", "--predictions", str(path),
+                                            "--home", str(task["home"]), *args])
+
+
+def test_the_cli_never_answers_per_item_on_a_hidden_split(task: dict[str, Any], tmp_path: Path) -> None:
+    """Rule 4 through the CLI: --items on test or holdout is refused before any label is read."""
+    path = write_predictions(tmp_path / "p.jsonl", oracle_rows(task["labels"]))
+    for split in ("test", "holdout"):
+        result = _cli_verify(task, path, "--split", split, "--items", "--release", "1")
+        assert result.exit_code == 2 and f"--items: {split} answers with aggregate scores only" in result.output
+    # One chosen row scored alone would be that row's verdict: the worker refuses a partial file.
+    one = write_predictions(tmp_path / "one.jsonl", oracle_rows(task["labels"])[:1])
+    partial = _cli_verify(task, one, "--split", "test")
+    out = json.loads(partial.output)
+    assert partial.exit_code == 1 and out["report"] is None and "aggregate scores only" in out["error"]
+    # Open splits still give per-item scores to whoever asks.
+    from envloop_pipelines.core.data.snapshots import open_task
+
+    dev = open_task("tickets", home=task["home"]).labels("dev")
+    dev_path = write_predictions(tmp_path / "dev.jsonl", oracle_rows(dev))
+    open_run = _cli_verify(task, dev_path, "--split", "dev", "--items")
+    assert open_run.exit_code == 0 and len(json.loads(open_run.output)["report"]["items"]) == dev.num_rows
+
+
+def test_a_second_holdout_read_through_the_cli_is_refused(task: dict[str, Any], tmp_path: Path) -> None:
+    """Rule 4 through the CLI: a holdout read is a published release's one read, in the ledger's slot."""
+    from envloop_pipelines.core.loop.ledger import EVENT_HOLDOUT_READ, Ledger
+
+    holdout = read_hidden_labels("tickets", "holdout", home=task["home"])
+    path = write_predictions(tmp_path / "h.jsonl", oracle_rows(holdout))
+    no_release = _cli_verify(task, path, "--split", "holdout")
+    assert no_release.exit_code == 2 and "--split holdout needs --release N" in no_release.output
+    unpublished = _cli_verify(task, path, "--split", "holdout", "--release", "7")
+    assert unpublished.exit_code == 2 and "release 7 of 'tickets' is not published" in unpublished.output
+    ledger = Ledger("tickets", task["home"])
+    # Release 1 read its holdout when it was published (as publish_release does); release 2's card was written
+    # without its read (as a home from before the read was recorded could hold).
+    ledger.read_holdout_once(1, lambda: {"family_macro_accuracy": 0.5})
+    for release in (1, 2):
+        ledger.write_release_card(release, {"release": release, "round": f"r{release}"}, f"# release {release}\n")
+    second = _cli_verify(task, path, "--split", "holdout", "--release", "1")
+    assert second.exit_code == 2 and "release 1 already read the holdout" in second.output
+    first = _cli_verify(task, path, "--split", "holdout", "--release", "2")
+    assert first.exit_code == 0, first.output
+    out = json.loads(first.output)
+    assert out["report"]["accuracy_all"] == 1.0 and "items" not in out["report"]
+    assert ledger.holdout_result(2)["accuracy"] == 1.0
+    again = _cli_verify(task, path, "--split", "holdout", "--release", "2")
+    assert again.exit_code == 2 and "release 2 already read the holdout" in again.output
+    assert [e["release"] for e in ledger.events(EVENT_HOLDOUT_READ)] == [1, 2]
+    # Past the CLI, verify_task itself takes no holdout read without a slot.
+    from envloop_pipelines.core.verify.runner import HiddenSplitQueryError
+
+    with pytest.raises(HiddenSplitQueryError, match="read once per release"):
+        verify_task("tickets", "holdout", path, home=task["home"])
 
 
 # --------------------------------------------------------------------------- independence

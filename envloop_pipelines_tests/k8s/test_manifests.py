@@ -74,7 +74,8 @@ def _validate(doc: dict[str, Any], version: str = K8S_VERSIONS[0]) -> None:
 def test_k8s_folder_holds_the_expected_objects() -> None:
     kinds = sorted(f"{d['kind']}/{d['metadata']['name']}" for d in DOCUMENTS.values())
     assert kinds == sorted([
-        "PersistentVolumeClaim/envloop-home", "PersistentVolumeClaim/envloop-models", "Job/envloop-models-fill",
+        "PersistentVolumeClaim/envloop-home", "PersistentVolumeClaim/envloop-verifier",
+        "PersistentVolumeClaim/envloop-models", "Job/envloop-models-fill",
         "ConfigMap/envloop-postgres-init", "Service/envloop-postgres", "StatefulSet/envloop-postgres",
         "PersistentVolumeClaim/envloop-mlflow-artifacts", "Deployment/envloop-mlflow", "Service/envloop-mlflow",
         "Deployment/envloop-inference", "Service/envloop-inference",
@@ -295,8 +296,8 @@ def test_helm_values_wire_the_project_together() -> None:
     assert claims <= {d["metadata"]["name"] for d in DOCUMENTS.values() if d["kind"] == "PersistentVolumeClaim"}
 
 
-def test_training_step_pod_from_the_values_and_op_tags_is_valid_and_gets_a_gpu() -> None:
-    """The Job ``k8s_job_executor`` builds for ``lora_checkpoint``: run launcher config, deployment env and volumes,
+def _step_pod(asset: str) -> dict[str, Any]:
+    """The Job ``k8s_job_executor`` builds for ``asset``: run launcher config, deployment env and volumes,
     then the asset's ``dagster-k8s/config`` merged over them (dagster_k8s's own merge and Job builder)."""
     import dagster as dg
     from dagster_k8s.container_context import K8sContainerContext
@@ -319,19 +320,24 @@ def test_training_step_pod_from_the_values_and_op_tags_is_valid_and_gets_a_gpu()
         run_k8s_config=UserDefinedDagsterK8sConfig.from_dict({"container_config": run_cfg["containerConfig"],
                                                               "pod_spec_config": run_cfg["podSpecConfig"]}),
     )
-    tags = defs.get_repository_def().assets_defs_by_key[dg.AssetKey("lora_checkpoint")].op.tags
+    tags = defs.get_repository_def().assets_defs_by_key[dg.AssetKey(asset)].op.tags
     context = context.merge(K8sContainerContext(run_k8s_config=get_user_defined_k8s_config(tags)))
     job_config = DagsterK8sJobConfig(
         job_image=f"{IMAGE_REPOSITORY}:{dep['image']['tag']}", dagster_home="/opt/dagster/dagster_home",
         instance_config_map="dagster-instance", postgres_password_secret=values["global"]["postgresqlSecretName"])
     job = construct_dagster_k8s_job(
         job_config,
-        args=["dagster", "api", "execute_step"], job_name="dagster-step-lora-checkpoint", component="step_worker",
-        user_defined_k8s_config=context.run_k8s_config,
+        args=["dagster", "api", "execute_step"], job_name=f"dagster-step-{asset.replace('_', '-')}",
+        component="step_worker", user_defined_k8s_config=context.run_k8s_config,
     )
     manifest = ApiClient().sanitize_for_serialization(job)
     for version in K8S_VERSIONS:
         _validate(manifest, version)
+    return manifest
+
+
+def test_training_step_pod_from_the_values_and_op_tags_is_valid_and_gets_a_gpu() -> None:
+    manifest = _step_pod("lora_checkpoint")
     pod = manifest["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
@@ -340,6 +346,38 @@ def test_training_step_pod_from_the_values_and_op_tags_is_valid_and_gets_a_gpu()
     assert pod["serviceAccountName"] == DAGSTER_SERVICE_ACCOUNT and pod["securityContext"]["runAsUser"] == RUN_AS_USER
     assert {m["mountPath"] for m in container["volumeMounts"]} == {"/envloop-home", "/models"}
     assert {"name": "ENVLOOP_EXECUTOR", "value": "k8s"} in container["env"]
+
+
+LABEL_STEPS = ("task_benchmark", "noise_floor", "independent_reeval", "promotion_decision")
+
+
+@pytest.mark.parametrize("asset", [*LABEL_STEPS, "lora_checkpoint", "baseline_eval", "training_dataset_snapshot"])
+def test_only_the_steps_that_write_or_score_labels_mount_the_label_volume(asset: str) -> None:
+    """Rule 4 on a cluster: the label store is its own volume, mounted over <ENVLOOP_HOME>/verifier in the
+    steps that write or score labels and nowhere else (not the training step, not the inference server)."""
+    values = _values()
+    (dep,) = values["dagster-user-deployments"]["deployments"]
+    pod = _step_pod(asset)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    label_path = f"{dep['env']['ENVLOOP_HOME']}/verifier"
+    if asset in LABEL_STEPS:
+        assert claims[mounts[label_path]] == "envloop-verifier", (claims, mounts)
+        assert _doc("PersistentVolumeClaim", "envloop-verifier")["spec"]["accessModes"] == ["ReadWriteMany"]
+        assert mounts[dep["env"]["ENVLOOP_HOME"]] == "envloop-home"  # the rest of the home as before
+    else:
+        assert "envloop-verifier" not in claims.values() and label_path not in mounts, (claims, mounts)
+
+
+def test_nothing_else_mounts_the_label_volume() -> None:
+    values = _values()
+    (dep,) = values["dagster-user-deployments"]["deployments"]
+    assert "envloop-verifier" not in {v["persistentVolumeClaim"]["claimName"] for v in dep["volumes"]}
+    for doc in DOCUMENTS.values():
+        if doc["kind"] in ("Deployment", "StatefulSet", "Job"):
+            volumes = doc["spec"]["template"]["spec"].get("volumes", [])
+            assert all(v.get("persistentVolumeClaim", {}).get("claimName") != "envloop-verifier" for v in volumes), doc
 
 
 # --------------------------------------------------------------------------- images and commands

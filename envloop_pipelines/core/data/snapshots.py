@@ -7,16 +7,18 @@ Layout under the EnvLoop home::
     tasks/<task>/snapshots/<id>/train.parquet    questions with labels (also val, dev)
     tasks/<task>/snapshots/<id>/test.parquet     questions WITHOUT labels (also holdout)
     verifier/<task>/<id>/test.labels.parquet     labels of test and holdout, read by the verifier only
+                                                 (owner-only: files 0400, folders 0700)
 
 The training side opens a snapshot with :func:`open_task`; it can read the
 labels of train, val and dev and the inputs of test and holdout, never their
 labels. The verifier reads hidden labels through
-:mod:`envloop_pipelines.core.verify.labels`.
+:mod:`envloop_pipelines.core.verify.labels`, a module private to ``core/verify/``.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +49,8 @@ from envloop_pipelines.core.storage import (
     sha256_file,
     staging_dir,
 )
+
+log = logging.getLogger(__name__)
 
 MANIFEST_VERSION = 1
 #: Columns the verifier needs beside the labels to score a prediction file.
@@ -136,6 +140,44 @@ def hidden_labels_dir(task: str, snapshot_id: str, home: str | Path | None = Non
     return envloop_home(home) / "verifier" / task / snapshot_id
 
 
+#: The label store is owner-only: the loop's uid (whose verifier parent reads the files and pipes them to the
+#: worker) may read them; the sandbox's fresh uids, a server or trainer running as another account, and every
+#: other user may not, even where no mount namespace masks the folder (threat model: core/sandbox/local.py).
+HIDDEN_LABEL_FILE_MODE = 0o400
+HIDDEN_LABEL_DIR_MODE = 0o700
+
+
+def restrict_hidden_labels(folder: Path, home: str | Path | None = None) -> None:
+    """Make a snapshot's label folder owner-only: its files 0400, it and its parents up to ``<home>/verifier`` 0700.
+
+    Called when labels are written and when they are read, so a label store written before
+    (world-readable 0444 files) is narrowed the first time the verifier reads it.
+    """
+    root = (envloop_home(home) / "verifier").resolve()
+    folder = folder.resolve()
+    if root != folder and root not in folder.parents:
+        raise ValueError(f"{folder} is not under the label store {root}")
+
+    def narrow(path: Path, mode: int) -> None:
+        st = path.lstat()
+        if st.st_mode & 0o777 == mode:
+            return
+        try:
+            path.chmod(mode)
+        except OSError as exc:  # another user's store, a read-only mount: say so, never fail the read for it
+            log.warning("cannot make %s owner-only (mode %o, owner uid %d): %s", path, st.st_mode & 0o777, st.st_uid, exc)
+
+    for path in folder.iterdir():
+        if path.is_file() and not path.is_symlink():
+            narrow(path, HIDDEN_LABEL_FILE_MODE)
+    current = folder
+    while True:
+        narrow(current, HIDDEN_LABEL_DIR_MODE)
+        if current == root:
+            break
+        current = current.parent
+
+
 def create_snapshot(
     records: Sequence[Record],
     task: str,
@@ -214,14 +256,14 @@ def create_snapshot(
         extra=dict(extra or {}),
     )
 
-    # Hidden labels first: a snapshot is never visible without its labels.
+    # Hidden labels first: a snapshot is never visible without its labels. Owner-only from the start.
     labels_final = hidden_labels_dir(task, snapshot_id, home)
     if not labels_final.exists():
         staged = staging_dir(labels_final.parent)
         for split, data in label_files.items():
             atomic_write_bytes(staged / f"{split}.labels.parquet", data)
-        make_read_only(staged)
         publish_dir(staged, labels_final)
+    restrict_hidden_labels(labels_final, home)
 
     snapshots = task_dir(task, home) / "snapshots"
     final = snapshots / snapshot_id
@@ -264,7 +306,8 @@ class TaskSnapshot:
         """Labels of an open split; hidden splits raise :class:`HiddenSplitError`."""
         if split in HIDDEN_SPLITS:
             raise HiddenSplitError(
-                f"labels of {split!r} are read by the verifier only (envloop_pipelines.core.verify.labels); "
+                f"labels of {split!r} are read by the verifier only, which answers with aggregate scores "
+                f"(envloop_pipelines.core.verify.runner.verify_task); "
                 f"training-side code may read {', '.join(OPEN_SPLITS)}"
             )
         return self.table(split).select(list(HIDDEN_LABEL_COLUMNS))

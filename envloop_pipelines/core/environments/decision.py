@@ -4,16 +4,24 @@
 from the snapshot pinned when the environment was built (so a seed means the
 same question for as long as the environment exists, and across machines with
 the same snapshot id). The task carries the state, the question and its
-options, never the label. ``verify`` writes the answer as a one-row
+options, never the label.
+
+On an open split (train, val, dev) ``verify`` writes the answer as a one-row
 predictions file and scores it with the rule verifier in a sandboxed worker
-(``sandboxed=False`` scores in process, for quick local loops); the labels are
-read on the verifier side only (hidden splits through
-:mod:`envloop_pipelines.core.verify.labels`).
+(``sandboxed=False`` scores in process, for quick local loops). On a hidden
+split (test, holdout) there is no per-item answer: ``verify`` and
+``verify_batch`` raise :class:`~envloop_pipelines.core.verify.runner.HiddenSplitQueryError`,
+and :meth:`DecisionEnvironment.evaluate` scores answers to every question of
+the split through the verifier's one door
+(:func:`~envloop_pipelines.core.verify.runner.verify_task`), aggregate scores
+only, the holdout as a release's one read. Labels are read on the verifier
+side only.
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -23,11 +31,11 @@ import pyarrow.compute as pc
 
 from envloop_pipelines.core.environments.base import Score, Task, check_seed
 from envloop_pipelines.core.data.snapshots import open_task
-from envloop_pipelines.core.data.splits import SPLITS
+from envloop_pipelines.core.data.splits import HIDDEN_SPLITS, SPLITS
 from envloop_pipelines.core.storage import envloop_home
-from envloop_pipelines.core.verify.protocol import VerifierReport
+from envloop_pipelines.core.verify.protocol import VerifierReport, write_predictions
 from envloop_pipelines.core.verify.rule import RuleVerifier
-from envloop_pipelines.core.verify.runner import VerifierRunner, task_labels
+from envloop_pipelines.core.verify.runner import HiddenSplitQueryError, HoldoutSlot, VerifierRun, VerifierRunner, verify_task
 
 _INPUT_COLUMNS = ("record_id", "question_id", "family", "type", "state_text", "instructions_text", "option_keys", "option_texts")
 
@@ -52,7 +60,8 @@ class DecisionEnvironment:
 
     Args:
         task: the task name.
-        split: the split to draw from (``dev`` by default; ``test`` and ``holdout`` read hidden labels).
+        split: the split to draw from (``dev`` by default). On ``test`` and ``holdout`` only
+            :meth:`evaluate` scores (aggregate scores of answers to every question).
         snapshot_id: the snapshot (default: the task's current one, pinned now).
         home: the EnvLoop home.
         runner: the sandboxed verifier runner (default: the local sandbox).
@@ -82,7 +91,7 @@ class DecisionEnvironment:
             raise ValueError(f"split {split!r} of task {task!r} has no questions")
         self.runner = runner
         self.sandboxed = sandboxed
-        self._labels: pa.Table | None = None  # verifier side: loaded on the first verify
+        self._labels: pa.Table | None = None  # open splits: loaded on the first verify
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -95,9 +104,49 @@ class DecisionEnvironment:
             inputs={k: row[k] for k in _INPUT_COLUMNS if k != "instructions_text"},
         )
 
+    @property
+    def task_ids(self) -> list[str]:
+        """Every question of the split as a task id (``record_id#question_id``), in a fixed order."""
+        return [f"{r['record_id']}#{r['question_id']}" for r in self._rows]
+
+    def evaluate(self, answers: Mapping[str, Any], *, holdout_slot: HoldoutSlot | None = None,
+                 release: int | None = None, safety_families: Sequence[str] = ()) -> VerifierRun:
+        """Score answers as one predictions file through the verifier's door: aggregate scores on hidden splits.
+
+        Args:
+            answers: task id (:attr:`task_ids`) → answer (an option key, a mapping option →
+                probability, or a probability list). On test and holdout every question must have
+                a valid answer, or the verifier refuses the file.
+            holdout_slot: the ledger (its ``read_holdout_once``); required on ``holdout``.
+            release: the release whose one holdout read this is; required on ``holdout``.
+            safety_families: families whose false-negative rate the report includes.
+
+        Returns:
+            The verifier run; on a hidden split its report has no items.
+
+        Raises:
+            ValueError: an answer names no question of the split or is malformed.
+            HiddenSplitQueryError: ``holdout`` without a slot and a release.
+            HoldoutAlreadyReadError: from the slot, when the release already read the holdout.
+        """
+        by_id = {f"{r['record_id']}#{r['question_id']}": r for r in self._rows}
+        rows = []
+        for task_id, answer in answers.items():
+            if task_id not in by_id:
+                raise ValueError(f"{task_id!r} is not a question of {self.name}")
+            row = by_id[task_id]
+            task = Task(env=self.name, seed=0, task_id=task_id, prompt=row["instructions_text"],
+                        inputs={k: row[k] for k in _INPUT_COLUMNS if k != "instructions_text"})
+            rows.append(answer_row(task, answer))
+        with tempfile.TemporaryDirectory(prefix="envloop-evaluate-") as tmp:
+            path = write_predictions(Path(tmp) / "predictions.jsonl", rows)
+            return verify_task(self.task, self.split, path, snapshot_id=self.snapshot_id, home=self.home,
+                               runner=self.runner, holdout_slot=holdout_slot, release=release,
+                               safety_families=safety_families)
+
     def _labels_for(self, keys: set[tuple[str, str]]) -> pa.Table:
         if self._labels is None:
-            self._labels = task_labels(self.task, self.split, snapshot_id=self.snapshot_id, home=self.home)
+            self._labels = open_task(self.task, snapshot_id=self.snapshot_id, home=self.home).labels(self.split)
         records = pa.array(sorted({r for r, _ in keys}), pa.string())
         subset = self._labels.filter(pc.is_in(self._labels.column("record_id"), value_set=records))
         mask = [(r, q) in keys for r, q in zip(subset.column("record_id").to_pylist(), subset.column("question_id").to_pylist())]
@@ -112,7 +161,15 @@ class DecisionEnvironment:
 
         Two answers to the same question in one batch go to separate runs (a
         predictions file holds one row per question).
+
+        Raises:
+            HiddenSplitQueryError: the split is test or holdout, which never say per item whether
+                an answer is right (use :meth:`evaluate`).
         """
+        if self.split in HIDDEN_SPLITS:
+            raise HiddenSplitQueryError(
+                f"{self.name}: {self.split} answers with aggregate scores only, never per item; "
+                f"evaluate() scores answers to every question through the verifier")
         if len(tasks) != len(answers):
             raise ValueError(f"{len(tasks)} tasks but {len(answers)} answers")
         scores: list[Score | None] = [None] * len(tasks)

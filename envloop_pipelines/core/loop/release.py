@@ -49,10 +49,18 @@ def champion(config: LoopConfig) -> dict[str, Any]:
     return releases[-1]
 
 
-def holdout_metrics(config: LoopConfig, checkpoint: Path, snapshot: TaskSnapshot, out: Path) -> dict[str, Any]:
-    """The checkpoint's holdout metrics from the verifier (called only inside the ledger's one holdout read)."""
+def holdout_metrics(config: LoopConfig, checkpoint: Path, snapshot: TaskSnapshot, out: Path, *, ledger: Ledger,
+                    release: int) -> dict[str, Any]:
+    """The checkpoint's holdout metrics from the verifier, as the release's one holdout read.
+
+    The verifier takes the ledger's slot for ``release`` (``Ledger.read_holdout_once``) around the
+    run, so this is the read, and a second one for the release is refused.
+
+    Raises:
+        HoldoutAlreadyReadError: the release already read the holdout.
+    """
     preds = write_predictions(out, checkpoint, snapshot.table("holdout"))
-    return dict(verify_predictions(config, "holdout", preds).report.metrics)
+    return dict(verify_predictions(config, "holdout", preds, holdout_slot=ledger, release=release).report.metrics)
 
 
 def publish_release(config: LoopConfig, tracker: Tracker, *, checkpoint: Path, snapshot: TaskSnapshot,
@@ -74,7 +82,7 @@ def publish_release(config: LoopConfig, tracker: Tracker, *, checkpoint: Path, s
     """
     ledger = Ledger(config.task, config.home)
     release = ledger.next_release_number()
-    holdout = ledger.read_holdout_once(release, lambda: holdout_metrics(config, checkpoint, snapshot, holdout_out))
+    holdout = holdout_metrics(config, checkpoint, snapshot, holdout_out, ledger=ledger, release=release)
     tags = {TAG_RELEASE: str(release), TAG_CHECKPOINT: checkpoint.name}
     if round_key is not None:
         mrun = child_run(tracker, config, round_key, KIND_RELEASE, {**(run_tags or {}), **tags})

@@ -66,16 +66,21 @@ def write_predictions(path: Path, checkpoint: str | Path, table: pa.Table) -> Pa
 
 
 def verify_predictions(config: LoopConfig, split: str, predictions: Path, baseline: Path | None = None,
-                       seed: int = 0) -> Any:
-    """Score predictions on a hidden split in the sandboxed verifier (a separate process).
+                       seed: int = 0, *, holdout_slot: Any = None, release: int | None = None) -> Any:
+    """Score predictions on a hidden split in the sandboxed verifier (a separate process), aggregate scores only.
+
+    Args:
+        holdout_slot: the ledger, for the holdout: the read is the release's one read.
+        release: the release whose holdout read this is.
 
     Raises:
         RuntimeError: the verifier failed; the message carries its status and the worker's stderr.
+        HoldoutAlreadyReadError: the release already read the holdout.
     """
     from envloop_pipelines.core.verify.runner import verify_task
 
     run = verify_task(config.task, split, predictions, home=config.home, safety_families=config.safety_families,
-                      baseline_predictions=baseline, seed=seed)
+                      baseline_predictions=baseline, seed=seed, holdout_slot=holdout_slot, release=release)
     if not run.ok:
         raise RuntimeError(f"verifier on {split} failed ({run.status}): {run.error}; "
                            f"worker stderr: {run.sandbox.stderr_tail[-1000:]!r}")

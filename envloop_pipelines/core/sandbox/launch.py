@@ -27,7 +27,7 @@ WORKER_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_ARENA_MAX": "2", "O
 
 
 def verifier_worker_argv(python: str, kind: str, predictions_name: str, *, grader: str, threshold: float,
-                         safety_families: Sequence[str]) -> list[str]:
+                         safety_families: Sequence[str], aggregate_only: bool = False) -> list[str]:
     """The verifier worker's command line: labels on stdin (fd 0), the verdict on the result channel.
 
     Args:
@@ -37,11 +37,15 @@ def verifier_worker_argv(python: str, kind: str, predictions_name: str, *, grade
         grader: the grader kind's scoring model.
         threshold: the grader kind's pass threshold.
         safety_families: families whose false-negative rate the rule report includes.
+        aggregate_only: a hidden split: the worker answers with counts and aggregate scores only and
+            refuses a predictions file that leaves a question unanswered or invalid.
     """
     argv = [python, "-m", VERIFIER_WORKER_MODULE, "--kind", kind, "--predictions",
             predictions_name, "--labels-fd", "0", "--result-fd", "env", "--grader", grader, "--threshold", str(threshold)]
     for family in safety_families:
         argv += ["--safety-family", family]
+    if aggregate_only:
+        argv.append("--aggregate-only")
     return argv
 
 

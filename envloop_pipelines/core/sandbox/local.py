@@ -39,14 +39,23 @@ Covered (when the host allows it; every run reports what it got):
   hidden path (by default ``<ENVLOOP_HOME>/verifier``, where the test and
   holdout labels live) and a private tmpfs over ``/tmp``, ``/var/tmp`` and
   ``/dev/shm`` (only the working directory and the interpreter's paths are
-  bound back in), so nothing a run writes outlives it there. **Why a mount
-  namespace and not only permissions**: the label files are written 0444 by
-  :mod:`envloop_pipelines.core.data.snapshots`, so "other" may read them wherever
-  the directories above are traversable; masking does not depend on how the
-  EnvLoop home was created. Directories the interpreter needs that are not
-  world-traversable (a pyenv Python under ``/root``) are exposed the same way:
-  a tmpfs over the ancestor with only the needed paths bound back, which also
-  hides the rest of ``/root``.
+  bound back in), so nothing a run writes outlives it there. Directories the
+  interpreter needs that are not world-traversable (a pyenv Python under
+  ``/root``) are exposed the same way: a tmpfs over the ancestor with only the
+  needed paths bound back, which also hides the rest of ``/root``.
+* **Owner-only label files**, a second lock under the mask: the label store
+  is written owner-only by :mod:`envloop_pipelines.core.data.snapshots`
+  (files 0400, folders 0700 from ``<home>/verifier`` down; a store written
+  before, with 0444 files, is narrowed on the verifier's next read), so the
+  run's fresh uid cannot open a label file even where the host refuses the
+  mount namespace, and neither can a server or trainer running as another
+  user, nor any other account on the machine.
+* **One door to the labels**: only ``core/verify/`` reads them (a test fails
+  when any other module imports its label reader), through
+  :func:`~envloop_pipelines.core.verify.runner.verify_task`, which answers test
+  and holdout with aggregate scores only (the worker sends no item back and
+  refuses a predictions file that does not answer every question) and reads
+  the holdout only inside a release's one read of the ledger.
 * **The verifier gets its labels through a pipe**, never a path: the parent
   reads the label file and writes the bytes to the worker's stdin, so the
   worker needs no filesystem access to the labels and the masking above holds
@@ -64,6 +73,23 @@ Covered (when the host allows it; every run reports what it got):
 
 Not covered:
 
+* **The loop's own uid.** The label files belong to the uid that runs the
+  loop, whose verifier parent reads them; code running as that uid outside
+  the sandbox can read them too. Training (the null arms and each round's
+  candidate) and ``envloop serve`` run in that process or as that user, not in
+  the sandbox, so on one machine it is the code rule above (no import of the
+  label reader outside ``core/verify/``, tested), not the OS, that keeps them
+  from the labels. Run the trainer or the server as another user for an OS
+  barrier; on Kubernetes the label store is its own volume
+  (``envloop-verifier``), mounted only in the steps that write or score labels
+  (``k8s/README.md``), but ``noise_floor`` trains its null arms in a pod that
+  mounts it.
+* **Aggregates leak slowly.** A caller that sends many complete predictions
+  files differing in one answer learns that answer from the change in the
+  aggregate. The holdout allows one read per release, so this is open on
+  ``test`` only: the loop reads it every round, and ``envloop sandbox verify``
+  or an environment's ``evaluate`` any number of times; those reads are logged
+  (``verifier run``), not counted or limited.
 * **Kernel exploits and side channels.** This is process isolation on a shared
   kernel, not a VM; no seccomp filter narrows the syscalls. Use the docker or
   k8s backend (or gVisor/Kata under them) where that matters.
@@ -87,7 +113,9 @@ Not covered:
   command, which keeps the pid.
 * **Without root** there is no uid switch, no namespaces and no uid sweep (the
   process-group kill still runs; RLIMIT_NPROC is then the caller's count plus
-  ``nproc``); the result flags say so, and ``strict=True`` refuses to run.
+  ``nproc``); the command runs as the owner of the label files and can read
+  them. The result flags say so (``hidden_paths_masked: false``), and
+  ``strict=True`` refuses to run.
 * ``memory_exceeded`` is recognised from the command's own report
   (``MemoryError``, ``bad_alloc``, ``Cannot allocate memory``), since RLIMIT_AS
   makes allocations fail rather than killing the process.

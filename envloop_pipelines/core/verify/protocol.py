@@ -41,7 +41,7 @@ from __future__ import annotations
 import io
 import json
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Iterable, Literal, Mapping, Protocol, Sequence, runtime_checkable
 
@@ -200,7 +200,8 @@ class VerifierReport:
         accuracy_all: correct over all hard-labelled items, failures counted as wrong.
         mean_score: mean item score over all items, failures counted as 0.
         file_error: why the whole predictions file could not be read, else None.
-        items: one :class:`ItemScore` per question, in label order.
+        items: one :class:`ItemScore` per question, in label order; empty in the report of a
+            hidden split (:meth:`without_items`).
         provenance: hashes of the predictions and labels, the verifier and its version.
     """
 
@@ -224,6 +225,14 @@ class VerifierReport:
         out = self.to_dict()
         out.pop("items")
         return out
+
+    def without_items(self) -> "VerifierReport":
+        """The report a hidden split answers with: counts and aggregate scores, no item and no extra id.
+
+        Neither per-item correctness nor which of the caller's ids matched no question leaves the
+        verifier (``n_extra`` still counts them).
+        """
+        return replace(self, items=(), extra_ids=())
 
     def to_dict(self) -> dict[str, Any]:
         return _clean(
@@ -252,7 +261,7 @@ class VerifierReport:
             kind=raw["kind"], n_items=raw["n_items"], n_scored=raw["n_scored"], n_missing=raw["n_missing"],
             n_invalid=raw["n_invalid"], n_extra=raw["n_extra"], complete=raw["complete"],
             metrics=dict(raw["metrics"]), accuracy_all=raw["accuracy_all"], mean_score=raw["mean_score"],
-            items=tuple(ItemScore(**{k: v for k, v in i.items() if k in item_fields}) for i in raw["items"]),
+            items=tuple(ItemScore(**{k: v for k, v in i.items() if k in item_fields}) for i in raw.get("items", ())),
             extra_ids=tuple(tuple(x) for x in raw.get("extra_ids", ())),  # type: ignore[misc]
             file_error=raw.get("file_error"), provenance=dict(raw.get("provenance", {})),
         )

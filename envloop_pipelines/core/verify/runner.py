@@ -1,12 +1,22 @@
 """Run a verifier as its own process in the sandbox and read its verdict from the result channel.
 
-The parent (this module) is the only place that touches label files: it reads
-them through :func:`~envloop_pipelines.core.verify.labels.read_hidden_labels`
-(or an open split's labels), sends the bytes to the worker's stdin, copies the
-predictions file into the sandbox's fresh working directory, and reads the
-report from the pipe it owns. Nothing the worker (or anything else in the
-sandbox) writes to a file counts. The parent then checks that the report
-scored exactly the bytes it sent (the predictions and labels sha256).
+:func:`verify_task` is the one door to the labels of a task's splits, for
+every caller (the loop, ``envloop sandbox verify``, an environment, the SDK):
+
+* it reads them through the private :mod:`envloop_pipelines.core.verify.labels`
+  (no module outside ``core/verify/`` imports it), sends the bytes to the
+  worker's stdin, copies the predictions file into the sandbox's fresh working
+  directory, and reads the report from the pipe it owns. Nothing the worker
+  (or anything else in the sandbox) writes to a file counts. It then checks
+  that the report scored exactly the bytes it sent (the predictions and
+  labels sha256);
+* the hidden splits (test, holdout) answer with aggregate scores only: the
+  worker runs ``--aggregate-only``, so no per-item score leaves the sandbox,
+  and a predictions file that does not answer every question validly is
+  refused (the aggregate of one chosen question is that question's score);
+* the holdout is read only inside its release's one read: the caller hands
+  the ledger's slot (:class:`HoldoutSlot`, which ``Ledger`` is) and the
+  release, and a second read for the same release is refused by the slot.
 
 Every outcome is a :class:`VerifierRun`: a crashed, killed or timed-out worker
 gives ``status`` from the sandbox and ``report=None``, never an exception and
@@ -18,20 +28,49 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Protocol, Sequence, runtime_checkable
 
 import pyarrow as pa
 
+from envloop_pipelines.core.data.splits import HIDDEN_SPLITS
 from envloop_pipelines.core.sandbox import Sandbox, SandboxLimits, SandboxResult, sandbox_from_env
 from envloop_pipelines.core.sandbox.launch import DEFAULT_WORKER_LIMITS, WORKER_ENV, verifier_worker_argv
 from envloop_pipelines.core.storage import envloop_home, sha256_bytes
+from envloop_pipelines.core.verify.labels import split_labels
 from envloop_pipelines.core.verify.protocol import VerifierReport, labels_to_bytes, prediction_format
 
 log = logging.getLogger(__name__)
 
 RunStatus = Literal["ok", "error", "timeout", "cpu_limit", "memory_exceeded", "killed", "file_size_exceeded"]
+
+
+class HiddenSplitQueryError(PermissionError):
+    """A query the hidden splits do not answer: per-item results, or a holdout read outside a release's one read."""
+
+
+@runtime_checkable
+class HoldoutSlot(Protocol):
+    """The one holdout read of each release (rule 4); :class:`~envloop_pipelines.core.loop.ledger.Ledger` is one.
+
+    ``read_holdout_once(release, read)`` calls ``read()`` at most once per release and keeps its
+    JSON result; a second call for the same release raises
+    (:class:`~envloop_pipelines.core.loop.ledger.HoldoutAlreadyReadError`), and a ``read()`` that
+    raises leaves the slot free.
+    """
+
+    def read_holdout_once(self, release: int, read: Callable[[], Any]) -> Any:
+        ...
+
+
+class _FailedRead(Exception):
+    """A verifier run that failed inside the holdout slot: the slot stays free, the run is returned."""
+
+    def __init__(self, run: "VerifierRun") -> None:
+        super().__init__(run.error)
+        self.run = run
 
 
 @dataclass(frozen=True)
@@ -106,6 +145,7 @@ class VerifierRunner:
         hidden_paths: Sequence[str | Path] = (),
         baseline_predictions: str | Path | None = None,
         seed: int = 0,
+        aggregate_only: bool = False,
     ) -> VerifierRun:
         """Score ``predictions`` against ``labels`` in a fresh sandboxed worker.
 
@@ -121,6 +161,8 @@ class VerifierRunner:
             baseline_predictions: the champion's predictions file: the worker scores it too and
                 returns paired deltas (candidate − baseline) with record-clustered bootstrap CIs.
             seed: the bootstrap seed of the paired deltas.
+            aggregate_only: the worker answers with counts and aggregate scores only and refuses a
+                predictions file that leaves a question unanswered or invalid (hidden splits).
         """
         if kind not in ("rule", "grader"):
             raise ValueError(f"verifier kind {kind!r} does not run as a worker; allowed: rule, grader")
@@ -133,7 +175,8 @@ class VerifierRunner:
             fmt, pred_bytes = predictions_format, predictions
         label_bytes = labels if isinstance(labels, bytes) else labels_to_bytes(labels)
         name = f"predictions.{fmt}"
-        argv = self.worker_argv(kind, name, grader=grader, threshold=threshold, safety_families=safety_families)
+        argv = self.worker_argv(kind, name, grader=grader, threshold=threshold, safety_families=safety_families,
+                                aggregate_only=aggregate_only)
         files = {name: pred_bytes}
         base_sha = None
         if baseline_predictions is not None:
@@ -146,10 +189,10 @@ class VerifierRunner:
         return self._read(result, sha256_bytes(pred_bytes), sha256_bytes(label_bytes), base_sha)
 
     def worker_argv(self, kind: str, predictions_name: str, *, grader: str, threshold: float,
-                    safety_families: Sequence[str]) -> list[str]:
+                    safety_families: Sequence[str], aggregate_only: bool = False) -> list[str]:
         """The worker's command line (:func:`~envloop_pipelines.core.sandbox.launch.verifier_worker_argv`)."""
         return verifier_worker_argv(self.python, kind, predictions_name, grader=grader, threshold=threshold,
-                                    safety_families=safety_families)
+                                    safety_families=safety_families, aggregate_only=aggregate_only)
 
     @staticmethod
     def _read(result: SandboxResult, pred_sha: str, label_sha: str, baseline_sha: str | None = None) -> VerifierRun:
@@ -188,19 +231,6 @@ class VerifierRunner:
                            baseline_report=baseline, paired=payload.get("paired"))
 
 
-def task_labels(task: str, split: str, *, snapshot_id: str | None = None, home: str | Path | None = None) -> pa.Table:
-    """The labels of ``split``: hidden splits through the verifier's reader, open ones from the snapshot."""
-    from envloop_pipelines.core.data.splits import HIDDEN_SPLITS
-
-    if split in HIDDEN_SPLITS:
-        from envloop_pipelines.core.verify.labels import read_hidden_labels
-
-        return read_hidden_labels(task, split, snapshot_id=snapshot_id, home=home)
-    from envloop_pipelines.core.data.snapshots import open_task
-
-    return open_task(task, snapshot_id=snapshot_id, home=home).labels(split)
-
-
 def verify_task(
     task: str,
     split: str,
@@ -210,19 +240,71 @@ def verify_task(
     snapshot_id: str | None = None,
     home: str | Path | None = None,
     runner: VerifierRunner | None = None,
+    holdout_slot: HoldoutSlot | None = None,
+    release: int | None = None,
     **options: Any,
 ) -> VerifierRun:
-    """Score a predictions file on a task's split in a sandboxed worker.
+    """Score a predictions file on a task's split in a sandboxed worker: the one door to the labels.
 
     The labels' directory (``<home>/verifier``) is masked inside the sandbox
-    even when ``home`` is not the default one.
+    even when ``home`` is not the default one. On ``test`` and ``holdout`` the
+    run answers with aggregate scores only (its reports carry no items) and
+    refuses a predictions file that does not answer every question validly.
+
+    Args:
+        task: the task name.
+        split: the split to score on.
+        predictions: the predictions file.
+        kind: ``rule`` or ``grader``.
+        snapshot_id: the snapshot (default: the task's current one).
+        home: the EnvLoop home.
+        runner: the sandboxed runner (default: ``$ENVLOOP_SANDBOX``, else the local backend).
+        holdout_slot: the ledger (its ``read_holdout_once``); required for ``holdout``.
+        release: the release whose one holdout read this is; required for ``holdout``.
+        options: more :meth:`VerifierRunner.run` options (``safety_families``, ``baseline_predictions``, ``seed``).
+
+    Raises:
+        HiddenSplitQueryError: ``holdout`` without a slot and a release (or a slot on another split).
+        HoldoutAlreadyReadError: from the slot, when the release already read the holdout.
     """
-    labels = task_labels(task, split, snapshot_id=snapshot_id, home=home)
+    hidden = split in HIDDEN_SPLITS
+    if split == "holdout" and (holdout_slot is None or release is None):
+        raise HiddenSplitQueryError(
+            f"task {task!r}: the holdout is read once per release, inside the ledger's read "
+            f"(Ledger.read_holdout_once): pass holdout_slot and release")
+    if split != "holdout" and (holdout_slot is not None or release is not None):
+        raise ValueError(f"holdout_slot and release apply to the holdout only, not to {split!r}")
     runner = runner or VerifierRunner()
-    run = runner.run(predictions, labels, kind=kind, hidden_paths=[envloop_home(home) / "verifier"], **options)
-    log.info("verifier run %s", json.dumps({"task": task, "split": split, "status": run.status,
+
+    def score() -> VerifierRun:
+        labels = split_labels(task, split, snapshot_id=snapshot_id, home=home)
+        return runner.run(predictions, labels, kind=kind, hidden_paths=[envloop_home(home) / "verifier"],
+                          aggregate_only=hidden, **options)
+
+    if split == "holdout":
+        assert holdout_slot is not None and release is not None
+        kept: list[VerifierRun] = []
+
+        def read() -> dict[str, Any]:
+            run = score()
+            if not run.ok:
+                raise _FailedRead(run)  # a failed read does not consume the release's holdout
+            kept.append(run)
+            assert run.report is not None
+            return dict(run.report.metrics)
+
+        try:
+            holdout_slot.read_holdout_once(release, read)
+        except _FailedRead as failed:
+            run = failed.run
+        else:
+            run = kept[0]
+    else:
+        run = score()
+    log.info("verifier run %s", json.dumps({"task": task, "split": split, "status": run.status, "release": release,
                                              "n_items": run.report.n_items if run.report else None}))
     return run
 
 
-__all__ = ["DEFAULT_WORKER_LIMITS", "WORKER_ENV", "VerifierRun", "VerifierRunner", "task_labels", "verify_task"]
+__all__ = ["DEFAULT_WORKER_LIMITS", "WORKER_ENV", "HiddenSplitQueryError", "HoldoutSlot", "VerifierRun", "VerifierRunner",
+           "verify_task"]

@@ -12,6 +12,11 @@ by hand), scores, and writes one JSON object to the result channel
     {"ok": true, "worker_pid": 1234, "elapsed_s": 0.12, "report": {...}}
     {"ok": false, "worker_pid": 1234, "error": "..."}
 
+With ``--aggregate-only`` (the runner sets it for test and holdout) the
+reports carry no items and no extra ids, and a predictions file that leaves a
+question unanswered or invalid is refused: per-item correctness never leaves
+the sandbox.
+
 It imports nothing of the model side and needs no access to the labels
 directory: the sandbox masks it.
 """
@@ -25,9 +30,12 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from envloop_pipelines.core.sandbox.base import RESULT_FD_ENV
+
+if TYPE_CHECKING:
+    from envloop_pipelines.core.verify.protocol import VerifierReport
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,7 +52,24 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline-predictions", type=Path, default=None,
                    help="a second predictions file (the champion): also scored, plus paired deltas (rule kind)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed of the paired deltas")
+    p.add_argument("--aggregate-only", action="store_true",
+                   help="a hidden split: send counts and aggregate scores only, no item, and refuse a predictions "
+                        "file that does not answer every question validly")
     return p
+
+
+def incomplete(report: "VerifierReport", what: str) -> str | None:
+    """Why an aggregate-only run refuses ``report``, or None.
+
+    Aggregate scores of a chosen subset of questions would tell per item whether an answer is
+    right (a file with one valid row scores that row alone), so a hidden split is scored only
+    when every question has a valid prediction.
+    """
+    if report.n_scored == report.n_items:
+        return None
+    return (f"{what}: a hidden split answers with aggregate scores only, on a predictions file that answers every "
+            f"question validly; {report.n_scored} of {report.n_items} scored (missing {report.n_missing}, "
+            f"invalid {report.n_invalid})" + (f"; file error: {report.file_error}" if report.file_error else ""))
 
 
 def _result_fd(value: str) -> int:
@@ -89,15 +114,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         predictions = args.predictions.read_bytes()
         report = score_file(verifier, predictions, prediction_format(args.predictions), labels,
                             labels_sha256=sha256_bytes(label_bytes))
-        payload = {"ok": True, "worker_pid": os.getpid(), "report": report.to_dict()}
+        reports = {"report": report}
+        if args.baseline_predictions is not None:
+            baseline = args.baseline_predictions.read_bytes()
+            baseline_fmt = prediction_format(args.baseline_predictions)
+            reports["baseline_report"] = score_file(verifier, baseline, baseline_fmt, labels,
+                                                    labels_sha256=sha256_bytes(label_bytes))
+        if args.aggregate_only:
+            refused = [why for name, r in reports.items() if (why := incomplete(r, name.replace("_", " "))) is not None]
+            if refused:
+                _write(fd, {"ok": False, "worker_pid": os.getpid(), "error": "; ".join(refused)})
+                return 1
+            reports = {name: r.without_items() for name, r in reports.items()}
+        payload = {"ok": True, "worker_pid": os.getpid(), **{name: r.to_dict() for name, r in reports.items()}}
         if args.baseline_predictions is not None:
             from envloop_pipelines.core.verify.compare import paired_comparison
             from envloop_pipelines.core.verify.protocol import parse_predictions
 
-            baseline = args.baseline_predictions.read_bytes()
-            baseline_fmt = prediction_format(args.baseline_predictions)
-            payload["baseline_report"] = score_file(verifier, baseline, baseline_fmt, labels,
-                                                    labels_sha256=sha256_bytes(label_bytes)).to_dict()
             payload["paired"] = paired_comparison(
                 parse_predictions(predictions, prediction_format(args.predictions)),
                 parse_predictions(baseline, baseline_fmt), labels, seed=args.seed,

@@ -30,8 +30,20 @@ from envloop_pipelines.resources.loop import LoopResource, MlflowResource
 
 ROUND_GROUP = "round"
 
+# The label store's own volume on a cluster (k8s/storage.yaml: PVC envloop-verifier), mounted over
+# <ENVLOOP_HOME>/verifier (ENVLOOP_HOME=/envloop-home, k8s/dagster/values.yaml) only in the step pods that
+# write or score labels: task_benchmark (writes them), noise_floor (scores its arms on test, reads release 1's
+# holdout), independent_reeval (test) and promotion_decision (a release's holdout). The training step, the
+# other steps, the code server and the inference server never mount it (k8s_job_executor: a pod per step).
+VERIFIER_VOLUME = "envloop-verifier"
+VERIFIER_MOUNT_PATH = "/envloop-home/verifier"
+VERIFIER_POD = {"dagster-k8s/config": {
+    "pod_spec_config": {"volumes": [{"name": VERIFIER_VOLUME, "persistent_volume_claim": {"claim_name": VERIFIER_VOLUME}}]},
+    "container_config": {"volume_mounts": [{"name": VERIFIER_VOLUME, "mount_path": VERIFIER_MOUNT_PATH}]},
+}}
 
-@dg.asset(group_name="benchmark")
+
+@dg.asset(group_name="benchmark", op_tags=VERIFIER_POD)
 def task_benchmark(loop: LoopResource) -> dg.Output[Benchmark]:
     """The task's versioned, group-disjoint splits (the built-in benchmark is generated on first use)."""
     bench = setup.ensure_task_benchmark(loop.config())
@@ -45,7 +57,7 @@ def task_benchmark(loop: LoopResource) -> dg.Output[Benchmark]:
     }, data_version=dg.DataVersion(bench.snapshot_id))
 
 
-@dg.asset(group_name="benchmark", deps=[task_benchmark])
+@dg.asset(group_name="benchmark", deps=[task_benchmark], op_tags=VERIFIER_POD)
 def noise_floor(context: dg.AssetExecutionContext, loop: LoopResource,
                 mlflow: MlflowResource) -> dg.Output[MeasuredNoiseFloor]:
     """Spread of the primary metric over K null arms of the control recipe; cached per benchmark version and recipe."""
@@ -184,7 +196,7 @@ def lora_checkpoint(context: dg.AssetExecutionContext, loop: LoopResource, mlflo
     }, data_version=dg.DataVersion(result.checkpoint_sha256))
 
 
-@dg.asset(partitions_def=rounds, group_name=ROUND_GROUP)
+@dg.asset(partitions_def=rounds, group_name=ROUND_GROUP, op_tags=VERIFIER_POD)
 def independent_reeval(context: dg.AssetExecutionContext, loop: LoopResource, mlflow: MlflowResource,
                        lora_checkpoint: TrainedCheckpoint,
                        training_dataset_snapshot: TrainingSnapshot) -> dg.Output[Reevaluation]:
@@ -204,7 +216,7 @@ def independent_reeval(context: dg.AssetExecutionContext, loop: LoopResource, ml
     })
 
 
-@dg.asset(partitions_def=rounds, group_name=ROUND_GROUP)
+@dg.asset(partitions_def=rounds, group_name=ROUND_GROUP, op_tags=VERIFIER_POD)
 def promotion_decision(context: dg.AssetExecutionContext, loop: LoopResource, mlflow: MlflowResource,
                        noise_floor: MeasuredNoiseFloor, registered_hypothesis: RegisteredHypothesis,
                        training_dataset_snapshot: TrainingSnapshot, lora_checkpoint: TrainedCheckpoint,
@@ -252,4 +264,5 @@ def with_upstream_sources(selected: list) -> list:
     return [*selected, *(a.to_source_asset() for a in (task_benchmark, noise_floor, *ROUND_ASSETS) if id(a) not in chosen)]
 
 
-__all__ = ["with_upstream_sources", "GPU_POOL_TAG", "ROUND_ASSETS", "TRAINING_POD", "round_job", "setup_job", "task_benchmark", "noise_floor"]
+__all__ = ["with_upstream_sources", "GPU_POOL_TAG", "ROUND_ASSETS", "TRAINING_POD", "VERIFIER_POD", "round_job", "setup_job",
+           "task_benchmark", "noise_floor"]
