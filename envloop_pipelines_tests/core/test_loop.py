@@ -271,3 +271,29 @@ def test_budget_stops_on_rounds_patience_and_wall_time(tmp_path: Path) -> None:
     assert start_loop("t", "L2", LoopBudget(max_rounds=1), home=home).budget.max_rounds == 5
     assert next_round("t", home=home, now=5.0).round == "r0003"
     assert "wall time spent" in next_round("t", home=home, now=50.0).reason
+
+
+def test_card_limitations_hold_for_the_task_at_hand(tmp_path: Path) -> None:
+    """The built-in benchmark's cards say its hidden splits hold an unseen renderer; an imported task's do not."""
+    from envloop_pipelines.core.data.datasets import generate_builtin_task, import_file
+    from envloop_pipelines.core.data.snapshots import open_task
+    from envloop_pipelines.core.loop.cards import benchmark_limitations
+
+    from .data.test_snapshots import dataset
+
+    generate_builtin_task(task="personal_agent", n_users=40, records_per_user=2, home=tmp_path / "builtin")
+    builtin = open_task("personal_agent", home=tmp_path / "builtin")
+    source, unseen = benchmark_limitations(builtin)
+    assert source.startswith("The benchmark is the built-in synthetic generator (personal_agent: 40 users x 2 records")
+    hidden = [r for s in ("test", "holdout") for r in builtin.table(s).column("renderer").to_pylist()]
+    n_b = hidden.count("b")
+    assert 0 < n_b < len(hidden) and set(builtin.table("train").column("renderer").to_pylist()) == {"a"}
+    assert unseen.startswith("Test and holdout users are unseen during training (the splits are disjoint on meta.user_id)")
+    assert f"use a second renderer ('b') that training never saw ({n_b} of {len(hidden)})" in unseen
+
+    imported = import_file(dataset(tmp_path), "tickets", home=tmp_path / "imported")
+    source, unseen = benchmark_limitations(imported)
+    assert source.startswith("The benchmark is imported data (d.jsonl, sha256 ")
+    assert unseen == ("Test and holdout groups (meta.user_id) are unseen during training "
+                      "(the splits are disjoint on meta.user_id).")
+    assert "renderer" not in " ".join(benchmark_limitations(imported))

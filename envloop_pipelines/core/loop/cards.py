@@ -6,8 +6,56 @@ The card's JSON is written by the ledger (write-once, errata beside); this is it
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Mapping
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from envloop_pipelines.core.data.snapshots import TaskSnapshot
+
+#: Splits a checkpoint trains or is selected on, and the ones it is judged on.
+_SEEN_SPLITS = ("train", "val", "dev")
+_JUDGED_SPLITS = ("test", "holdout")
+
+
+def benchmark_limitations(snapshot: "TaskSnapshot") -> list[str]:
+    """What a release card must say about the data it was judged on, true for this task's snapshot.
+
+    Read from the snapshot itself, not assumed: where the benchmark comes from (the built-in
+    generator, or an imported file), what the test and holdout splits are disjoint on, and
+    whether they hold surface forms (``meta.renderer``) that training never saw, with the share.
+    """
+    manifest = snapshot.manifest
+    generator = manifest.extra.get("generator")
+    lines = []
+    if generator:
+        lines.append(f"The benchmark is the built-in synthetic generator ({generator.get('name', 'personal_agent')}: "
+                     f"{generator.get('n_users')} users x {generator.get('records_per_user')} records, seed "
+                     f"{generator.get('seed')}), not data from real use.")
+        groups = "users"
+    else:
+        source = manifest.source
+        name = Path(str(source.get("path", "?"))).name
+        digest = str(source.get("sha256") or "")[:12]
+        lines.append(f"The benchmark is imported data ({name}" + (f", sha256 {digest}" if digest else "") +
+                     "); the results hold for data like that file, no further.")
+        groups = f"groups (meta.{manifest.group_key})"
+    seen = {r for s in _SEEN_SPLITS for r in snapshot.table(s).column("renderer").to_pylist() if r}
+    judged = Counter(r for s in _JUDGED_SPLITS for r in snapshot.table(s).column("renderer").to_pylist())
+    total = sum(judged.values())
+    unseen = sorted(r for r in judged if r and r not in seen)
+    line = f"Test and holdout {groups} are unseen during training (the splits are disjoint on meta.{manifest.group_key})"
+    if unseen and total:
+        share = sum(judged[r] for r in unseen) / total
+        amount = "half" if abs(share - 0.5) < 0.05 else f"{share:.0%}"
+        names = ", ".join(f"'{r}'" for r in unseen)
+        line += (f"; {amount} of their questions use a second renderer ({names}) that training never saw "
+                 f"({sum(judged[r] for r in unseen)} of {total}).")
+    else:
+        line += "."
+    lines.append(line)
+    return lines
 
 
 def _fmt(x: Any) -> str:
@@ -46,4 +94,4 @@ def render_card(card: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["render_card"]
+__all__ = ["benchmark_limitations", "render_card"]

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from envloop_pipelines.core.data.snapshots import open_task, require_same_benchmark
+from envloop_pipelines.core.loop.cards import benchmark_limitations
 from envloop_pipelines.core.loop.ledger import (
     EVENT_CANDIDATE_REJECTED,
     EVENT_HYPOTHESIS_REFUTED,
@@ -56,6 +57,10 @@ def decide_round(config: LoopConfig, hypothesis: RegisteredHypothesis, snapshot:
     decision = RoundDecision.of(key, verdict, delta=delta, noise_floor=noise_floor.floor.floor, hypothesis=registered,
                                 gate=gate)
     if verdict.promote:
+        task_snapshot = open_task(config.task, home=config.home)
+        limitations = [*benchmark_limitations(task_snapshot),
+                       "The noise floor measures seed variance of the control recipe trained from the base model."]
+
         def card(release: int, holdout: dict[str, Any]) -> dict[str, Any]:
             return {
                 "round": key, "task": config.task, "parent_release": champ["release"],
@@ -68,14 +73,10 @@ def decide_round(config: LoopConfig, hypothesis: RegisteredHypothesis, snapshot:
                 "gate": registered.gate.__dict__, "effective_gate": gate.__dict__,
                 "amendments": ledger.amendments(key), "noise_floor": noise_floor.floor.floor, "guards": verdict.checks,
                 "hypothesis_hash": registered.hash, "predicted_delta": registered.predicted_delta,
-                "limitations": [
-                    "Test and holdout users are unseen during training; half of them use a second renderer.",
-                    "The noise floor measures seed variance of the control recipe trained from the base model.",
-                ],
+                "limitations": limitations,
             }
 
-        release = publish_release(config, tracker, checkpoint=Path(candidate.checkpoint),
-                                  snapshot=open_task(config.task, home=config.home),
+        release = publish_release(config, tracker, checkpoint=Path(candidate.checkpoint), snapshot=task_snapshot,
                                   holdout_out=store.round_dir(key) / "candidate_holdout_predictions.parquet",
                                   card=card, round_key=key, run_tags=run_tags)
         decision = _with_release(decision, release.release, release.model_version)

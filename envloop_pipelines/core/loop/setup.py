@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from envloop_pipelines.core.data.snapshots import TaskSnapshot, open_task
+from envloop_pipelines.core.loop.cards import benchmark_limitations
 from envloop_pipelines.core.loop.config import LoopConfig
 from envloop_pipelines.core.loop.ledger import EVENT_NULL_ARM, Ledger, LedgerError
 from envloop_pipelines.core.loop.promotion import check_arm_identity, noise_floor_from_arms
@@ -128,6 +129,8 @@ def _release_control_arm(config: LoopConfig, tracker: Tracker, measured: Measure
     from pathlib import Path
 
     control = measured.floor.arms[0]
+    limitations = ["The first champion is the control recipe on the base data; it passed no gate.",
+                   *benchmark_limitations(snapshot)]
 
     def card(release: int, holdout: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -137,7 +140,7 @@ def _release_control_arm(config: LoopConfig, tracker: Tracker, measured: Measure
             "checkpoint_sha256": control["checkpoint_sha256"], "test": control["metrics"],
             "gate": "bootstrap: the control arm of the noise floor; no parent to beat",
             "noise_floor": measured.floor.floor, "paired_deltas": None, "guards": None, "amendments": [],
-            "limitations": ["The first champion is the control recipe on the base data; it passed no gate."],
+            "limitations": limitations,
         }
 
     release = Ledger(config.task, config.home).next_release_number()
