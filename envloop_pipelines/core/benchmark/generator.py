@@ -20,6 +20,7 @@ from typing import Any, Iterable, Mapping
 
 from ..data.splits import OPEN_SPLITS, SPLITS, SplitFractions, assign_splits
 from ..fractions import Fractions
+from ..progress import track
 from ._rng import shuffled, stream, weighted
 from .labels import FAMILY_TYPES, criteria_for, derive_label, instructions_for
 from .render import RENDERERS, render_state
@@ -182,7 +183,7 @@ def generate_benchmark(config: BenchmarkConfig) -> list[dict[str, Any]]:
     renderers = _renderers(splits, config)
     version = benchmark_version(config)
     records: list[dict[str, Any]] = []
-    for uid in ids:
+    for uid in track(ids, "generate", unit="user"):
         user = make_user(uid, config.seed)
         for k, (family, rule_kind) in enumerate(_plan(config.seed, uid, config.records_per_user, CELLS)):
             rid = f"pa/{uid}/{k:04d}"

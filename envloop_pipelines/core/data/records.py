@@ -18,6 +18,8 @@ from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 import pyarrow as pa
 
+from envloop_pipelines.core.progress import track
+
 QuestionType = Literal["noul", "choice", "score"]
 QUESTION_TYPES: tuple[str, ...] = ("noul", "choice", "score")
 #: noul questions are two options in this fixed order, so P(true) is index 0.
@@ -406,7 +408,12 @@ def check_token_budget(
             key=len,
         )
         texts.append(render_value(record.state) + " " + longest)
-    for (record, line), n in zip(pairs, count_tokens(texts)):
+    counts: list[int] = []
+    chunk = 512  # one tokenizer call per chunk, so a long file shows its progress
+    for start in track(range(0, len(texts), chunk), "count tokens", unit="record", total=len(texts),
+                       weight=lambda s: min(chunk, len(texts) - s)):
+        counts += count_tokens(texts[start:start + chunk])
+    for (record, line), n in zip(pairs, counts):
         if n > budget:
             errors.append(
                 FieldError(file, line, "state", f"state plus longest question is {n} tokens, over the budget of {budget} (tokens_exceeded)")
@@ -427,7 +434,7 @@ def records_from_objects(
     """Validate decoded objects; raise :class:`DataValidationError` with every error found."""
     errors = [] if errors is None else errors
     pairs: list[tuple[Record, int | None]] = []
-    for obj, line in objects:
+    for obj, line in track(objects, "validate records", unit="record"):
         record = parse_record(
             obj, file=file, line=line, group_key=group_key, require_group=require_group,
             require_labels=require_labels, errors=errors,

@@ -32,6 +32,7 @@ from envloop_pipelines.core import metrics as metrics_mod
 from envloop_pipelines.core.model.calibration import Calibration, softmax
 from envloop_pipelines.core.model.readout import Encoded, QuestionInput, ReadoutModel, as_questions
 from envloop_pipelines.core.model.recipe import Recipe
+from envloop_pipelines.core.progress import track
 from envloop_pipelines.core.data.records import Record
 
 log = logging.getLogger(__name__)
@@ -133,7 +134,8 @@ class DecisionModel:
         self.model.eval()
         try:
             with torch.inference_mode():
-                for start in range(0, len(order), bs):
+                for start in track(range(0, len(order), bs), "predict", unit="q", total=len(order),
+                                   weight=lambda s: min(bs, len(order) - s)):
                     idx = order[start : start + bs]
                     batch = self.model.collate([encoded[i] for i in idx])
                     batch = {k: v.to(device) for k, v in batch.items()}

@@ -373,6 +373,8 @@ def _run_trainer(model: ReadoutModel, recipe: Recipe, dataset: Dataset, collator
     """Train ``model``'s trainable parameters on ``dataset`` as ``recipe`` says, with the readout trainer."""
     from transformers.trainer_callback import PrinterCallback
 
+    from envloop_pipelines.core.progress import trainer_callback
+
     with tempfile.TemporaryDirectory(prefix="envloop-trainer-") as tmp:
         trainer = _trainer_class()(
             model=model,
@@ -382,6 +384,8 @@ def _run_trainer(model: ReadoutModel, recipe: Recipe, dataset: Dataset, collator
             recipe=recipe,
         )
         trainer.remove_callback(PrinterCallback)
+        # a bar on a terminal, a line every few percent in logs (the Dagster run's log included)
+        trainer.add_callback(trainer_callback(loss=lambda: trainer.loss_log[-1][1] if trainer.loss_log else None))
         t0 = time.perf_counter()
         result = trainer.train()
         seconds = time.perf_counter() - t0
