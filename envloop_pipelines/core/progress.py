@@ -98,7 +98,7 @@ class Figures:
         else:
             head = f"{self.desc}: {n} {self.unit}"
             times = f"[{_clock(self.elapsed_s)}, {speed}]"
-        tail = " ".join(f"{k}={_fmt(v)}" for k, v in self.postfix.items())
+        tail = " ".join(f"{k}={_fmt(v)}" for k, v in self.postfix.items() if v not in ("", None))
         return f"{head} {times}" + (f" {tail}" if tail else "")
 
 
@@ -192,7 +192,8 @@ class Progress:
                 self._postfix.update(postfix)
             if self._bar is not None:
                 if postfix:
-                    self._bar.set_postfix({k: _fmt(v) for k, v in self._postfix.items()}, refresh=False)
+                    self._bar.set_postfix({k: _fmt(v) for k, v in self._postfix.items() if v not in ("", None)},
+                                          refresh=False)
                 self._bar.update(n)
             self._maybe_log()
 
@@ -298,17 +299,33 @@ def trainer_callback(desc: str = "train", *, loss: Callable[[], float | None] | 
     return _ProgressCallback()
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a record comes (a test runner swaps it per command)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self) -> IO[str]:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: IO[str]) -> None:
+        pass
+
+
 def log_to_stream(stream: IO[str] | None = None) -> None:
     """Print progress records on ``stream`` (default stderr) as bare lines, and not through the root logger.
 
     For a command whose stderr is not a terminal (a log file, CI): the bar is off there, so the
-    lines are how a person sees the work move. A second call changes nothing.
+    lines are how a person sees the work move. A second call replaces the first one's stream.
     """
-    if not any(getattr(h, "_envloop_progress", False) for h in log.handlers):
-        handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        handler._envloop_progress = True  # type: ignore[attr-defined]
-        log.addHandler(handler)
+    for old in [h for h in log.handlers if getattr(h, "_envloop_progress", False)]:
+        log.removeHandler(old)
+    handler = logging.StreamHandler(stream) if stream is not None else _StderrHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler._envloop_progress = True  # type: ignore[attr-defined]
+    log.addHandler(handler)
     log.setLevel(logging.INFO)
     log.propagate = False
 
