@@ -63,3 +63,9 @@ def test_unknown_executor_is_an_error_naming_the_allowed_ones() -> None:
     with pytest.raises(ValueError, match="allowed: multiprocess, k8s"):
         select_executor("gpu")
     assert select_executor(" K8S ").name == "k8s"
+
+
+def test_in_process_executor_runs_every_step_in_the_run_process() -> None:
+    loaded = _load("in_process")
+    assert loaded["round_job"] == loaded["setup_job"] == "in_process"
+    assert loaded["dagster_k8s_imported"] is False
