@@ -24,7 +24,7 @@ from envloop_pipelines.core.loop.results import (
     TrainedCheckpoint,
     TrainingSnapshot,
 )
-from envloop_pipelines.defs.rounds.metadata import metrics_table, mlflow_link, run_tags
+from envloop_pipelines.defs.rounds.metadata import DECISION, ledger_metadata, metrics_table, mlflow_link, run_tags
 from envloop_pipelines.defs.rounds.partitions import rounds
 from envloop_pipelines.resources.loop import LoopResource, MlflowResource
 
@@ -61,7 +61,8 @@ def task_benchmark(loop: LoopResource) -> dg.Output[Benchmark]:
 def noise_floor(context: dg.AssetExecutionContext, loop: LoopResource,
                 mlflow: MlflowResource) -> dg.Output[MeasuredNoiseFloor]:
     """Spread of the primary metric over K null arms of the control recipe; cached per benchmark version and recipe."""
-    result = setup.measure_noise_floor(loop.config(), mlflow.tracker(), run_tags=run_tags(context))
+    cfg = loop.config()
+    result = setup.measure_noise_floor(cfg, mlflow.tracker(), run_tags=run_tags(context))
     arms = {f"seed {a['seed']}": a["metrics"] for a in result.floor.arms}
     return dg.Output(result, metadata={
         "noise_floor": result.floor.floor,
@@ -71,6 +72,8 @@ def noise_floor(context: dg.AssetExecutionContext, loop: LoopResource,
         "recipe_hash": result.recipe_hash,
         "arms": metrics_table(arms),
         **mlflow_link(result),
+        # the null arms and the bootstrap release (release 1, the control arm), for clients (docs/http-api.md)
+        **ledger_metadata(cfg.task, cfg.home, noise_key=result.floor.key, release=1),
     }, data_version=dg.DataVersion(result.floor.key))
 
 
@@ -239,6 +242,9 @@ def promotion_decision(context: dg.AssetExecutionContext, loop: LoopResource, ml
         "delta": result.delta["delta"],
         "noise_floor": result.noise_floor,
         "release_chain": dg.MetadataValue.md(plot),
+        # the typed decision, the round's ledger events and its release card, for clients (docs/http-api.md)
+        DECISION: dg.MetadataValue.json(result.to_dict()),
+        **ledger_metadata(cfg.task, cfg.home, round_key=context.partition_key, release=result.release),
     })
 
 

@@ -1,4 +1,10 @@
-"""Turning core results into the metadata a person reads in the Dagster UI."""
+"""Turning core results into the metadata a person reads in the Dagster UI (and a client reads over GraphQL).
+
+Three entries are also the remote read path of the SDK (``envloop_pipelines/sdk``), which
+never reads the EnvLoop home of a deployment: :data:`DECISION` (the round's typed decision,
+``RoundDecision.to_dict()``), :data:`RELEASE_CARD` (the card a step published) and
+:data:`LEDGER_EVENTS` (the ledger events about the step's round, noise floor and release).
+"""
 
 from __future__ import annotations
 
@@ -21,6 +27,31 @@ def metrics_table(columns: Mapping[str, Mapping[str, Any]]) -> dg.MetadataValue:
             cells.append(f"{v:.4f}" if isinstance(v, float) else ("—" if v is None else str(v)))
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
     return dg.MetadataValue.md("\n".join(lines))
+
+
+#: Metadata labels a client reads back (``docs/http-api.md``); JSON values.
+DECISION = "decision"
+RELEASE_CARD = "release_card"
+LEDGER_EVENTS = "ledger_events"
+
+
+def ledger_metadata(task: str, home: str | None, *, round_key: str | None = None, noise_key: str | None = None,
+                    release: int | None = None) -> dict[str, dg.MetadataValue]:
+    """The ledger's events about this step (its round, its noise floor, its release) and its release card, as JSON."""
+    from envloop_pipelines.core.loop.ledger import Ledger
+
+    ledger = Ledger(task, home)
+
+    def about(event: Mapping[str, Any]) -> bool:
+        return ((round_key is not None and event.get("round") == round_key)
+                or (noise_key is not None and event.get("noise_key") == noise_key)
+                or (release is not None and event.get("release") == release))
+
+    out = {LEDGER_EVENTS: dg.MetadataValue.json([e for e in ledger.events() if about(e)])}
+    card = next((c for c in ledger.releases() if release is not None and c.get("release") == release), None)
+    if card is not None:
+        out[RELEASE_CARD] = dg.MetadataValue.json(card)
+    return out
 
 
 def mlflow_link(result: Any) -> dict[str, dg.MetadataValue]:
