@@ -18,6 +18,11 @@ only the first word, the language):
   error bodies and the model listing) against the app itself, in process, with no model
   loaded and no server started.
 * ``json hypothesis`` (``docs/loop-rules.md``): a hypothesis file for ``--hypothesis``.
+* ``bash http`` (``docs/http-api.md``): the curl requests of the HTTP API, run as written, in document
+  order, against a real webserver and MLflow server by ``integration/test_remote.py``.
+* ``json decision`` (``docs/http-api.md``): what the decision request prints: the fields of a
+  ``RoundDecision``.
+* ``python sdk`` (``docs/http-api.md``): SDK code; it must parse and call only what ``Client`` has.
 
 No example may be left untagged: an untagged JSON/JSONL/YAML/CSV block fails the suite.
 """
@@ -39,10 +44,10 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
 DOC_FILES = sorted(DOCS.glob("*.md"))
-EXPECTED_DOCS = ("concepts.md", "decision-data.md", "loop-rules.md", "serving.md")
+EXPECTED_DOCS = ("concepts.md", "decision-data.md", "http-api.md", "loop-rules.md", "serving.md")
 
 #: Fence roles by language; a JSON/JSONL/YAML/CSV block without one of these is an untested example.
-JSON_ROLES = {"request", "chat", "response", "chat-response", "422", "401", "404", "models", "hypothesis"}
+JSON_ROLES = {"request", "chat", "response", "chat-response", "422", "401", "404", "models", "hypothesis", "decision"}
 FILE_LANGS = {"jsonl", "csv", "yaml"}
 
 
@@ -104,6 +109,11 @@ def test_every_example_is_tagged(path: Path) -> None:
             assert len(roles) == 1 and roles <= JSON_ROLES, f"{f.where()}: a json example needs one role of {sorted(JSON_ROLES)}"
         elif f.lang == "console":
             assert f.doc == "decision-data.md", f"{f.where()}: console sessions are run in decision-data.md only"
+        elif f.lang == "python":
+            assert f.tags == {"sdk"} and f.doc == "http-api.md", f"{f.where()}: python examples are `python sdk` in http-api.md"
+        elif "http" in f.tags:
+            assert f.lang == "bash" and f.tags == {"http"} and f.doc == "http-api.md", (
+                f"{f.where()}: HTTP requests are `bash http` blocks in http-api.md")
         else:
             assert f.lang in ("", "bash", "text"), f"{f.where()}: unknown example language {f.lang!r}"
             assert f.tags <= {"output"}, f"{f.where()}: unknown tags {sorted(f.tags)}"
@@ -412,6 +422,47 @@ def test_hypothesis_examples(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         result = CliRunner().invoke(main, ["round", "start", "--hypothesis", "hyp.json"],
                                     env={"ENVLOOP_HOME": str(tmp_path / "home")})
         assert result.exit_code == 2 and following.text.strip() in result.output, result.output
+
+
+# --------------------------------------------------------------------------- http-api.md (the requests run in integration/)
+
+
+def test_http_api_decision_example_is_a_round_decision() -> None:
+    from envloop_pipelines.core.loop.results import RoundDecision
+
+    [f] = [f for f in doc_fences("http-api.md") if f.lang == "json" and "decision" in f.tags]
+    shown = _decode(f)
+    fields = {x.name for x in dataclasses.fields(RoundDecision)}
+    assert set(shown) - {"delta"} <= fields, f"{f.where()}: not RoundDecision fields: {sorted(set(shown) - fields)}"
+    assert isinstance(shown["promote"], bool) and isinstance(shown["delta"], float)
+    assert re.fullmatch(r"r\d{4}", shown["round"]) and all(isinstance(r, str) for r in shown["reasons"])
+    assert (shown["release"] is None) is (not shown["promote"])
+
+
+def test_http_api_requests_use_the_sdk_names() -> None:
+    """The curl requests ask for the jobs, partitions, assets and metadata the SDK and the code use."""
+    from envloop_pipelines.defs.rounds.metadata import DECISION
+    from envloop_pipelines.sdk import client as sdk
+
+    text = "\n".join(f.text for f in doc_fences("http-api.md") if "http" in f.tags)
+    for name in (sdk.ROUND_JOB, sdk.SETUP_JOB, sdk.PROMOTION_DECISION, sdk.HYPOTHESIS_ASSET, sdk.PARTITION_TAG,
+                 f'partitionsDefName: \\"{sdk.ROUNDS_PARTITIONS}\\"', f'select(.label == "{DECISION}")'):
+        assert name in text, f"http-api.md: the requests do not use {name!r}"
+
+
+def test_sdk_examples_call_only_what_the_client_has() -> None:
+    import ast
+
+    from envloop_pipelines.sdk import Client
+
+    for f in [f for f in doc_fences("http-api.md") if f.lang == "python"]:
+        tree = ast.parse(f.text)
+        called = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                  and n.value.id in ("client", "Client")}
+        assert called and called <= set(dir(Client)), f"{f.where()}: Client has no {sorted(called - set(dir(Client)))}"
+    prose = re.sub(r"```.*?```", "", (DOCS / "http-api.md").read_text(encoding="utf-8"), flags=re.DOTALL)
+    named = set(re.findall(r"`(?:client|Client)\.(\w+)", prose))
+    assert named and named <= set(dir(Client)), f"http-api.md names Client.{sorted(named - set(dir(Client)))}"
 
 
 def _table(text: str, heading: str) -> list[list[str]]:

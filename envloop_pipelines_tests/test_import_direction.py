@@ -19,6 +19,10 @@ PACKAGE_ROOT = Path(envloop_pipelines.__file__).resolve().parent
 #: (from_package, to_package): no module under ``from_package`` may import ``to_package`` or anything in it.
 FORBIDDEN: list[tuple[str, str]] = [
     ("envloop_pipelines.core.sandbox", "envloop_pipelines.core.verify"),  # the sandbox sits below the verifier
+    # The SDK and the CLI sit on top: core knows neither, and the SDK does not reach into the CLI built on it.
+    ("envloop_pipelines.core", "envloop_pipelines.sdk"),
+    ("envloop_pipelines.core", "envloop_pipelines.cli"),
+    ("envloop_pipelines.sdk", "envloop_pipelines.cli"),
 ]
 
 

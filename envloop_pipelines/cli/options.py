@@ -55,6 +55,16 @@ def loop_options(fn: Callable) -> Callable:
     return fn
 
 
+def remote_options(fn: Callable) -> Callable:
+    """``--remote URL`` (a Dagster webserver: go through the SDK) and ``--mlflow URI`` (its MLflow server)."""
+    fn = click.option("--mlflow", "mlflow_uri", envvar="MLFLOW_TRACKING_URI", default=None, metavar="URI",
+                      help="With --remote: the deployment's MLflow tracking URI (default $MLFLOW_TRACKING_URI); "
+                           "releases, the champion and checkpoints come from there.")(fn)
+    return click.option("--remote", envvar="ENVLOOP_REMOTE", default=None, metavar="URL",
+                        help="A deployment's Dagster webserver (http://host:port; default $ENVLOOP_REMOTE): "
+                             "do it there through the SDK instead of in this process.")(fn)
+
+
 def loop_settings(options: Mapping[str, Any]) -> dict[str, Any]:
     """The loop's settings from the options :func:`loop_options` added (``LoopConfig`` names)."""
     names = {f.name for f in loop_fields()}
@@ -65,4 +75,4 @@ def loop_settings(options: Mapping[str, Any]) -> dict[str, Any]:
     return settings
 
 
-__all__ = ["loop_options", "loop_settings", "parse_recipe_overrides", "recipe_override_option"]
+__all__ = ["loop_options", "loop_settings", "parse_recipe_overrides", "recipe_override_option", "remote_options"]

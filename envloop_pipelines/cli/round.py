@@ -3,21 +3,29 @@
 Rounds run through Dagster (the same jobs the UI launches) on the instance in
 ``$DAGSTER_HOME`` (default ``<envloop home>/dagster``, SQLite), so every run
 shows up in ``envloop ui`` afterwards.
+
+With ``--remote URL`` (a deployment's Dagster webserver) the same commands go
+through the SDK (``envloop_pipelines.sdk.Client``): the rounds run on the
+deployment, with its loop settings, and what they print comes from its GraphQL
+API and its MLflow server (``--mlflow``). CLI, SDK and HTTP are one path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import click
 
-from envloop_pipelines.cli.options import loop_options, loop_settings, parse_recipe_overrides
+from envloop_pipelines.cli.options import loop_options, loop_settings, parse_recipe_overrides, remote_options
 from envloop_pipelines.core.storage import atomic_write_bytes, envloop_home
 
 
@@ -59,6 +67,47 @@ def _resources(settings: dict[str, Any]) -> dict[str, Any]:
     return {"loop": loop, "mlflow": MlflowResource(), "io_manager": RoundStoreIOManager(loop=loop)}
 
 
+@contextlib.contextmanager
+def watch_steps(instance: Any, run_id: str, total: int, desc: str, poll_s: float = 1.0) -> Iterator[None]:
+    """A progress bar over the steps of a run executing in this process (read from the instance's event log).
+
+    On a terminal the bar sits above the steps' own bars (training, prediction); elsewhere it is a line
+    every few percent or 30 s, naming the step that runs.
+    """
+    import dagster as dg
+
+    from envloop_pipelines.core.progress import Progress
+
+    stop = threading.Event()
+    bar = Progress(desc, total=total, unit="step")
+    ended = {dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.STEP_SKIPPED}
+
+    def poll() -> None:
+        while True:
+            finished = stop.wait(poll_s)
+            try:
+                records = instance.get_records_for_run(run_id, of_type={dg.DagsterEventType.STEP_START, *ended}).records
+            except Exception:  # noqa: BLE001 - the run's storage is not there yet; progress is best effort
+                records = []
+            done, started = set(), set()
+            for r in records:
+                event = r.event_log_entry.dagster_event
+                if event is not None and event.step_key:
+                    (done if event.event_type in ended else started).add(event.step_key)
+            bar.update(len(done) - bar.n, now=",".join(sorted(started - done)) or None)
+            if finished:
+                return
+
+    thread = threading.Thread(target=poll, name=f"progress {desc}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+        bar.close()
+
+
 def _run_rounds(instance: Any, loop_settings: dict[str, Any], proposal: dict[str, Any] | None, echo: Any,
                 first: str | None = None, retry_of: Any = None) -> list[dict[str, Any]]:
     """Run round partitions while the loop's budget lasts (``first``: a round to run before asking the budget)."""
@@ -70,6 +119,8 @@ def _run_rounds(instance: Any, loop_settings: dict[str, Any], proposal: dict[str
         SETTINGS_TAG,
         worker_tags,
     )
+    from dagster._core.utils import make_new_run_id
+
     from envloop_pipelines.core.loop.results import RoundDecision
     from envloop_pipelines.core.loop.store import RoundStore
 
@@ -100,8 +151,10 @@ def _run_rounds(instance: Any, loop_settings: dict[str, Any], proposal: dict[str
             run_config = {**run_config, **{k: v for k, v in retry_of.run_config.items() if k == "ops"}}
             tags.update({RETRY_OF_TAG: retry_of.run_id, "dagster/parent_run_id": retry_of.run_id,
                          "dagster/root_run_id": retry_of.tags.get("dagster/root_run_id", retry_of.run_id)})
-        out = job.execute_in_process(instance=instance, resources=resources, partition_key=key,
-                                     run_config=run_config, tags=tags, raise_on_error=False)
+        run_id = make_new_run_id()
+        with watch_steps(instance, run_id, len(job.graph.nodes), f"round {key}"):
+            out = job.execute_in_process(instance=instance, resources=resources, partition_key=key,
+                                         run_config=run_config, tags=tags, raise_on_error=False, run_id=run_id)
         timings.append({"step": f"round {key}", "s": time.perf_counter() - t0, "success": out.success})
         if not out.success:
             echo(f"round {key} failed; see `envloop ledger` and the Dagster run {out.run_id}; "
@@ -120,6 +173,7 @@ def run_loop(*, loop_settings: dict[str, Any], rounds: int, patience: int, max_w
              proposal: dict[str, Any] | None = None, echo: Any = click.echo) -> list[dict[str, Any]]:
     """Set up the benchmark and noise floor, then run rounds while the loop's budget lasts."""
     import dagster as dg
+    from dagster._core.utils import make_new_run_id
 
     from envloop_pipelines.core.loop.budget import LoopBudget, start_loop
     from envloop_pipelines.definitions import defs
@@ -133,7 +187,10 @@ def run_loop(*, loop_settings: dict[str, Any], rounds: int, patience: int, max_w
     cfg = resources["loop"].config()
     started = time.perf_counter()
     setup = defs.resolve_job_def("setup_job")
-    result = setup.execute_in_process(instance=instance, resources=resources, run_config=QUIET, tags=worker_tags())
+    run_id = make_new_run_id()
+    with watch_steps(instance, run_id, len(setup.graph.nodes), "setup"):
+        result = setup.execute_in_process(instance=instance, resources=resources, run_config=QUIET, tags=worker_tags(),
+                                          run_id=run_id)
     timings = [{"step": "setup (benchmark + noise floor)", "s": time.perf_counter() - started, "success": result.success}]
     echo(f"setup: benchmark and noise floor ready ({timings[-1]['s']:.0f}s)")
     state = start_loop(cfg.task, f"cli-{int(time.time())}", LoopBudget(max_rounds=rounds, patience=patience,
@@ -180,10 +237,8 @@ def retry_round(task: str, *, echo: Any = click.echo) -> list[dict[str, Any]]:
     return _run_rounds(instance, settings, None, echo, first=key, retry_of=failed)
 
 
-def print_releases(task: str, as_json: bool = False) -> None:
-    from envloop_pipelines.core.loop.ledger import Ledger
-
-    releases = Ledger(task).releases()
+def echo_releases(task: str, releases: list[dict[str, Any]], as_json: bool = False) -> None:
+    """The release chain: one card per release (holdout first, errata beside), or the cards as JSON."""
     if as_json:
         click.echo(json.dumps(releases, indent=2, default=str))
         return
@@ -194,11 +249,111 @@ def print_releases(task: str, as_json: bool = False) -> None:
     click.echo(f"{'release':>7}  {'round':<9} {'parent':>6}  {'holdout acc':>11} {'holdout brier':>13} {'test acc':>8}  checkpoint")
     for r in releases:
         h, t = r.get("holdout") or {}, r.get("test") or {}
-        click.echo(f"{r['release']:>7}  {r['round']:<9} {r.get('parent_release') or '-'!s:>6}  "
+        champion = "  (champion)" if r.get("champion") else ""
+        click.echo(f"{r['release']:>7}  {r.get('round') or '-':<9} {r.get('parent_release') or '-'!s:>6}  "
                    f"{h.get('family_macro_accuracy', float('nan')):>11.4f} {h.get('brier', float('nan')):>13.4f} "
-                   f"{t.get('family_macro_accuracy', float('nan')):>8.4f}  {r['checkpoint_sha256'][:12]}")
+                   f"{t.get('family_macro_accuracy', float('nan')):>8.4f}  {str(r.get('checkpoint_sha256'))[:12]}{champion}")
         for e in r.get("errata", []):
             click.echo(f"         erratum {e['erratum']}: {e['field']} {e['old']} -> {e['new']} ({e['reason']})")
+
+
+def print_releases(task: str, as_json: bool = False) -> None:
+    from envloop_pipelines.core.loop.ledger import Ledger
+
+    echo_releases(task, Ledger(task).releases(), as_json)
+
+
+def remote_client(remote: str, mlflow_uri: str | None, task: str | None = None) -> Any:
+    """The SDK's client of a deployment; refuses a ``--task`` that is not the deployment's."""
+    from envloop_pipelines.sdk import Client, ClientError
+
+    try:
+        client = Client(remote, mlflow_uri)
+    except ClientError as exc:
+        raise click.BadParameter(str(exc).removeprefix("dagster_url: "), param_hint="--remote") from None
+    try:
+        if client.task != task and task is not None:  # client.task asks the deployment: a wrong URL fails here
+            raise click.BadParameter(f"the deployment at {remote} runs task {client.task!r}, not {task!r}",
+                                     param_hint="--task")
+    except ClientError as exc:
+        raise click.ClickException(str(exc)) from None
+    return client
+
+
+def _sdk_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Call the SDK; its errors become the command's (exit 1)."""
+    from envloop_pipelines.sdk import ClientError
+
+    try:
+        return fn(*args, **kwargs)
+    except ClientError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def remote_releases(client: Any) -> list[dict[str, Any]]:
+    """A deployment's releases as the local cards look (the card, with MLflow's version, holdout and champion flag)."""
+    out = []
+    for r in _sdk_call(client.releases):
+        card = dict(r.card or {"release": r.release, "round": r.round, "checkpoint_sha256": r.checkpoint_sha256})
+        card.setdefault("errata", [])
+        out.append({**card, "model_version": r.model_version, "mlflow_run_id": r.mlflow_run_id,
+                    "holdout": card.get("holdout") or dict(r.holdout), "champion": r.champion})
+    return out
+
+
+def echo_decision(key: str, decision: Any, seconds: float | None = None) -> None:
+    verdict = f"promoted as release {decision.release}" if decision.promote else "rejected"
+    took = f"; {seconds:.0f}s" if seconds is not None else ""
+    click.echo(f"round {key}: {verdict} (delta {decision.delta['delta']:+.4f}, floor {decision.noise_floor:.4f}{took})")
+    for reason in decision.reasons:
+        click.echo(f"  - {reason}")
+
+
+def _read_hypothesis(hypothesis_file: Path | None) -> dict[str, Any] | None:
+    """A person's hypothesis file, checked (every problem named) before anything runs."""
+    if hypothesis_file is None:
+        return None
+    try:
+        proposal = json.loads(hypothesis_file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"{hypothesis_file}: line {exc.lineno}: {exc.msg}", param_hint="--hypothesis") from None
+    if not isinstance(proposal, dict):
+        raise click.BadParameter(f"{hypothesis_file}: must be a JSON object", param_hint="--hypothesis")
+    from envloop_pipelines.core.loop.steps import proposal_errors
+
+    errors = proposal_errors(proposal)
+    if errors:
+        raise click.BadParameter(f"{hypothesis_file}: " + "; ".join(errors), param_hint="--hypothesis")
+    return proposal
+
+
+def run_remote_loop(client: Any, *, rounds: int, patience: int, max_wall_s: float,
+                    proposal: dict[str, Any] | None) -> bool:
+    """``round start --remote``: the setup if the deployment has none, then rounds through the SDK. True if all decided."""
+    from envloop_pipelines.sdk import RoundFailed
+
+    if not _sdk_call(client.is_set_up):
+        started = time.perf_counter()
+        try:
+            info = _sdk_call(client.setup)
+        except RoundFailed as exc:
+            raise click.ClickException(str(exc)) from None
+        click.echo(f"setup: benchmark and noise floor ready (run {info.run_id}, {time.perf_counter() - started:.0f}s)")
+    click.echo(f"loop on {client.dagster_url} (task {client.task}): up to {rounds} rounds")
+    begun = {"t": time.perf_counter()}
+
+    def on_round(result: Any) -> None:
+        echo_decision(result.key, result.decision, time.perf_counter() - begun["t"])
+        click.echo(f"  run {result.run.run_id}")
+        begun["t"] = time.perf_counter()
+
+    try:
+        _sdk_call(client.run_loop, rounds=rounds, patience=patience, max_wall_s=max_wall_s, hypothesis=proposal,
+                  on_round=on_round)
+    except RoundFailed as exc:
+        click.echo(f"error: {exc}", err=True)
+        return False
+    return True
 
 
 @click.group("round")
@@ -213,28 +368,44 @@ def round_group() -> None:
 @click.option("--max-wall-s", type=float, default=6 * 3600, show_default=True)
 @click.option("--hypothesis", "hypothesis_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="A person's hypothesis (JSON: change, predicted_delta, gate, seeds, rationale).")
-def round_start(rounds: int, patience: int, max_wall_s: float, hypothesis_file: Path | None, **options: Any) -> None:
-    """Start a loop of rounds and run it to the end of its budget."""
-    proposal = None
-    if hypothesis_file is not None:
-        try:
-            proposal = json.loads(hypothesis_file.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise click.BadParameter(f"{hypothesis_file}: line {exc.lineno}: {exc.msg}", param_hint="--hypothesis") from None
-        if not isinstance(proposal, dict):
-            raise click.BadParameter(f"{hypothesis_file}: must be a JSON object", param_hint="--hypothesis")
-        from envloop_pipelines.core.loop.steps import proposal_errors
+@remote_options
+@click.pass_context
+def round_start(ctx: click.Context, rounds: int, patience: int, max_wall_s: float, hypothesis_file: Path | None,
+                remote: str | None, mlflow_uri: str | None, **options: Any) -> None:
+    """Start a loop of rounds and run it to the end of its budget (here, or on a deployment with --remote).
 
-        errors = proposal_errors(proposal)
-        if errors:
-            raise click.BadParameter(f"{hypothesis_file}: " + "; ".join(errors), param_hint="--hypothesis")
+    Exit status: 0 when every round was decided, 1 when a round failed (the ledger and the run say why),
+    2 for bad options.
+    """
+    from click.core import ParameterSource
+
+    for name, value in (("--rounds", rounds), ("--patience", patience), ("--max-wall-s", max_wall_s)):
+        if not value > 0:
+            raise click.BadParameter(f"must be positive, got {value}", param_hint=name)
+    proposal = _read_hypothesis(hypothesis_file)
+    if remote:
+        given = [f"--{n.replace('_', '-')}" for n in options
+                 if ctx.get_parameter_source(n) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)]
+        if given:
+            raise click.BadParameter(
+                f"{', '.join(given)}: a remote round runs with the deployment's loop settings (ENVLOOP_<SETTING> of "
+                f"its code location); leave {'it' if len(given) == 1 else 'them'} out", param_hint="--remote")
+        client = remote_client(remote, mlflow_uri)
+        ok = run_remote_loop(client, rounds=rounds, patience=patience, max_wall_s=max_wall_s, proposal=proposal)
+        if client.mlflow_uri:
+            echo_releases(client.task, remote_releases(client))
+        if not ok:
+            raise SystemExit(1)
+        return
     settings = loop_settings(options)
     try:
         _resources(settings)["loop"].config()
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
-    run_loop(loop_settings=settings, rounds=rounds, patience=patience, max_wall_s=max_wall_s, proposal=proposal)
+    timings = run_loop(loop_settings=settings, rounds=rounds, patience=patience, max_wall_s=max_wall_s, proposal=proposal)
     print_releases(settings["task"])
+    if timings and not all(t.get("success", True) for t in timings):
+        raise SystemExit(1)
 
 
 @round_group.command("retry")
@@ -262,23 +433,90 @@ def round_add(task: str) -> None:
     click.echo(key)
 
 
+def _local_rounds(task: str) -> list[dict[str, Any]]:
+    """This home's rounds: each with its decision (if decided) and its latest Dagster run on the local instance."""
+    import dagster as dg
+
+    from envloop_pipelines.core.loop.config import round_key
+    from envloop_pipelines.core.loop.results import RoundDecision
+    from envloop_pipelines.core.loop.store import RoundStore
+
+    dagster_home()
+    instance = dg.DagsterInstance.get()
+    store = RoundStore(task)
+    keys = sorted(set(round_key(n) for n in store.started_rounds()) | set(instance.get_dynamic_partitions("rounds")))
+    out = []
+    for key in keys:
+        decision = store.load("promotion_decision", RoundDecision, key)
+        runs = instance.get_runs(filters=dg.RunsFilter(job_name="round_job", tags={"dagster/partition": key}), limit=1)
+        run = runs[0] if runs else None
+        out.append(_round_row(key, decision, run.run_id if run else None, run.status.value if run else None))
+    return out
+
+
+def _round_row(key: str, decision: Any, run_id: str | None, run_status: str | None) -> dict[str, Any]:
+    row: dict[str, Any] = {"round": key, "status": "decided" if decision is not None else (run_status or "not started"),
+                           "run_id": run_id, "run_status": run_status}
+    if decision is not None:
+        row.update(promoted=decision.promote, release=decision.release, delta=decision.delta.get("delta"),
+                   noise_floor=decision.noise_floor, reasons=list(decision.reasons))
+    return row
+
+
+@round_group.command("status")
+@click.argument("key", required=False)
+@click.option("--task", default=None, help="The task (default personal_agent; with --remote, the deployment's).")
+@click.option("--json", "as_json", is_flag=True, help="Print the rounds as JSON.")
+@remote_options
+def round_status(key: str | None, task: str | None, as_json: bool, remote: str | None, mlflow_uri: str | None) -> None:
+    """Every round (or round KEY): its status, its verdict and its latest run.
+
+    Status is ``decided``, or the latest run's (``STARTED``, ``FAILURE`` ...), or ``not started``.
+    Exit status 1 when KEY is not a round.
+    """
+    if remote:
+        client = remote_client(remote, mlflow_uri, task)
+        task = client.task
+        rows = [_round_row(r.key, r.decision, r.run.run_id if r.run else None, r.run.status if r.run else None)
+                for r in _sdk_call(client.rounds)]
+    else:
+        task = task or "personal_agent"
+        rows = _local_rounds(task)
+    if key is not None:
+        rows = [r for r in rows if r["round"] == key]
+        if not rows:
+            raise click.ClickException(f"task {task} has no round {key!r}")
+    if as_json:
+        click.echo(json.dumps(rows, indent=2, default=str))
+        return
+    if not rows:
+        click.echo(f"task {task}: no rounds yet")
+        return
+    click.echo(f"{'round':<7} {'status':<12} {'verdict':<22} {'delta':>8} {'floor':>7}  run")
+    for r in rows:
+        if r["status"] == "decided":
+            verdict = f"promoted: release {r['release']}" if r["promoted"] else "rejected"
+            delta, floor = f"{r['delta']:+.4f}", f"{r['noise_floor']:.4f}"
+        else:
+            verdict, delta, floor = "-", "-", "-"
+        run = f"{r['run_id']} ({r['run_status']})" if r["run_id"] else "-"
+        click.echo(f"{r['round']:<7} {r['status']:<12} {verdict:<22} {delta:>8} {floor:>7}  {run}")
+
+
 @click.command("releases")
-@click.option("--task", default="personal_agent", show_default=True)
+@click.option("--task", default=None, help="The task (default personal_agent; with --remote, the deployment's).")
 @click.option("--json", "as_json", is_flag=True)
-def releases(task: str, as_json: bool) -> None:
+@remote_options
+def releases(task: str | None, as_json: bool, remote: str | None, mlflow_uri: str | None) -> None:
     """The release chain: one card per release, holdout first, errata beside."""
-    print_releases(task, as_json)
+    if remote:
+        client = remote_client(remote, mlflow_uri, task)
+        echo_releases(client.task, remote_releases(client), as_json)
+        return
+    print_releases(task or "personal_agent", as_json)
 
 
-@click.command("ledger")
-@click.option("--task", default="personal_agent", show_default=True)
-@click.option("--kind", default=None, help="Only events of this kind (hypothesis_registered, candidate_rejected, ...).")
-@click.option("--json", "as_json", is_flag=True)
-def ledger(task: str, kind: str | None, as_json: bool) -> None:
-    """Every hypothesis, arm, rejected candidate and release of the task's loop."""
-    from envloop_pipelines.core.loop.ledger import Ledger
-
-    events = list(Ledger(task).events(kind))
+def echo_ledger(events: list[dict[str, Any]], as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(events, indent=2, default=str))
         return
@@ -286,6 +524,25 @@ def ledger(task: str, kind: str | None, as_json: bool) -> None:
         detail = {k: v for k, v in e.items() if k not in ("event_id", "at", "kind", "task", "candidate", "champion")}
         click.echo(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(e['at']))}  {e['kind']:<22} "
                    f"{json.dumps(detail, default=str)[:200]}")
+
+
+@click.command("ledger")
+@click.option("--task", default=None, help="The task (default personal_agent; with --remote, the deployment's).")
+@click.option("--kind", default=None, help="Only events of this kind (hypothesis_registered, candidate_rejected, ...).")
+@click.option("--json", "as_json", is_flag=True)
+@remote_options
+def ledger(task: str | None, kind: str | None, as_json: bool, remote: str | None, mlflow_uri: str | None) -> None:
+    """Every hypothesis, arm, rejected candidate and release of the task's loop."""
+    from envloop_pipelines.core.loop.ledger import EVENT_KINDS, Ledger
+
+    if kind is not None and kind not in EVENT_KINDS:
+        raise click.BadParameter(f"{kind!r} is not a ledger event kind; allowed: {', '.join(EVENT_KINDS)}",
+                                 param_hint="--kind")
+    if remote:
+        client = remote_client(remote, mlflow_uri, task)
+        echo_ledger(_sdk_call(client.ledger, kind), as_json)
+        return
+    echo_ledger(list(Ledger(task or "personal_agent").events(kind)), as_json)
 
 
 @click.command("ui")

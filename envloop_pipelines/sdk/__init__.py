@@ -1,0 +1,19 @@
+"""The Python SDK: drive an EnvLoop deployment (its Dagster webserver and MLflow server) from code.
+
+``Client(dagster_url, mlflow_uri)`` starts rounds and loops, follows them with progress, and reads
+rounds, decisions, the ledger, releases, cards and checkpoints. See :mod:`envloop_pipelines.sdk.client`
+and ``docs/http-api.md`` (the same requests over plain HTTP).
+"""
+
+from envloop_pipelines.sdk.client import (
+    Client,
+    ClientError,
+    ReleaseInfo,
+    RoundFailed,
+    RoundInfo,
+    RoundRun,
+    RunInfo,
+    StepInfo,
+)
+
+__all__ = ["Client", "ClientError", "ReleaseInfo", "RoundFailed", "RoundInfo", "RoundRun", "RunInfo", "StepInfo"]
