@@ -172,7 +172,8 @@ class Progress:
             out = stream if stream is not None else sys.stderr
             width = _terminal_width(out)
             # A terminal that reports no size (a fresh pseudo-terminal) would get an empty bar from tqdm: 80 columns.
-            self._bar = tqdm(total=total, desc=desc, unit=unit, file=out, delay=quiet_s, leave=True, mininterval=0.2,
+            # leave=None: a bar inside another (training inside a round) vanishes when done; the outer one stays.
+            self._bar = tqdm(total=total, desc=desc, unit=unit, file=out, delay=quiet_s, leave=None, mininterval=0.2,
                              dynamic_ncols=bool(width), ncols=None if width else 80)
 
     @property

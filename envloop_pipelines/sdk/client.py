@@ -363,7 +363,9 @@ class Client:
                     lines, cursor = self._progress_lines(run_id, cursor)
                     latest.update(lines)
                     detail = next((latest[k] for k in running if k in latest), "")
-                    bar.update(done - bar.n, now=",".join(running) or None, detail=detail or None)
+                    # before the first step: QUEUED (a queued instance needs dagster-daemon) or STARTING
+                    waiting = info.status if info.status in ("QUEUED", "NOT_STARTED", "STARTING") else None
+                    bar.update(done - bar.n, now=",".join(running) or waiting, detail=detail or None)
                 if info.finished:
                     return info
                 if deadline is not None and time.monotonic() > deadline:
