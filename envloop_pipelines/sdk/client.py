@@ -183,7 +183,9 @@ def _hypothesis_json(hypothesis: Mapping[str, Any] | str | os.PathLike[str] | No
         proposal: Any = dict(hypothesis)
     else:
         text = str(hypothesis)
-        if isinstance(hypothesis, os.PathLike) or (not text.lstrip().startswith("{") and Path(text).is_file()):
+        if not isinstance(hypothesis, os.PathLike) and not text.lstrip().startswith(("{", "[")) and not Path(text).is_file():
+            raise ClientError(f"hypothesis: {text[:80]!r} is neither JSON text nor a file")
+        if isinstance(hypothesis, os.PathLike) or not text.lstrip().startswith(("{", "[")):
             source = str(hypothesis)
             try:
                 text = Path(hypothesis).read_text(encoding="utf-8")

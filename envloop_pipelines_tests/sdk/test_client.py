@@ -1,0 +1,88 @@
+"""The SDK without a deployment: its GraphQL documents against the webserver's schema, and bad input.
+
+The SDK against a real deployment is ``integration/test_remote.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from envloop_pipelines.sdk import Client, ClientError, RunInfo
+from envloop_pipelines.sdk import queries
+from envloop_pipelines.sdk.client import _hypothesis_json, _split_url
+
+GOOD = {"change": {"kind": "recipe", "recipe_diff": {"max_steps": 80}}, "predicted_delta": 0.02,
+        "gate": {"primary_metric": "family_macro_accuracy", "min_delta": 0.01}, "rationale": "under-trained"}
+
+
+@pytest.mark.parametrize("name", sorted(queries.ALL))
+def test_every_document_is_valid_for_the_webservers_schema(name: str) -> None:
+    from dagster_graphql.schema import create_schema
+    from graphql import parse, validate
+
+    errors = validate(create_schema().graphql_schema, parse(queries.ALL[name]))
+    assert errors == [], [e.message for e in errors]
+
+
+def test_urls() -> None:
+    assert _split_url("http://127.0.0.1:3000") == {"hostname": "127.0.0.1", "port_number": 3000, "use_https": False,
+                                                   "path_prefix": ""}
+    assert _split_url("https://dagster.example.com/dagster/graphql") == {
+        "hostname": "dagster.example.com", "port_number": None, "use_https": True, "path_prefix": "/dagster"}
+    assert _split_url("localhost:3000")["port_number"] == 3000
+    for bad in ("ftp://host", "http://", "://"):
+        with pytest.raises(ClientError, match="dagster_url: .* is not an http\\(s\\) URL"):
+            Client(bad)
+
+
+def test_a_hypothesis_is_checked_before_anything_is_launched(tmp_path: Path) -> None:
+    assert json.loads(_hypothesis_json(GOOD)) == GOOD
+    assert json.loads(_hypothesis_json(json.dumps(GOOD))) == GOOD
+    (tmp_path / "hyp.json").write_text(json.dumps(GOOD))
+    assert json.loads(_hypothesis_json(tmp_path / "hyp.json")) == GOOD
+    assert json.loads(_hypothesis_json(str(tmp_path / "hyp.json"))) == GOOD
+    assert _hypothesis_json(None) is None
+    with pytest.raises(ClientError, match="gate"):
+        _hypothesis_json({**GOOD, "gate": {"floor_multiplier": 0.5}})
+    with pytest.raises(ClientError, match="recipe_overrides"):
+        _hypothesis_json({**GOOD, "change": {"kind": "recipe", "recipe_overrides": {"max_steps": 80}}})
+    with pytest.raises(ClientError, match=r"hypothesis: line 1: Expecting"):
+        _hypothesis_json('{"change": ')
+    with pytest.raises(ClientError, match="must be a JSON object"):
+        _hypothesis_json("[1, 2]")
+    with pytest.raises(ClientError, match="'nope.json' is neither JSON text nor a file"):
+        _hypothesis_json("nope.json")
+    (tmp_path / "bad.json").write_text("{oops")
+    with pytest.raises(ClientError, match=r"bad.json: line 1:"):
+        _hypothesis_json(tmp_path / "bad.json")
+
+
+def test_a_run_as_the_webserver_reports_it() -> None:
+    run = RunInfo.from_graphql({
+        "runId": "r-1", "jobName": "round_job", "status": "STARTED", "startTime": 100.0, "endTime": None,
+        "creationTime": 99.0, "tags": [{"key": "dagster/partition", "value": "r0003"}],
+        "stepStats": [{"stepKey": "baseline_eval", "status": "SUCCESS", "startTime": 101.5, "endTime": 104.0},
+                      {"stepKey": "failure_mining", "status": "IN_PROGRESS", "startTime": 104.5, "endTime": None}]})
+    assert (run.partition, run.finished, run.success, run.first_step_start) == ("r0003", False, False, 101.5)
+    assert [s.key for s in run.steps] == ["baseline_eval", "failure_mining"]
+
+
+def test_a_client_without_mlflow_says_which_setting_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    client = Client("http://127.0.0.1:9")
+    with pytest.raises(ClientError, match="mlflow_uri: not set"):
+        client.mlflow  # noqa: B018
+    with pytest.raises(ClientError, match="the Dagster webserver at http://127.0.0.1:9 did not answer"):
+        client.round_keys()
+
+
+def test_evaluate_needs_exactly_one_source(tmp_path: Path) -> None:
+    with pytest.raises(ClientError, match="records/task: give exactly one"):
+        Client.evaluate(tmp_path)
+    with pytest.raises(ClientError, match="records/task: give exactly one"):
+        Client.evaluate(tmp_path, records=tmp_path / "x.jsonl", task="t")
+    with pytest.raises(ClientError, match="split: 'test' is not an open split"):
+        Client.evaluate(tmp_path, task="t", split="test")
