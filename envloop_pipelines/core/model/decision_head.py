@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -129,9 +129,12 @@ class DecisionHeadModel(ReadoutModel):
     readout = "decision_head"
 
     def __init__(self, encoder: nn.Module, tokenizer: object, head_hidden: int, max_length: int, *,
-                 state_attention: bool = False) -> None:
+                 state_attention: bool = False, frozen_layers: int = 0, feature_cache: Any = None) -> None:
         super().__init__()
         self.encoder = encoder
+        #: Layers run once per distinct input through ``feature_cache`` (``core/model/features.py``); 0: none.
+        self.frozen_layers = frozen_layers
+        self.feature_cache = feature_cache
         self.tokenizer = tokenizer
         self.max_length = max_length
         config = encoder.get_base_model().config  # type: ignore[operator]
@@ -162,7 +165,13 @@ class DecisionHeadModel(ReadoutModel):
         if getattr(base, "pooler", None) is not None:
             base.pooler = None  # unused: the head reads the options, not [CLS]; dropped so no LoRA lands on it
         encoder = wrap_lora(base, recipe, adapter_dir=adapter_dir, trainable=trainable, task_type=None)
-        return cls(encoder, tokenizer, recipe.head_hidden, recipe.max_length, state_attention=recipe.state_attention)
+        cache = None
+        if recipe.frozen_layers:
+            from envloop_pipelines.core.model.features import cache_for
+
+            cache = cache_for(base_dir, recipe.frozen_layers)
+        return cls(encoder, tokenizer, recipe.head_hidden, recipe.max_length, state_attention=recipe.state_attention,
+                   frozen_layers=recipe.frozen_layers, feature_cache=cache)
 
     # ------------------------------------------------------------------ encoding
 
@@ -208,8 +217,12 @@ class DecisionHeadModel(ReadoutModel):
         )
 
     def collate(self, items: Sequence[Encoded]) -> dict[str, torch.Tensor]:
-        """Right-pad a batch; missing options get position 0 and an empty span (masked out by ``option_mask``)."""
-        return {
+        """Right-pad a batch; missing options get position 0 and an empty span (masked out by ``option_mask``).
+
+        With ``frozen_layers``, ``lower_hidden`` holds each sequence's lower-layer features (from the
+        feature cache, computed on a miss), right-padded with zeros.
+        """
+        batch = {
             "input_ids": pad_2d([e.input_ids for e in items], self.pad_id),
             "attention_mask": pad_2d([[1] * len(e) for e in items], 0),
             "token_type_ids": pad_2d([e.token_type_ids or () for e in items], 0),
@@ -217,6 +230,26 @@ class DecisionHeadModel(ReadoutModel):
             "option_ends": pad_2d([e.option_ends for e in items], 0),
             "option_mask": option_mask(items),
         }
+        if self.frozen_layers:
+            features = [self.lower_features(e) for e in items]
+            lower = torch.zeros((len(items), batch["input_ids"].shape[1], features[0].shape[-1]), dtype=torch.float32)
+            for i, f in enumerate(features):
+                lower[i, : f.shape[0]] = f
+            batch["lower_hidden"] = lower
+        return batch
+
+    def lower_features(self, item: Encoded) -> torch.Tensor:
+        """The frozen layers' output for one encoded question: from the cache, or computed and cached."""
+        from envloop_pipelines.core.model.features import run_lower, sequence_key
+
+        types = item.token_type_ids or (0,) * len(item.input_ids)
+        key = sequence_key(item.input_ids, types)
+        found = self.feature_cache.get(key) if self.feature_cache is not None else None
+        if found is None:
+            found = run_lower(self.encoder, self.frozen_layers, item.input_ids, types)
+            if self.feature_cache is not None:
+                self.feature_cache.put(key, found)
+        return found
 
     # ------------------------------------------------------------------ forward
 
@@ -228,11 +261,23 @@ class DecisionHeadModel(ReadoutModel):
         option_positions: torch.Tensor,
         option_ends: torch.Tensor,
         option_mask: torch.Tensor,
+        lower_hidden: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Option logits ``(batch, max_options)``: one encoder pass for the whole batch."""
-        hidden = self.encoder(
-            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-        ).last_hidden_state
+        """Option logits ``(batch, max_options)``: one encoder pass for the whole batch.
+
+        With ``frozen_layers`` the pass starts from ``lower_hidden`` (the collated cache features) and
+        runs the layers above them only.
+        """
+        if self.frozen_layers:
+            from envloop_pipelines.core.model.features import run_upper
+
+            if lower_hidden is None:
+                raise ValueError("frozen_layers: the batch has no lower_hidden (collate it with this model)")
+            hidden = run_upper(self.encoder, self.frozen_layers, lower_hidden, attention_mask)
+        else:
+            hidden = self.encoder(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            ).last_hidden_state
         hidden = hidden.float()
         index = option_positions.unsqueeze(-1).expand(-1, -1, hidden.size(-1))
         markers = torch.gather(hidden, 1, index)  # (batch, options, hidden)

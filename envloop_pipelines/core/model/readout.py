@@ -256,10 +256,16 @@ class ReadoutModel(nn.Module):
         return [n for n, p in self.named_parameters() if p.requires_grad]
 
 
-def lora_config(recipe: "Recipe", task_type: str | None) -> Any:
-    """peft ``LoraConfig`` from the recipe's ``lora`` section."""
+def lora_config(recipe: "Recipe", task_type: str | None, n_layers: int | None = None) -> Any:
+    """peft ``LoraConfig`` from the recipe's ``lora`` section (on the layers above ``frozen_layers`` only)."""
     from peft import LoraConfig
 
+    layers: dict[str, Any] = {}
+    if getattr(recipe, "frozen_layers", 0):
+        if n_layers is None or recipe.frozen_layers >= n_layers:
+            raise ValueError(f"recipe field 'frozen_layers': {recipe.frozen_layers} leaves no layer of the "
+                             f"{n_layers}-layer encoder to train (allowed: 0 to {(n_layers or 1) - 1})")
+        layers = {"layers_to_transform": list(range(recipe.frozen_layers, n_layers)), "layers_pattern": "layer"}
     return LoraConfig(
         r=recipe.lora.r,
         lora_alpha=recipe.lora.alpha,
@@ -267,6 +273,7 @@ def lora_config(recipe: "Recipe", task_type: str | None) -> Any:
         target_modules=list(recipe.lora.target_modules),
         bias="none",
         task_type=task_type,
+        **layers,
     )
 
 
@@ -284,7 +291,8 @@ def wrap_lora(base: nn.Module, recipe: "Recipe", *, adapter_dir: str | Path | No
             config.base_model_name_or_path = getattr(base, "name_or_path", None) or None
         return model
     try:
-        return get_peft_model(base, lora_config(recipe, task_type))
+        n_layers = getattr(getattr(base, "config", None), "num_hidden_layers", None)
+        return get_peft_model(base, lora_config(recipe, task_type, n_layers))
     except ValueError as exc:
         # peft says which target modules were not found; add which field to change.
         raise ValueError(f"recipe field 'lora.target_modules' {list(recipe.lora.target_modules)!r}: {exc}") from exc

@@ -111,6 +111,11 @@ class Recipe:
         head_warmup_epochs: Passes over train that fit the fresh head alone on the frozen encoder before
             the LoRA training starts (linear probing, then fine-tuning); skipped when continuing from a
             checkpoint, whose head is already fitted (decision_head only).
+        frozen_layers: Encoder layers (from the bottom, embeddings included) that stay the base model's and
+            run once per distinct input through the feature cache (``core/model/features.py``); LoRA goes on
+            the layers above only. 0 trains LoRA on every layer (decision_head only).
+        length_grouped: Batches of similar length (shuffled in chunks of 50 batches, sorted by length within
+            a chunk, batch order shuffled): less padding, the same questions per epoch.
         epochs: Passes over the training set (ignored when ``max_steps`` is set).
         max_steps: Optimizer steps; overrides ``epochs`` when set.
         batch_size: Questions per micro-batch.
@@ -136,6 +141,8 @@ class Recipe:
     lr: float = 1e-3
     head_lr: float = 3e-3
     head_warmup_epochs: int = 0
+    frozen_layers: int = 0
+    length_grouped: bool = False
     epochs: int = 3
     max_steps: int | None = None
     batch_size: int = 16
@@ -176,6 +183,11 @@ class Recipe:
         _check_int("head_warmup_epochs", self.head_warmup_epochs, 0, 100_000)
         if self.head_warmup_epochs and self.readout != "decision_head":
             _fail("head_warmup_epochs", "0 for the label_token readout (it has no separate head)", self.head_warmup_epochs)
+        _check_int("frozen_layers", self.frozen_layers, 0, 1_000)
+        if self.frozen_layers and self.readout != "decision_head":
+            _fail("frozen_layers", "0 for the label_token readout (it trains LoRA on every layer)", self.frozen_layers)
+        if not isinstance(self.length_grouped, bool):
+            _fail("length_grouped", "true or false", self.length_grouped)
         _check_int("epochs", self.epochs, 1, 100_000)
         if self.max_steps is not None:
             _check_int("max_steps", self.max_steps, 1, 100_000_000)
@@ -265,7 +277,8 @@ def load_recipe(path: str | Path) -> Recipe:
 
 #: Fields added after recipes were first hashed, with the value that keeps an older recipe's meaning: left
 #: out of the dict (and so of the hash) at that value, so existing checkpoints and noise floors keep their hashes.
-_ADDED_FIELDS: dict[str, Any] = {"state_attention": False, "head_warmup_epochs": 0}
+_ADDED_FIELDS: dict[str, Any] = {"state_attention": False, "head_warmup_epochs": 0, "frozen_layers": 0,
+                                 "length_grouped": False}
 
 
 def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:

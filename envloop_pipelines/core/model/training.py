@@ -122,6 +122,37 @@ def _targets(questions: Sequence[QuestionInput], split: str) -> list[np.ndarray]
     return out
 
 
+class LengthGroupedSampler(torch.utils.data.Sampler):
+    """A seeded order whose consecutive ``batch_size`` runs hold questions of similar length.
+
+    Each epoch: shuffle, cut into chunks of 50 batches, sort each chunk by length, cut into
+    batches, shuffle the full batches and put the one short batch last (the DataLoader batches
+    consecutive indices, so a short batch in the middle would shift every batch after it).
+    Every question is seen once per epoch, as with a random order; padding falls with the spread
+    of lengths inside a batch.
+    """
+
+    def __init__(self, lengths: Sequence[int], batch_size: int, generator: torch.Generator) -> None:
+        self.lengths = list(lengths)
+        self.batch_size = batch_size
+        self.generator = generator
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __iter__(self) -> Iterator[int]:
+        order = torch.randperm(len(self.lengths), generator=self.generator).tolist()
+        chunk = 50 * self.batch_size
+        batches: list[list[int]] = []
+        for start in range(0, len(order), chunk):
+            part = sorted(order[start:start + chunk], key=lambda i: -self.lengths[i])
+            batches += [part[i:i + self.batch_size] for i in range(0, len(part), self.batch_size)]
+        full = [b for b in batches if len(b) == self.batch_size]
+        short = [i for b in batches if len(b) < self.batch_size for i in b]
+        shuffled = [full[i] for i in torch.randperm(len(full), generator=self.generator).tolist()]
+        return iter([i for b in shuffled for i in b] + short)
+
+
 # --------------------------------------------------------------------------- trainer
 
 
@@ -186,7 +217,10 @@ def _trainer_class() -> type:
 
         def _get_train_sampler(self, train_dataset: Any = None) -> torch.utils.data.Sampler:
             ds = train_dataset if train_dataset is not None else self.train_dataset
-            return RandomSampler(ds, generator=torch.Generator().manual_seed(self.recipe.seed))
+            generator = torch.Generator().manual_seed(self.recipe.seed)
+            if self.recipe.length_grouped:
+                return LengthGroupedSampler([len(e) for e in ds.encoded], self.recipe.batch_size, generator)
+            return RandomSampler(ds, generator=generator)
 
     return ReadoutTrainer
 
@@ -430,6 +464,24 @@ def _fit_head_first(model: ReadoutModel, recipe: Recipe, dataset: Dataset, colla
             "last_epoch_loss": epochs[-1]["mean_loss"] if epochs else None}
 
 
+def _feature_pass(model: ReadoutModel, encoded: Sequence[Encoded]) -> dict[str, Any] | None:
+    """With ``frozen_layers``: run the frozen layers once per distinct training input (or find them cached).
+
+    Done before the first step so that step times measure training alone; what it found and
+    computed is recorded in ``metrics.json`` (``train.feature_pass``).
+    """
+    cache = getattr(model, "feature_cache", None)
+    if not getattr(model, "frozen_layers", 0) or cache is None:
+        return None
+    before, started = cache.stats(), time.perf_counter()
+    for e in encoded:
+        model.lower_features(e)
+    after = cache.stats()
+    return {"seconds": round(time.perf_counter() - started, 3), "computed": after["misses"] - before["misses"],
+            "reused_from_memory": after["hits"] - before["hits"],
+            "reused_from_disk": after["disk_hits"] - before["disk_hits"]}
+
+
 def train_checkpoint(
     train_table: TableLike,
     val_table: TableLike,
@@ -479,6 +531,7 @@ def train_checkpoint(
         n_trunc = sum(e.truncated for e in encoded)
         if n_trunc:
             log.warning("train: %d of %d questions had their state truncated to max_length=%d", n_trunc, len(encoded), recipe.max_length)
+        feature_pass = _feature_pass(model, encoded)
         n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         n_total = sum(p.numel() for p in model.parameters())
         dataset, collator = _QuestionDataset(encoded, train_targets), _Collator(model)
@@ -525,6 +578,7 @@ def train_checkpoint(
             "seconds_per_step": float(np.mean(run.step_seconds)) if run.step_seconds else None,
             "questions_per_second": sum(n for _, _, n in run.loss_log) / run.seconds if run.seconds > 0 else None,
             "head_warmup": head_warmup,
+            "feature_pass": feature_pass,
             "trainable_parameters": int(n_trainable),
             "total_parameters": int(n_total),
         },
