@@ -158,8 +158,8 @@ class Progress:
         self._started = clock()
         self._last_line = self._started
         self._last_mark = 0
-        self._n = 0.0
-        self._last_n = 0.0
+        self._n: float = 0
+        self._last_n: float = 0
         self._postfix: dict[str, Any] = {}
         self._lines = 0
         self._closed = False
