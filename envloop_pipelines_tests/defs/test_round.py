@@ -1,4 +1,12 @@
-"""A full round materialized with an ephemeral Dagster instance on a small benchmark and the packaged model."""
+"""A full round materialized with an ephemeral Dagster instance on a small, learnable task and the packaged model.
+
+The task is imported data (:func:`learnable_tickets`): short tickets whose queue and refund are stated in
+one sentence each among random filler words, so a few dozen optimizer steps learn them. That is what lets
+round 2's promotion go through the real gate: the bootstrap champion saw 2 steps and answers at chance,
+the hypothesis trains 80 more, and the paired gain clears the measured noise floor with a CI above zero on
+80 test questions (40 records), the default guards included. The built-in benchmark learns too slowly on
+CPU for a test of this size to show a real gain.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +21,7 @@ from envloop_pipelines.core.loop.config import round_key
 from envloop_pipelines.core.loop.results import RegisteredHypothesis, RoundDecision, TrainingSnapshot
 from envloop_pipelines.core.loop.store import RoundStore
 from envloop_pipelines.core.loop.budget import LoopBudget, start_loop
-from envloop_pipelines.core.loop.ledger import Ledger, LedgerError
+from envloop_pipelines.core.loop.ledger import Gate, Ledger, LedgerError
 from envloop_pipelines.core.tracking import KIND_HYPOTHESIS, KIND_REEVAL, KIND_ROUND, KIND_TRAINING, TAG_KIND, TAG_ROUND, MlflowTracker
 from envloop_pipelines.definitions import defs
 from envloop_pipelines.defs.rounds.assets import ROUND_ASSETS, noise_floor, task_benchmark, with_upstream_sources
@@ -25,15 +33,56 @@ from envloop_pipelines.resources.round_store import RoundStoreIOManager
 pytestmark = pytest.mark.slow
 REPOSITORY = defs.get_repository_def()
 
-# Small and fast: 30 users x 3 records, 2 null arms, 2 optimizer steps per arm.
-LOOP = dict(builtin_users=30, builtin_records_per_user=3, noise_arms=2, n_synthesized=12,
-            recipe_overrides=json.dumps({"max_steps": 2, "max_length": 128}))
-# A person's hypothesis for round 2: 25 more steps from the champion, with a permissive gate.
-PROMOTING = {"change": {"kind": "recipe", "recipe_diff": {"max_steps": 25}},
-             "predicted_delta": 0.05,
-             "gate": {"min_delta": 0.0, "floor_multiplier": 0.0, "require_ci_above_zero": False, "max_ece": 1.0,
-                      "max_safety_fnr_increase": 1.0, "family_drop_tolerance": 1.0},
-             "rationale": "the bootstrap champion saw 2 steps; more steps should help"}
+TASK = "tickets"
+# Small and fast: 400 one-record users (test and holdout: 40 records, 80 questions each), 2 null arms,
+# 2 optimizer steps per arm (the champion answers at chance).
+LOOP = dict(task=TASK, noise_arms=2, n_synthesized=12, recipe_overrides=json.dumps({"max_steps": 2, "max_length": 128}))
+GENERATOR = "label_preserving_variants"  # imported data: variants of its own training rows
+N_USERS = 400
+# A person's hypothesis for round 2: 80 more steps from the champion, under the default gate (the measured
+# floor x 1, the paired CI above zero, every guard). Measured in this loop (2 shared cores, ~50 s of training):
+# 40 steps gained +0.0875 [-0.0375, +0.2] (refused: CI); 80 answer all 80 test questions right, +0.575
+# [+0.4875, +0.6625] on family-macro accuracy over a floor of 0.075, ECE 0.0 (the champion: 0.425, chance).
+PROMOTING = {"change": {"kind": "recipe", "recipe_diff": {"max_steps": 80}},
+             "predicted_delta": 0.3,
+             "rationale": "the bootstrap champion saw 2 steps and answers at chance; the stated cues are learnable"}
+
+_FILLER = ("apple river stone cloud pencil garden window mirror candle ladder basket forest engine violin tunnel "
+           "harbor meadow copper silver velvet marble lantern compass orchard canyon glacier falcon dolphin tiger "
+           "cactus pepper ginger walnut almond saddle anchor beacon bridge castle desert island jungle valley "
+           "summit temple throne vessel wagon yacht zebra badge bottle button carpet cellar chimney cradle "
+           "curtain dagger feather fountain goblet hammer helmet kettle lever magnet needle paddle pillow puzzle "
+           "quiver ribbon rocket scroll shield spoon statue sword tablet teapot thimble torch trumpet umbrella "
+           "vase whistle wreath acorn blossom bramble clover daisy fern heather ivy lily maple moss nettle oak "
+           "orchid pine poppy reed rose sage thistle tulip willow yarrow amber azure beige coral crimson ivory "
+           "jade lemon lilac mauve navy olive peach plum ruby scarlet teal violet").split()
+_QUEUE_CUES = {"billing": "I was charged twice on my card this month.",
+               "shipping": "My parcel never arrived at the front door.",
+               "account": "I cannot log in to my profile page anymore."}
+
+
+def learnable_tickets(n_users: int, seed: int = 0) -> list[dict[str, Any]]:
+    """One ticket per user: the queue and the refund each stated in a sentence among 24 random filler words.
+
+    The filler keeps any two states far apart (no 5-gram near-duplicates across splits, so the contamination
+    check passes on the base data); the stated cues make the questions learnable in a few dozen steps.
+    """
+    import random
+
+    rng = random.Random(seed)
+    records = []
+    for u in range(n_users):
+        queue, refund = rng.choice(sorted(_QUEUE_CUES)), rng.random() < 0.5
+        words = [rng.choice(_FILLER) for _ in range(24)]
+        cut = rng.randrange(4, 20)
+        ask = "Refund requested: please give me my money back." if refund else "No refund is needed, keep the money."
+        state = " ".join([f"Ticket {u}:", " ".join(words[:cut]) + ".", f"Queue {queue}: {_QUEUE_CUES[queue]}", ask,
+                          " ".join(words[cut:]) + "."])
+        records.append({"id": f"t/{u:04d}", "state": state, "meta": {"user_id": f"u{u:04d}"}, "questions": {
+            "queue": {"type": "choice", "instructions": "Which queue handles this ticket?",
+                      "criteria": {"billing": None, "shipping": None, "account": None}, "label": queue},
+            "refund": {"type": "noul", "instructions": "Does the customer ask for a refund?", "label": refund}}})
+    return records
 
 
 def hypothesis_config(proposal: dict[str, Any] | None) -> dict[str, Any]:
@@ -44,16 +93,26 @@ def hypothesis_config(proposal: dict[str, Any] | None) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def loop_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch_module: pytest.MonkeyPatch) -> dict[str, Any]:
-    home = tmp_path_factory.mktemp("loop") / "home"
+    from envloop_pipelines.core.data.datasets import import_file
+
+    root = tmp_path_factory.mktemp("loop")
+    home = root / "home"
     monkeypatch_module.setenv("ENVLOOP_HOME", str(home))
     monkeypatch_module.delenv("MLFLOW_TRACKING_URI", raising=False)
-    loop = LoopResource(home=str(home), **LOOP)
+    data = root / "tickets.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in learnable_tickets(N_USERS)), encoding="utf-8")
+    import_file(data, TASK, home=home)  # task_benchmark then opens it
+    loop = LoopResource(home=str(home), generator=GENERATOR, **LOOP)
     resources = {"loop": loop, "mlflow": MlflowResource(home=str(home)), "io_manager": RoundStoreIOManager(loop=loop)}
     instance = dg.DagsterInstance.ephemeral()
     setup = dg.materialize([task_benchmark, noise_floor], resources=resources, instance=instance)
     assert setup.success
     results = {}
     for key, proposal in (("r0001", None), ("r0002", PROMOTING)):
+        if key == "r0002":
+            # The leaky round runs while the champion still fails on dev: a round mines failure clusters and
+            # calls its generator only when there are some (round 2's champion answers every question right).
+            results["r0050"] = leaky_round(home, instance, resources)
         instance.add_dynamic_partitions("rounds", [key])
         results[key] = dg.materialize(with_upstream_sources(ROUND_ASSETS + ROUND_CHECKS), partition_key=key, resources=resources,
                                       instance=instance, run_config=hypothesis_config(proposal))
@@ -69,11 +128,13 @@ def monkeypatch_module():
 
 
 def decision(env: dict[str, Any], key: str) -> dict[str, Any]:
-    return RoundStore("personal_agent", env["home"]).load("promotion_decision", RoundDecision, key).to_dict()
+    return RoundStore(TASK, env["home"]).load("promotion_decision", RoundDecision, key).to_dict()
 
 
 def test_every_asset_and_check_materialized(loop_env: dict[str, Any]) -> None:
-    for result in loop_env["results"].values():
+    for key, result in loop_env["results"].items():
+        if key == "r0050":
+            continue  # blocked by its contamination check (test_contaminated_snapshot_is_blocked)
         keys = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
         assert keys == {a.key.to_user_string() for a in ROUND_ASSETS}
         checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
@@ -95,30 +156,36 @@ def test_metadata_a_person_wants(loop_env: dict[str, Any]) -> None:
 def test_mlflow_records_hypothesis_before_training(loop_env: dict[str, Any]) -> None:
     tracker: MlflowTracker = loop_env["tracker"]
     for key in ("r0001", "r0002"):
-        hyp = tracker.find_run("personal_agent", {TAG_ROUND: key, TAG_KIND: KIND_HYPOTHESIS})
-        train = tracker.find_run("personal_agent", {TAG_ROUND: key, TAG_KIND: KIND_TRAINING})
-        evaluation = tracker.find_run("personal_agent", {TAG_ROUND: key, TAG_KIND: KIND_REEVAL})
-        parent = tracker.find_run("personal_agent", {TAG_ROUND: key, TAG_KIND: KIND_ROUND})
+        hyp = tracker.find_run(TASK, {TAG_ROUND: key, TAG_KIND: KIND_HYPOTHESIS})
+        train = tracker.find_run(TASK, {TAG_ROUND: key, TAG_KIND: KIND_TRAINING})
+        evaluation = tracker.find_run(TASK, {TAG_ROUND: key, TAG_KIND: KIND_REEVAL})
+        parent = tracker.find_run(TASK, {TAG_ROUND: key, TAG_KIND: KIND_ROUND})
         h, t, e = (tracker.run_data(r.run_id) for r in (hyp, train, evaluation))
         assert h.info.end_time <= t.info.start_time  # registered (and closed) before training started
         assert h.data.tags["mlflow.parentRunId"] == t.data.tags["mlflow.parentRunId"] == parent.run_id
-        assert h.data.params["hash"] == Ledger("personal_agent", loop_env["home"]).hypothesis(key).hash
+        assert h.data.params["hash"] == Ledger(TASK, loop_env["home"]).hypothesis(key).hash
         assert "candidate.family_macro_accuracy" in e.data.metrics and "tfidf.brier" in e.data.metrics
         assert "dagster.run_id" in t.data.tags and t.data.tags["dagster.partition"] == key
 
 
 def test_alias_moves_only_on_promotion(loop_env: dict[str, Any]) -> None:
     tracker: MlflowTracker = loop_env["tracker"]
-    ledger = Ledger("personal_agent", loop_env["home"])
+    ledger = Ledger(TASK, loop_env["home"])
     releases = ledger.releases()
     d1, d2 = decision(loop_env, "r0001"), decision(loop_env, "r0002")
     promoted = [d for d in (d1, d2) if d["promote"]]
     assert d2["promote"], d2["reasons"]
+    # Through the real gate: the registered gate is the default one, and the gain cleared the measured floor
+    # (x 1) with the paired CI above zero; the guards held.
+    assert ledger.hypothesis("r0002").gate == Gate() and ledger.effective_gate("r0002") == Gate()
+    checks = d2["checks"]
+    assert checks["noise_floor"] > 0 and checks["bar"] == pytest.approx(checks["noise_floor"])
+    assert checks["gain"] > checks["bar"] and checks["ci_low"] > 0, checks
     assert len(releases) == 1 + len(promoted)  # the bootstrap champion plus each promotion
     champion = releases[-1]
-    assert tracker.champion_version("envloop-personal_agent") == champion["model_version"]
+    assert tracker.champion_version(f"envloop-{TASK}") == champion["model_version"]
     assert champion["round"] == "r0002" and champion["parent_release"] == releases[-2]["release"]
-    versions = tracker.client.search_model_versions("name='envloop-personal_agent'")
+    versions = tracker.client.search_model_versions(f"name='envloop-{TASK}'")
     assert len(versions) == len(releases)
     if not d1["promote"]:
         assert any(e["round"] == "r0001" for e in ledger.events("candidate_rejected"))
@@ -126,7 +193,7 @@ def test_alias_moves_only_on_promotion(loop_env: dict[str, Any]) -> None:
 
 
 def test_release_card_holdout_first_and_baseline_beside(loop_env: dict[str, Any]) -> None:
-    ledger = Ledger("personal_agent", loop_env["home"])
+    ledger = Ledger(TASK, loop_env["home"])
     card = ledger.releases()[-1]
     markdown = (ledger.release_dir(card["release"]) / "card.md").read_text()
     assert markdown.index("## Holdout") < markdown.index("## Test")
@@ -138,7 +205,7 @@ def test_release_card_holdout_first_and_baseline_beside(loop_env: dict[str, Any]
 def test_reeval_ran_the_verifier_in_another_process(loop_env: dict[str, Any]) -> None:
     import os
 
-    reeval = json.loads(RoundStore("personal_agent", loop_env["home"]).step_path("independent_reeval", "r0001").read_text())
+    reeval = json.loads(RoundStore(TASK, loop_env["home"]).step_path("independent_reeval", "r0001").read_text())
     assert reeval["verifier_pid"] != os.getpid()
     assert reeval["complete"]
 
@@ -146,10 +213,24 @@ def test_reeval_ran_the_verifier_in_another_process(loop_env: dict[str, Any]) ->
 def test_no_second_holdout_read_and_cards_never_rewritten(loop_env: dict[str, Any]) -> None:
     from envloop_pipelines.core.loop.ledger import HoldoutAlreadyReadError, ReleaseCardExistsError
 
-    ledger = Ledger("personal_agent", loop_env["home"])
+    from pathlib import Path
+
+    from envloop_pipelines.core.data.snapshots import open_task
+    from envloop_pipelines.core.loop.release import holdout_metrics
+
+    ledger = Ledger(TASK, loop_env["home"])
     card = ledger.releases()[-1]
+    reads = len(list(ledger.events("holdout_read")))
     with pytest.raises(HoldoutAlreadyReadError, match="each release reads it once"):
         ledger.read_holdout_once(card["release"], lambda: {"family_macro_accuracy": 1.0})
+    # The loop's own path (the release step's read, through the verifier and the ledger's slot) is refused too.
+    with pytest.raises(HoldoutAlreadyReadError, match=f"release {card['release']} already read the holdout"):
+        holdout_metrics(loop_env["config"], Path(card["checkpoint_dir"]), open_task(TASK, home=loop_env["home"]),
+                        loop_env["home"] / "again-holdout.parquet", ledger=ledger, release=card["release"])
+    assert len(list(ledger.events("holdout_read"))) == reads
+    # The card's limitations hold for this task: imported data, no renderer it never saw.
+    assert card["limitations"][0].startswith("The benchmark is imported data (tickets.jsonl")
+    assert not any("renderer" in line for line in card["limitations"])
     with pytest.raises(ReleaseCardExistsError, match="never rewritten"):
         ledger.write_release_card(card["release"], {**card, "holdout": {"family_macro_accuracy": 1.0}}, "edited")
     old = card["holdout"]["family_macro_accuracy"]
@@ -161,7 +242,7 @@ def test_no_second_holdout_read_and_cards_never_rewritten(loop_env: dict[str, An
 
 def test_round_without_hypothesis_is_refused(loop_env: dict[str, Any]) -> None:
     env = loop_env
-    store = RoundStore("personal_agent", env["home"])
+    store = RoundStore(TASK, env["home"])
     registered = store.load("registered_hypothesis", RegisteredHypothesis, "r0001")
     snapshot = store.load("training_dataset_snapshot", TrainingSnapshot, "r0001")
     from dataclasses import replace
@@ -176,7 +257,7 @@ def test_round_without_hypothesis_is_refused(loop_env: dict[str, Any]) -> None:
     result = dg.materialize(with_upstream_sources([lora_checkpoint]), partition_key="r0098", resources=env["resources"],
                             instance=env["instance"], raise_on_error=False)
     assert not result.success
-    assert not RoundStore("personal_agent", env["home"]).step_path("lora_checkpoint", "r0098").exists()
+    assert not RoundStore(TASK, env["home"]).step_path("lora_checkpoint", "r0098").exists()
 
 
 def test_hypothesis_is_immutable(loop_env: dict[str, Any]) -> None:
@@ -184,7 +265,7 @@ def test_hypothesis_is_immutable(loop_env: dict[str, Any]) -> None:
 
     from envloop_pipelines.core.loop.ledger import HypothesisImmutableError
 
-    ledger = Ledger("personal_agent", loop_env["home"])
+    ledger = Ledger(TASK, loop_env["home"])
     registered = ledger.hypothesis("r0001")
     assert ledger.register_hypothesis(registered) == registered.hash  # a retry is a no-op
     with pytest.raises(HypothesisImmutableError, match="immutable"):
@@ -203,8 +284,8 @@ def test_sensor_ticks_request_the_next_round_until_the_budget_is_spent(loop_env:
 
     env = loop_env
     home = env["home"]
-    start_loop("personal_agent", "test-loop", LoopBudget(max_rounds=1, patience=1), home=home)
-    expected = round_key(last_round_number("personal_agent", home) + 1)
+    start_loop(TASK, "test-loop", LoopBudget(max_rounds=1, patience=1), home=home)
+    expected = round_key(last_round_number(TASK, home) + 1)
     assert expected not in {"r0001", "r0002"}
     # The tick's run request is validated against the instance's partitions, which the daemon adds from
     # the tick's own dynamic_partitions_requests first; the test adds it the same way.
@@ -217,24 +298,27 @@ def test_sensor_ticks_request_the_next_round_until_the_budget_is_spent(loop_env:
         assert request.run_key == f"test-loop:{expected}"
         assert tick.dynamic_partitions_requests[0].partition_keys == [expected]
     # While that round is undecided the sensor waits; once decided, the one-round budget is spent.
-    RoundStore("personal_agent", home).round_dir(expected)
+    RoundStore(TASK, home).round_dir(expected)
     tick = tick_sensor(env)
     assert not tick.run_requests and "not decided yet" in tick.skip_message
-    Ledger("personal_agent", home).append("round_decided", {"round": expected, "promoted": False, "observed_delta": 0.0,
+    Ledger(TASK, home).append("round_decided", {"round": expected, "promoted": False, "observed_delta": 0.0,
                                                             "release": None}, key=f"decided:{expected}")
     tick = tick_sensor(env)
     assert not tick.run_requests and "budget spent" in tick.skip_message
 
 
-def test_contaminated_snapshot_is_blocked(loop_env: dict[str, Any]) -> None:
-    env = loop_env
-    cfg_home = str(env["home"])
-    loop = LoopResource(home=cfg_home, contamination_policy="refuse",
+def leaky_round(home: Any, instance: dg.DagsterInstance, resources: dict[str, Any]) -> Any:
+    """Round r0050 with a generator that copies test states into training, under contamination_policy=refuse."""
+    loop = LoopResource(home=str(home), contamination_policy="refuse",
                         generator="envloop_pipelines_tests.defs.test_round:LeakyGenerator", **LOOP)
-    resources = {"loop": loop, "mlflow": env["resources"]["mlflow"], "io_manager": RoundStoreIOManager(loop=loop)}
-    env["instance"].add_dynamic_partitions("rounds", ["r0050"])
-    result = dg.materialize(with_upstream_sources(ROUND_ASSETS + ROUND_CHECKS), partition_key="r0050", resources=resources,
-                            instance=env["instance"], raise_on_error=False)
+    leaky = {"loop": loop, "mlflow": resources["mlflow"], "io_manager": RoundStoreIOManager(loop=loop)}
+    instance.add_dynamic_partitions("rounds", ["r0050"])
+    return dg.materialize(with_upstream_sources(ROUND_ASSETS + ROUND_CHECKS), partition_key="r0050", resources=leaky,
+                          instance=instance, raise_on_error=False)
+
+
+def test_contaminated_snapshot_is_blocked(loop_env: dict[str, Any]) -> None:
+    result = loop_env["results"]["r0050"]
     checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
     assert checks["snapshot_is_uncontaminated"].passed is False
     assert checks["snapshot_is_uncontaminated"].metadata["exact"].value >= 1
@@ -252,7 +336,7 @@ class LeakyGenerator:
         from envloop_pipelines.core.loop.synthesis import with_provenance
         from envloop_pipelines.core.data.snapshots import open_task
 
-        test = open_task("personal_agent").table("test").slice(0, 3)
+        test = open_task(TASK).table("test").slice(0, 3)
         rows = train.slice(0, 3).to_pylist()
         for row, state in zip(rows, test.column("state_text").to_pylist()):
             row["state_text"] = state
@@ -265,7 +349,7 @@ class LeakyGenerator:
 
 
 def test_ledger_keeps_every_arm_and_hypothesis(loop_env: dict[str, Any]) -> None:
-    ledger = Ledger("personal_agent", loop_env["home"])
+    ledger = Ledger(TASK, loop_env["home"])
     kinds = [e["kind"] for e in ledger.events()]
     assert kinds.count("null_arm") == 2
     assert {e["round"] for e in ledger.events("hypothesis_registered")} >= {"r0001", "r0002"}
