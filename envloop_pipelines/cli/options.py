@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from envloop_pipelines.core.loop.config import field_default, field_type, loop_fields
+from envloop_pipelines.core.loop.config import field_default, field_type, loop_fields, parse_setting
 
 #: Older spellings of loop options, still accepted.
 OPTION_ALIASES = {"n_synthesized": ("--synthesized",), "builtin_users": ("--users",),
@@ -71,7 +71,7 @@ def loop_settings(options: Mapping[str, Any]) -> dict[str, Any]:
     settings = {k: v for k, v in options.items() if k in names}
     settings["recipe_overrides"] = parse_recipe_overrides(tuple(settings.get("recipe_overrides") or ()))
     if isinstance(settings.get("safety_families"), str):
-        settings["safety_families"] = [s.strip() for s in settings["safety_families"].split(",") if s.strip()]
+        settings["safety_families"] = list(parse_setting("safety_families", settings["safety_families"]))
     return settings
 
 

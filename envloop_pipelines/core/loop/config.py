@@ -119,14 +119,9 @@ class LoopConfig:
         if unknown:
             raise ValueError(f"unknown loop setting(s) {unknown}; allowed: {sorted(names)}")
         data = dict(settings)
-        overrides = data.get("recipe_overrides")
-        if isinstance(overrides, str):
-            try:
-                data["recipe_overrides"] = json.loads(overrides or "{}")
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"recipe_overrides is not JSON: {exc}") from None
-        if isinstance(data.get("safety_families"), str):
-            data["safety_families"] = tuple(s.strip() for s in data["safety_families"].split(",") if s.strip())
+        for name in ("recipe_overrides", "safety_families"):
+            if isinstance(data.get(name), str):
+                data[name] = parse_setting(name, data[name] or ("{}" if name == "recipe_overrides" else ""))
         return cls(**data)
 
 
@@ -161,28 +156,38 @@ def settings_from_env(environ: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in loop_fields():
         raw = environ.get(env_name(f.name))
-        if raw is None or raw == "":
-            continue
-        kind = field_type(f)
-        if kind is int:
-            try:
-                out[f.name] = int(raw)
-            except ValueError:
-                raise ValueError(f"{env_name(f.name)}={raw!r}: must be an integer") from None
-        elif f.name == "recipe_overrides":
-            try:
-                value = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{env_name(f.name)} is not JSON: {exc}") from None
-            if not isinstance(value, dict):
-                raise ValueError(f"{env_name(f.name)} must be a JSON object of recipe fields")
-            out[f.name] = value
-        elif f.name == "safety_families":
-            out[f.name] = tuple(s.strip() for s in raw.split(",") if s.strip())
-        else:
-            out[f.name] = raw
+        if raw:
+            out[f.name] = parse_setting(f.name, raw, label=env_name(f.name))
     return out
 
 
-__all__ = ["ENV_PREFIX", "LoopConfig", "env_name", "field_default", "field_type", "loop_fields", "round_key",
-           "round_number", "settings_from_env"]
+def parse_setting(name: str, raw: str, *, label: str | None = None) -> Any:
+    """A setting given as text (an environment variable, a comma list on the command line), by field type.
+
+    ``recipe_overrides`` is a JSON object, ``safety_families`` comma-separated names, integers are
+    integers, the rest text.
+
+    Raises:
+        ValueError: naming ``label`` (default the setting) and the expected form.
+    """
+    label = label or name
+    if name == "recipe_overrides":
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{label} is not JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"{label} must be a JSON object of recipe fields")
+        return value
+    if name == "safety_families":
+        return tuple(s.strip() for s in raw.split(",") if s.strip())
+    if field_type(next(f for f in loop_fields() if f.name == name)) is int:
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError(f"{label}={raw!r}: must be an integer") from None
+    return raw
+
+
+__all__ = ["ENV_PREFIX", "LoopConfig", "env_name", "field_default", "field_type", "loop_fields",
+           "parse_setting", "round_key", "round_number", "settings_from_env"]
