@@ -12,6 +12,8 @@ Layout::
       metrics.json         training and validation metrics
       provenance.json      package versions, git commit + dirty flag, recipe hash, data hash, base model sha256
       predictions.parquet  end-of-training predictions on the eval split
+      lexical.json         hybrid readout only (recipe key ``lexical``): the per-family TF-IDF vocabularies,
+      lexical.safetensors  classes and fusion weight (JSON), idf and classifier weights (arrays)
       manifest.json        sha256 of every file above
 
 A checkpoint is written to a temporary sibling directory and renamed into
@@ -59,6 +61,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from envloop_pipelines.core.model.calibration import Calibration
+from envloop_pipelines.core.model.lexical import LEXICAL_JSON, LexicalModel
 from envloop_pipelines.core.model.readout import ReadoutModel
 from envloop_pipelines.core.model.readouts import build_readout_model
 from envloop_pipelines.core.model.recipe import Recipe, dump_recipe, recipe_from_dict, recipe_hash, resolve_base_model
@@ -264,6 +267,7 @@ def write_checkpoint(
     metrics: Mapping[str, Any],
     provenance: Mapping[str, Any],
     predictions: pa.Table,
+    lexical: LexicalModel | None = None,
 ) -> Path:
     """Write a checkpoint directory atomically (temp sibling + rename); never overwrite.
 
@@ -287,6 +291,8 @@ def write_checkpoint(
         (tmp / METRICS_FILE).write_bytes(_json_bytes(dict(metrics)))
         (tmp / PROVENANCE_FILE).write_bytes(_json_bytes(dict(provenance)))
         pq.write_table(predictions, tmp / PREDICTIONS_FILE)
+        if lexical is not None:
+            lexical.save(tmp)
         files = _manifest_of(tmp)
         manifest = {"format": FORMAT, "checkpoint_hash": identity_of(files), "files": files}
         (tmp / MANIFEST).write_bytes(_json_bytes(manifest))
@@ -355,6 +361,7 @@ class LoadedCheckpoint:
     provenance: dict[str, Any]
     data: dict[str, Any]
     checkpoint_hash: str
+    lexical: LexicalModel | None = None
 
 
 def read_recipe(ckpt_dir: str | Path) -> Recipe:
@@ -383,7 +390,7 @@ def load_checkpoint(ckpt_dir: str | Path, *, trainable: bool = False, verify_bas
     from safetensors.torch import load_file
 
     root = Path(ckpt_dir)
-    verify_checkpoint(root)
+    manifest = verify_checkpoint(root)
     recipe = read_recipe(root)
     provenance = json.loads((root / PROVENANCE_FILE).read_text(encoding="utf-8"))
     if verify_base_model:
@@ -398,6 +405,10 @@ def load_checkpoint(ckpt_dir: str | Path, *, trainable: bool = False, verify_bas
     model = build_readout_model(
         recipe, adapter_dir=root / ADAPTER_DIR, head_state=load_file(str(root / HEAD_FILE)), trainable=trainable
     )
+    if recipe.lexical and LEXICAL_JSON not in manifest["files"]:
+        raise CheckpointIntegrityError(root, LEXICAL_JSON, "missing: the recipe has a lexical readout")
+    lexical = LexicalModel.load(root) if recipe.lexical else None
+
     def _read(name: str) -> dict[str, Any]:
         p = root / name
         return json.loads(p.read_text(encoding="utf-8")) if p.is_file() else {}
@@ -410,6 +421,7 @@ def load_checkpoint(ckpt_dir: str | Path, *, trainable: bool = False, verify_bas
         provenance=provenance,
         data=_read(DATA_FILE),
         checkpoint_hash=checkpoint_hash(root),
+        lexical=lexical,
     )
 
 

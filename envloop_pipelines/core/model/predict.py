@@ -30,6 +30,7 @@ import torch
 
 from envloop_pipelines.core import metrics as metrics_mod
 from envloop_pipelines.core.model.calibration import Calibration, softmax
+from envloop_pipelines.core.model.lexical import LexicalModel, fuse
 from envloop_pipelines.core.model.readout import Encoded, QuestionInput, ReadoutModel, as_questions
 from envloop_pipelines.core.model.recipe import Recipe
 from envloop_pipelines.core.progress import track
@@ -92,13 +93,20 @@ class QuestionPrediction:
 
 
 class DecisionModel:
-    """A readout model with its calibration: ``predict(questions) → calibrated probabilities``."""
+    """A readout model with its calibration: ``predict(questions) → calibrated probabilities``.
 
-    def __init__(self, model: ReadoutModel, calibration: Calibration | None = None, *, batch_size: int = 32) -> None:
+    With a lexical part (the hybrid readout, recipe key ``lexical``) the logits are
+    ``z_head + w · log p_lexical`` (:func:`~envloop_pipelines.core.model.lexical.fuse`) before the
+    calibration; ``predictions.parquet``, the verifier and ``envloop serve`` all read these fused logits.
+    """
+
+    def __init__(self, model: ReadoutModel, calibration: Calibration | None = None, *, batch_size: int = 32,
+                 lexical: LexicalModel | None = None) -> None:
         """Wrap an in-memory readout (put in eval mode); ``calibration=None`` means temperature 1."""
         self.model = model.eval()
         self.calibration = calibration if calibration is not None else Calibration()
         self.batch_size = batch_size
+        self.lexical = lexical
         self.recipe: Recipe | None = None
         self.checkpoint_hash: str | None = None
 
@@ -111,7 +119,7 @@ class DecisionModel:
         model = ckpt.model
         if device is not None:
             model = model.to(device)
-        dm = cls(model, ckpt.calibration, batch_size=batch_size or ckpt.recipe.eval_batch_size)
+        dm = cls(model, ckpt.calibration, batch_size=batch_size or ckpt.recipe.eval_batch_size, lexical=ckpt.lexical)
         dm.recipe = ckpt.recipe
         dm.checkpoint_hash = ckpt.checkpoint_hash
         return dm
@@ -144,6 +152,8 @@ class DecisionModel:
                         out[i] = logits[row, : encoded[i].n_options].copy()
         finally:
             self.model.train(was_training)
+        if self.lexical is not None and self.lexical.weight:
+            out = fuse(out, self.lexical.log_probs(questions), self.lexical.weight)  # type: ignore[arg-type]
         return out, encoded  # type: ignore[return-value]
 
     def predict_logits(

@@ -116,6 +116,9 @@ class Recipe:
             the layers above only. 0 trains LoRA on every layer (decision_head only).
         length_grouped: Batches of similar length (shuffled in chunks of 50 batches, sorted by length within
             a chunk, batch order shuffled): less padding, the same questions per epoch.
+        lexical: Hybrid readout: per-family TF-IDF + logistic regression fitted on train
+            (``core/model/lexical.py``), its log-probabilities added to the head's logits with a weight
+            fitted on val before the temperature (decision_head only).
         epochs: Passes over the training set (ignored when ``max_steps`` is set).
         max_steps: Optimizer steps; overrides ``epochs`` when set.
         batch_size: Questions per micro-batch.
@@ -143,6 +146,7 @@ class Recipe:
     head_warmup_epochs: int = 0
     frozen_layers: int = 0
     length_grouped: bool = False
+    lexical: bool = False
     epochs: int = 3
     max_steps: int | None = None
     batch_size: int = 16
@@ -188,6 +192,10 @@ class Recipe:
             _fail("frozen_layers", "0 for the label_token readout (it trains LoRA on every layer)", self.frozen_layers)
         if not isinstance(self.length_grouped, bool):
             _fail("length_grouped", "true or false", self.length_grouped)
+        if not isinstance(self.lexical, bool):
+            _fail("lexical", "true or false", self.lexical)
+        if self.lexical and self.readout != "decision_head":
+            _fail("lexical", "false for the label_token readout", self.lexical)
         _check_int("epochs", self.epochs, 1, 100_000)
         if self.max_steps is not None:
             _check_int("max_steps", self.max_steps, 1, 100_000_000)
@@ -278,7 +286,7 @@ def load_recipe(path: str | Path) -> Recipe:
 #: Fields added after recipes were first hashed, with the value that keeps an older recipe's meaning: left
 #: out of the dict (and so of the hash) at that value, so existing checkpoints and noise floors keep their hashes.
 _ADDED_FIELDS: dict[str, Any] = {"state_attention": False, "head_warmup_epochs": 0, "frozen_layers": 0,
-                                 "length_grouped": False}
+                                 "length_grouped": False, "lexical": False}
 
 
 def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:

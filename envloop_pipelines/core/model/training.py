@@ -26,6 +26,7 @@ checkpoint (atomically), and the other ranks return as soon as training ends
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -42,6 +43,7 @@ import torch
 from torch.utils.data import Dataset, RandomSampler
 
 from envloop_pipelines.core.model.calibration import fit_calibration
+from envloop_pipelines.core.model.lexical import LexicalModel, fit_lexical_weight, fuse
 from envloop_pipelines.core.model.checkpoint import (
     build_provenance,
     load_checkpoint,
@@ -482,6 +484,19 @@ def _feature_pass(model: ReadoutModel, encoded: Sequence[Encoded]) -> dict[str, 
             "reused_from_disk": after["disk_hits"] - before["disk_hits"]}
 
 
+def _fit_lexical(recipe: Recipe, train_q: Sequence[QuestionInput], val_q: Sequence[QuestionInput],
+                 val_raw: Sequence[QuestionPrediction]) -> tuple[LexicalModel, dict[str, Any]]:
+    """The hybrid readout's lexical part: fitted on train, its fusion weight chosen on val (calibrated NLL)."""
+    t0 = time.perf_counter()
+    lexical = LexicalModel(seed=recipe.seed).fit(train_q)
+    weight, tried = fit_lexical_weight([p.logits for p in val_raw], lexical.log_probs(val_q), val_q,
+                                       error_budget=recipe.error_budget)
+    lexical.weight = weight
+    log.info("lexical readout: weight %g on val (calibrated val NLL by weight: %s)", weight, tried)
+    return lexical, {"weight": weight, "val_nll_by_weight": tried, "seconds": time.perf_counter() - t0,
+                     "families": len(lexical.families)}
+
+
 def train_checkpoint(
     train_table: TableLike,
     val_table: TableLike,
@@ -552,6 +567,11 @@ def train_checkpoint(
     # Calibration on val: raw logits → per-type temperature and automation threshold.
     dm = DecisionModel(model, None, batch_size=recipe.eval_batch_size)
     val_raw = dm.predict(val_q)
+    lexical, lexical_fit = _fit_lexical(recipe, train_q, val_q, val_raw) if recipe.lexical else (None, None)
+    if lexical is not None:
+        dm.lexical = lexical
+        val_raw = [dataclasses.replace(p, logits=z) for p, z in
+                   zip(val_raw, fuse([p.logits for p in val_raw], lexical.log_probs(val_q), lexical.weight or 0.0))]
     calibration = fit_calibration(
         [p.logits for p in val_raw],
         [q.label if q.label is not None else -1 for q in val_q],
@@ -579,6 +599,7 @@ def train_checkpoint(
             "questions_per_second": sum(n for _, _, n in run.loss_log) / run.seconds if run.seconds > 0 else None,
             "head_warmup": head_warmup,
             "feature_pass": feature_pass,
+            "lexical": lexical_fit,
             "trainable_parameters": int(n_trainable),
             "total_parameters": int(n_total),
         },
@@ -610,6 +631,7 @@ def train_checkpoint(
         metrics=json_safe(metrics),
         provenance=provenance,
         predictions=predictions_table(eval_preds),
+        lexical=lexical,
     )
 
 
