@@ -17,8 +17,9 @@ Metrics
     ``threshold_for_error_budget`` (tie-aware), ``aurc`` (tie-aware),
     ``false_negative_rate`` / ``safety_fnr``; ``summarize`` flattens all of
     them under stable keys; ``paired_delta`` gives ``metric(b) - metric(a)`` on
-    the same questions with a record-clustered bootstrap CI
-    (``scipy.stats.bootstrap``).
+    the same questions with a record-clustered bootstrap CI and standard error
+    (``scipy.stats.bootstrap``); ``minimum_detectable_effect`` turns that
+    standard error into the smallest effect a paired test detects at 80% power.
 
 Conventions
     * The prediction is ``argmax`` of the probability vector (the first index
@@ -625,6 +626,9 @@ class PairedDelta:
     n_clusters: int
     n_questions: int
     confidence_level: float
+    #: Standard error of the delta: the standard deviation of its bootstrap distribution (0 when the
+    #: distribution is degenerate; ``nan`` when undefined). A power analysis reads it (``minimum_detectable_effect``).
+    se: float = math.nan
 
 
 #: Metrics ``paired_delta`` accepts by name.
@@ -636,6 +640,7 @@ METRICS: dict[str, Callable[..., float]] = {
     "ece": ece,
     "coverage_at_error_budget": coverage_at_error_budget,
     "aurc": aurc,
+    "false_negative_rate": false_negative_rate,
 }
 
 # The packed implementation of each public metric, so the bootstrap resamples
@@ -648,6 +653,7 @@ _PACKED: dict[Callable[..., float], Callable[..., float]] = {
     ece: _ece,
     coverage_at_error_budget: _coverage,
     aurc: _aurc,
+    false_negative_rate: _fnr,
 }
 
 
@@ -806,6 +812,7 @@ def paired_delta(
         n_clusters=n_clusters,
         n_questions=n,
         confidence_level=confidence_level,
+        se=0.0 if math.isfinite(point) else math.nan,
     )
     if n_clusters < 2:  # one record: every resample is that record
         return result
@@ -834,12 +841,40 @@ def paired_delta(
         n_clusters=n_clusters,
         n_questions=n,
         confidence_level=confidence_level,
+        se=float(np.std(distribution, ddof=1)) if np.all(np.isfinite(distribution)) else math.nan,
     )
+
+
+#: The power a hypothesis's test is sized for: the chance that a true effect of the MDE is detected.
+DEFAULT_POWER = 0.8
+
+
+def minimum_detectable_effect(se: float, *, confidence_level: float = 0.95, power: float = DEFAULT_POWER) -> float:
+    """The smallest true paired effect that a two-sided test at ``1 − confidence_level`` detects with ``power``.
+
+    ``MDE = (z_{1−α/2} + z_{power}) · se`` with ``α = 1 − confidence_level`` and ``se`` the standard error of
+    the paired delta (:attr:`PairedDelta.se`): at α = 0.05 and 80% power, ``(1.960 + 0.842) · se = 2.80 · se``.
+    A predicted effect below it is more likely missed than seen: the test is underpowered for it.
+
+    Raises:
+        ValueError: ``se`` negative or not finite, or a level outside (0, 1).
+    """
+    if not 0.0 < confidence_level < 1.0:
+        raise ValueError(f"confidence_level must be in (0, 1), got {confidence_level}")
+    if not 0.0 < power < 1.0:
+        raise ValueError(f"power must be in (0, 1), got {power}")
+    if not (math.isfinite(se) and se >= 0.0):
+        raise ValueError(f"se must be a finite number >= 0, got {se}")
+    from scipy import stats
+
+    alpha = 1.0 - confidence_level
+    return float((stats.norm.ppf(1.0 - alpha / 2.0) + stats.norm.ppf(power)) * se)
 
 
 __all__ = [
     "DEFAULT_ECE_BINS",
     "DEFAULT_ERROR_BUDGET",
+    "DEFAULT_POWER",
     "METRICS",
     "NOUL_POSITIVE_INDEX",
     "PairedDelta",
@@ -852,6 +887,7 @@ __all__ = [
     "ece",
     "false_negative_rate",
     "family_macro_accuracy",
+    "minimum_detectable_effect",
     "nll",
     "paired_delta",
     "per_family_accuracy",

@@ -422,6 +422,44 @@ def test_paired_delta_validation() -> None:
         m.paired_delta(m.brier, [_p(0.5, 0.5)], [_p(0.5, 0.6)], [0], ["r"])
 
 
+def test_paired_delta_se_matches_the_analytic_standard_error() -> None:
+    # One question per record, b right where a is wrong on 30%, the reverse on 10%: the per-question
+    # difference d is +1 / -1 / 0 with those shares, so se = sd(d) / sqrt(n).
+    rng = np.random.default_rng(5)
+    n = 400
+    kind = rng.choice(3, size=n, p=[0.3, 0.1, 0.6])
+    right, wrong = _p(0.8, 0.2), _p(0.3, 0.7)
+    probs_a = [wrong if k == 0 else right for k in kind]
+    probs_b = [wrong if k == 1 else right for k in kind]
+    d = np.where(kind == 0, 1.0, np.where(kind == 1, -1.0, 0.0))
+    result = m.paired_delta("accuracy", probs_a, probs_b, [0] * n, [f"r{i}" for i in range(n)], n_resamples=2000)
+    assert result.delta == pytest.approx(d.mean())
+    assert result.se == pytest.approx(d.std(ddof=1) / math.sqrt(n), rel=0.1)
+    # identical models: a degenerate distribution has no spread
+    assert m.paired_delta("accuracy", probs_a, probs_a, [0] * n, [f"r{i}" for i in range(n)], n_resamples=50).se == 0.0
+
+
+def test_minimum_detectable_effect_is_2_8_standard_errors_at_80_percent_power() -> None:
+    assert m.minimum_detectable_effect(0.01) == pytest.approx((1.959964 + 0.841621) * 0.01, rel=1e-5)
+    assert m.minimum_detectable_effect(0.01, power=0.5) == pytest.approx(1.959964 * 0.01, rel=1e-5)
+    assert m.minimum_detectable_effect(0.0) == 0.0
+    with pytest.raises(ValueError, match="se must be"):
+        m.minimum_detectable_effect(math.nan)
+    with pytest.raises(ValueError, match="power"):
+        m.minimum_detectable_effect(0.01, power=1.0)
+
+
+def test_paired_false_negative_rate_by_name() -> None:
+    # 4 positives (label 0) and 2 negatives; a misses 2 positives, b misses 1: FNR 0.5 -> 0.25
+    yes, no = _p(0.9, 0.1), _p(0.2, 0.8)
+    labels = [0, 0, 0, 0, 1, 1]
+    probs_a = [yes, yes, no, no, no, no]
+    probs_b = [yes, yes, yes, no, no, yes]
+    result = m.paired_delta("false_negative_rate", probs_a, probs_b, labels, _records(6, 1), n_resamples=200)
+    assert result.delta == pytest.approx(-0.25)
+    assert result.ci_low <= result.delta <= result.ci_high
+
+
 # --------------------------------------------------------------------------- module hygiene
 
 
