@@ -370,3 +370,29 @@ def test_paired_comparison_runs_inside_the_sandboxed_verifier(task: dict[str, An
     same = VerifierRunner().run(better, labels, baseline_predictions=better)
     assert same.paired["deltas"]["family_macro_accuracy"] == {**same.paired["deltas"]["family_macro_accuracy"],
                                                               "delta": 0.0, "ci_low": 0.0, "ci_high": 0.0}
+
+
+def test_paired_comparison_gives_each_family_and_safety_family_its_own_ci(task: dict[str, Any]) -> None:
+    from envloop_pipelines.core.verify.compare import SAFETY_CONFIDENCE_LEVEL, paired_comparison
+
+    labels = task["labels"]
+    champion = oracle_rows(labels)
+    # The candidate is wrong on every route question and answers "false" to every refund (a noul whose
+    # true answer is "true" here): route accuracy falls by 1 and refund's FNR rises from 0 to 1.
+    candidate = []
+    for row, lab in zip(oracle_rows(labels), labels.to_pylist()):
+        if lab["family"] in ("route", "refund"):
+            k = len(row["option_keys"])
+            wrong = (lab["label"] + 1) % k
+            row = dict(row, probs=[0.9 if i == wrong else 0.1 / (k - 1) for i in range(k)])
+        candidate.append(row)
+    out = paired_comparison(candidate, champion, labels, n_resamples=200, safety_families=("refund", "absent"))
+    assert set(out["families"]) == {"route", "refund"}  # priority is soft-labelled only: no accuracy to compare
+    route = out["families"]["route"]
+    assert (route["delta"], route["ci_low"], route["ci_high"], route["se"]) == (-1.0, -1.0, -1.0, 0.0)
+    assert route["confidence_level"] == 0.95 and route["n_clusters"] == route["n_questions"]
+    assert set(out["safety"]) == {"refund"}  # a declared family absent from the split has no FNR
+    refund = out["safety"]["refund"]
+    assert refund["delta"] == 1.0 and refund["confidence_level"] == SAFETY_CONFIDENCE_LEVEL
+    same = paired_comparison(champion, champion, labels, n_resamples=50, safety_families=("refund",))
+    assert same["families"]["route"]["delta"] == 0.0 and same["safety"]["refund"]["ci_low"] == 0.0

@@ -6,6 +6,13 @@ those labels, so the comparison runs here, in the sandboxed worker, and only
 the deltas leave it. Questions scored in both files take part; a question
 either file failed on is counted in ``n_excluded`` (each file's own report
 shows the failure).
+
+Beside the overall metrics, the guards of the gate get their own paired
+deltas, on the same record-clustered bootstrap: ``families`` holds each
+family's accuracy delta (its 95% CI decides the family guard), ``safety``
+each declared safety family's false-negative-rate delta with a 90% CI, whose
+lower end is the one-sided 95% bound the safety guard reads
+(``docs/loop-rules.md``). Aggregates only: no per-question value leaves.
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ from envloop_pipelines.core.verify.rule import match
 
 #: The deltas a promotion decision and a release card read.
 PAIRED_METRICS: tuple[str, ...] = ("family_macro_accuracy", "accuracy", "brier", "nll", "ece")
+#: Two-sided level of the safety FNR delta's CI: its lower end is a one-sided 95% lower bound.
+SAFETY_CONFIDENCE_LEVEL = 0.90
 
 
 def paired_comparison(
@@ -32,12 +41,19 @@ def paired_comparison(
     n_resamples: int = 2000,
     confidence_level: float = 0.95,
     seed: int = 0,
+    safety_families: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Paired deltas (candidate − baseline) with record-clustered bootstrap CIs."""
+    """Paired deltas (candidate − baseline) with record-clustered bootstrap CIs.
+
+    Returns ``{"n_questions", "n_excluded", "deltas": {metric: ...}, "families": {family: ...},
+    "safety": {family: ...}}``; each delta is ``{"delta", "ci_low", "ci_high", "se", "n_clusters",
+    "n_questions", "confidence_level"}`` (``None`` where undefined).
+    """
     a, b = match(rows_baseline, labels), match(rows_candidate, labels)
     keep = [i for i in range(len(a.items)) if a.status[i] == "scored" and b.status[i] == "scored"]
     items = [a.items[i] for i in keep]
-    out: dict[str, Any] = {"n_questions": len(keep), "n_excluded": len(a.items) - len(keep), "deltas": {}}
+    out: dict[str, Any] = {"n_questions": len(keep), "n_excluded": len(a.items) - len(keep), "deltas": {},
+                           "families": {}, "safety": {}}
     if not keep:
         return out
     probs_a = [a.probs[i] for i in keep]
@@ -49,11 +65,33 @@ def paired_comparison(
     for name in metric_names:
         d = metrics.paired_delta(name, probs_a, probs_b, labels_, records, soft_labels=soft, families=families,
                                  n_resamples=n_resamples, confidence_level=confidence_level, seed=seed)
-        out["deltas"][name] = {
-            "delta": _finite(d.delta), "ci_low": _finite(d.ci_low), "ci_high": _finite(d.ci_high),
-            "n_clusters": d.n_clusters, "n_questions": d.n_questions, "confidence_level": d.confidence_level,
-        }
+        out["deltas"][name] = _as_dict(d)
+    for family in sorted(set(families)):
+        rows = [i for i, f in enumerate(families) if f == family and labels_[i] >= 0]
+        if rows:
+            out["families"][family] = _as_dict(_paired_on(rows, "accuracy", probs_a, probs_b, labels_, records,
+                                                          n_resamples, confidence_level, seed))
+    for family in safety_families:
+        rows = [i for i, f in enumerate(families) if f == family and labels_[i] >= 0]
+        if any(labels_[i] == metrics.NOUL_POSITIVE_INDEX for i in rows):  # an FNR needs a positive
+            out["safety"][family] = _as_dict(_paired_on(rows, "false_negative_rate", probs_a, probs_b, labels_,
+                                                        records, n_resamples, SAFETY_CONFIDENCE_LEVEL, seed))
     return out
+
+
+def _paired_on(rows: Sequence[int], metric: str, probs_a: Sequence[np.ndarray], probs_b: Sequence[np.ndarray],
+               labels: Sequence[int], records: Sequence[str], n_resamples: int, confidence_level: float,
+               seed: int) -> metrics.PairedDelta:
+    """``metric``'s paired delta on the questions ``rows`` only (hard-labelled), clustered by record."""
+    return metrics.paired_delta(metric, [probs_a[i] for i in rows], [probs_b[i] for i in rows],
+                                [labels[i] for i in rows], [records[i] for i in rows], n_resamples=n_resamples,
+                                confidence_level=confidence_level, seed=seed)
+
+
+def _as_dict(d: metrics.PairedDelta) -> dict[str, Any]:
+    return {"delta": _finite(d.delta), "ci_low": _finite(d.ci_low), "ci_high": _finite(d.ci_high),
+            "se": _finite(d.se), "n_clusters": d.n_clusters, "n_questions": d.n_questions,
+            "confidence_level": d.confidence_level}
 
 
 def _finite(x: float) -> float | None:

@@ -134,6 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             payload["paired"] = paired_comparison(
                 parse_predictions(predictions, prediction_format(args.predictions)),
                 parse_predictions(baseline, baseline_fmt), labels, seed=args.seed,
+                safety_families=args.safety_family,
             )
         payload["elapsed_s"] = round(time.perf_counter() - started, 6)
         _write(fd, payload)
