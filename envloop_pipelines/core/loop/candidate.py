@@ -19,6 +19,7 @@ from envloop_pipelines.core.loop.config import LoopConfig, round_number
 from envloop_pipelines.core.loop.ledger import EVENT_CHECKPOINT_TRAINED, Ledger, LedgerError
 from envloop_pipelines.core.loop.release import champion
 from envloop_pipelines.core.loop.results import Reevaluation, RegisteredHypothesis, TrainedCheckpoint, TrainingSnapshot
+from envloop_pipelines.core.storage import envloop_home
 from envloop_pipelines.core.loop.runs import child_run, flat_metrics, verify_predictions, write_predictions
 from envloop_pipelines.core.loop.store import RoundStore
 from envloop_pipelines.core.storage import atomic_write_parquet, publish_dir, staging_dir
@@ -88,7 +89,7 @@ def train_candidate(config: LoopConfig, hypothesis: RegisteredHypothesis, snapsh
     problems = snapshot.problems()
     if problems:
         raise LedgerError(f"round {key}: training snapshot {snapshot.sha256[:12]} refused: {'; '.join(problems)}")
-    task = open_task(config.task, home=config.home)
+    task = open_task(config.task, home=envloop_home(config.home))
     require_same_benchmark(registered.benchmark_version, task.benchmark_version)
     champ = champion(config)
     recipe = config.load_recipe().replace(**recipe_diff(registered.change), seed=registered.seeds[0])
@@ -120,11 +121,14 @@ def reevaluate(config: LoopConfig, candidate: TrainedCheckpoint, snapshot: Train
 
     key = candidate.round
     d = RoundStore(config.task, config.home).round_dir(key)
-    task = open_task(config.task, home=config.home)
+    task = open_task(config.task, home=envloop_home(config.home))
     champ = champion(config)
     test = task.table("test")
-    cand_preds = write_predictions(d / "candidate_test_predictions.parquet", candidate.checkpoint, test)
-    champ_preds = write_predictions(d / "champion_test_predictions.parquet", champ["checkpoint_dir"], test)
+    # Reused by (checkpoint, inputs): the champion answered this test split when it was a candidate.
+    cand_preds = write_predictions(d / "candidate_test_predictions.parquet", candidate.checkpoint, test,
+                                   home=envloop_home(config.home))
+    champ_preds = write_predictions(d / "champion_test_predictions.parquet", champ["checkpoint_dir"], test,
+                                    home=envloop_home(config.home))
     run = verify_predictions(config, "test", cand_preds, baseline=champ_preds, seed=round_number(key))
     tfidf = TfidfBaseline().fit(snapshot_rows(snapshot), task.table("val"))
     tfidf_preds = atomic_write_parquet(d / "tfidf_test_predictions.parquet", tfidf.predict_table(test), overwrite=True)

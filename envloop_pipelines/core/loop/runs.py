@@ -58,11 +58,20 @@ def flat_metrics(d: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
     return out
 
 
-def write_predictions(path: Path, checkpoint: str | Path, table: pa.Table) -> Path:
-    """The checkpoint's predictions on ``table`` (inputs only), written atomically as Parquet."""
+def write_predictions(path: Path, checkpoint: str | Path, table: pa.Table, *, home: str | Path | None = None) -> Path:
+    """The checkpoint's predictions on ``table`` (inputs only), written atomically as Parquet.
+
+    With ``home`` they are computed once per (checkpoint, inputs) and reused from
+    ``<home>/artifacts/predictions`` (the champion answers a test split once, not every round).
+    """
     from envloop_pipelines.core.model.predict import predict_table
 
-    return atomic_write_parquet(path, predict_table(checkpoint, table), overwrite=True)
+    cache = None if home is None else Path(home) / PREDICTIONS_CACHE
+    return atomic_write_parquet(path, predict_table(checkpoint, table, cache_dir=cache), overwrite=True)
+
+
+#: Where reused predictions live under the EnvLoop home.
+PREDICTIONS_CACHE = "artifacts/predictions"
 
 
 def verify_predictions(config: LoopConfig, split: str, predictions: Path, baseline: Path | None = None,
@@ -87,4 +96,4 @@ def verify_predictions(config: LoopConfig, split: str, predictions: Path, baseli
     return run
 
 
-__all__ = ["child_run", "flat_metrics", "round_run", "verify_predictions", "write_predictions"]
+__all__ = ["PREDICTIONS_CACHE", "child_run", "flat_metrics", "round_run", "verify_predictions", "write_predictions"]

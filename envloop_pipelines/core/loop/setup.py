@@ -18,6 +18,7 @@ from envloop_pipelines.core.loop.ledger import EVENT_NULL_ARM, Ledger, LedgerErr
 from envloop_pipelines.core.loop.promotion import check_arm_identity, noise_floor_from_arms
 from envloop_pipelines.core.loop.release import publish_release
 from envloop_pipelines.core.loop.results import Benchmark, MeasuredNoiseFloor
+from envloop_pipelines.core.storage import envloop_home
 from envloop_pipelines.core.loop.runs import verify_predictions, write_predictions
 from envloop_pipelines.core.loop.store import RoundStore
 from envloop_pipelines.core.loop.candidate import train_into_store
@@ -40,15 +41,15 @@ def ensure_task_benchmark(config: LoopConfig) -> Benchmark:
 
 def _open_or_generate(config: LoopConfig) -> TaskSnapshot:
     try:
-        return open_task(config.task, home=config.home)
+        return open_task(config.task, home=envloop_home(config.home))
     except FileNotFoundError:
         if config.generator != "builtin_targeted":
             raise
     from envloop_pipelines.core.data.datasets import generate_builtin_task
 
     generate_builtin_task(task=config.task, n_users=config.builtin_users,
-                          records_per_user=config.builtin_records_per_user, home=config.home)
-    return open_task(config.task, home=config.home)
+                          records_per_user=config.builtin_records_per_user, home=envloop_home(config.home))
+    return open_task(config.task, home=envloop_home(config.home))
 
 
 def _benchmark(task: str, snapshot: TaskSnapshot) -> Benchmark:
@@ -102,7 +103,8 @@ def _measure(config: LoopConfig, tracker: Tracker, snapshot: TaskSnapshot, store
     for arm in arms:
         started = time.perf_counter()
         ckpt = train_into_store(store, train, val, arm, data_hash=snapshot.snapshot_id)
-        preds = write_predictions(store.noise / key / f"arm-seed{arm.seed}-test.parquet", ckpt, test)
+        preds = write_predictions(store.noise / key / f"arm-seed{arm.seed}-test.parquet", ckpt, test,
+                                  home=envloop_home(config.home))
         run = verify_predictions(config, "test", preds)
         metrics = dict(run.report.metrics)
         child = tracker.start_run(config.task, f"null arm seed {arm.seed}", parent_run_id=parent.run_id,
@@ -154,7 +156,7 @@ def current_noise_floor(config: LoopConfig) -> MeasuredNoiseFloor:
     Raises:
         LedgerError: it has not been measured (materialize ``noise_floor`` first).
     """
-    snapshot = open_task(config.task, home=config.home)
+    snapshot = open_task(config.task, home=envloop_home(config.home))
     cache = RoundStore(config.task, config.home).noise / f"{noise_floor_key(snapshot.benchmark_version, config)}.json"
     if not cache.exists():
         raise LedgerError(f"{cache} is missing: materialize noise_floor first")

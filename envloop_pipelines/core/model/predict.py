@@ -337,11 +337,50 @@ def evaluate_checkpoint(
     return out
 
 
-def predict_table(checkpoint: str | Path, table: pa.Table) -> pa.Table:
-    """A checkpoint's calibrated predictions on a question table (only the inputs are read, never labels)."""
+def predict_table(checkpoint: str | Path, table: pa.Table, *, cache_dir: str | Path | None = None) -> pa.Table:
+    """A checkpoint's calibrated predictions on a question table (only the inputs are read, never labels).
+
+    With ``cache_dir`` the predictions are computed once per (checkpoint identity, inputs) and reused:
+    see :func:`prediction_cache_key`. A champion is then not re-scored every round on a test split it
+    has already answered; a changed checkpoint, question or prediction code misses.
+    """
     from envloop_pipelines.core.model.readout import questions_from_table
 
-    return predictions_table(DecisionModel.load(checkpoint).predict(questions_from_table(table)))
+    path: Path | None = None
+    if cache_dir is not None:
+        from envloop_pipelines.core.model.checkpoint import verify_checkpoint
+
+        verify_checkpoint(checkpoint)  # the identity the key names is the one on disk
+        path = Path(cache_dir) / f"{prediction_cache_key(checkpoint, table)}.parquet"
+        if path.is_file():
+            import pyarrow.parquet as pq
+
+            log.info("predictions of %s on %d questions reused from %s", checkpoint, table.num_rows, path)
+            return pq.read_table(path).cast(PREDICTION_SCHEMA)
+    out = predictions_table(DecisionModel.load(checkpoint).predict(questions_from_table(table)))
+    if path is not None:
+        from envloop_pipelines.core.storage import atomic_write_parquet
+
+        atomic_write_parquet(path, out, overwrite=True)
+    return out
+
+
+#: Bumped whenever prediction code changes what a checkpoint answers (reused predictions then miss).
+PREDICTION_CODE_VERSION = "1"
+#: The columns a prediction reads (labels never take part in the key or the prediction).
+PREDICTION_INPUT_COLUMNS = ("record_id", "question_id", "family", "type", "state_text", "instructions_text",
+                            "option_keys", "option_texts")
+
+
+def prediction_cache_key(checkpoint: str | Path, table: pa.Table) -> str:
+    """sha256 of the checkpoint's identity, the inputs' canonical JSON, the prediction code and torch versions."""
+    from envloop_pipelines.core.model.checkpoint import checkpoint_hash
+    from envloop_pipelines.core.storage import canonical_json, sha256_bytes
+
+    cols = [c for c in PREDICTION_INPUT_COLUMNS if c in table.column_names]
+    inputs = sha256_bytes(canonical_json(table.select(cols).to_pylist()))
+    return sha256_bytes(canonical_json({"checkpoint": checkpoint_hash(checkpoint), "inputs": inputs,
+                                        "code": PREDICTION_CODE_VERSION, "torch": torch.__version__}))
 
 
 def score_table(table: pa.Table, predictions: pa.Table, safety_families: Sequence[str] = ()) -> dict[str, Any]:
