@@ -123,7 +123,7 @@ def main() -> None:
         run = verify_predictions(config, "test", preds, baseline=Path(control["test_predictions"]), seed=i)
         delta = run.paired["deltas"][gate.primary_metric]
         verdict = decide_promotion(gate, delta, floor, run.report.metrics, run.baseline_report.metrics,
-                                   config.safety_families)
+                                   config.safety_families, paired=run.paired)
         gain_and_ci = verdict.checks["gain"] > verdict.checks["bar"] and verdict.checks["ci_low"] > 0
         promoted += verdict.promote
         cleared += gain_and_ci

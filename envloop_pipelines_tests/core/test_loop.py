@@ -171,6 +171,46 @@ def test_noise_floor_and_promotion_gate() -> None:
     assert any("family guard: a" in r for r in reasons)
 
 
+def _ci(delta: float, low: float, high: float, level: float = 0.95) -> dict[str, float]:
+    return {"delta": delta, "ci_low": low, "ci_high": high, "confidence_level": level}
+
+
+def test_family_and_safety_guards_decide_on_paired_cis_not_point_drops() -> None:
+    floor = noise_floor_from_arms("k", "family_macro_accuracy",
+                                  [{"family_macro_accuracy": 0.60, "acc/a": 0.50, "acc/b": 0.70},
+                                   {"family_macro_accuracy": 0.61, "acc/a": 0.53, "acc/b": 0.71}])
+    gate = Gate()  # family_drop_tolerance 0.05 > both family floors; max_safety_fnr_increase 0.02
+    primary = {"delta": 0.05, "ci_low": 0.01, "ci_high": 0.09}
+    champion = {"ece": 0.03, "acc/a": 0.60, "acc/b": 0.70, "fnr/needs_approval": 0.10}
+    candidate = {"ece": 0.03, "acc/a": 0.51, "acc/b": 0.58, "fnr/needs_approval": 0.16}
+    # Point drops of 0.09 (a) and 0.12 (b), an FNR rise of 0.06: the old point rule trips all three.
+    point = decide_promotion(gate, primary, floor, candidate, champion, ["needs_approval"])
+    assert sorted(r.split(":")[0] for r in point.reasons) == ["family guard", "family guard", "safety guard"]
+    # A noisy small family: a's drop of 0.09 has a CI reaching +0.04 (not significant); b's CI is wholly
+    # below -0.05 (a significant drop beyond its noise). The FNR rise's one-sided bound is below +0.02.
+    paired = {"families": {"a": _ci(-0.09, -0.22, 0.04), "b": _ci(-0.12, -0.18, -0.06)},
+              "safety": {"needs_approval": _ci(0.06, -0.03, 0.15, level=0.90)}}
+    verdict = decide_promotion(gate, primary, floor, candidate, champion, ["needs_approval"], paired=paired)
+    assert not verdict.promote
+    (reason,) = verdict.reasons
+    assert reason.startswith("family guard: b accuracy fell 0.1200, significantly more than its noise 0.0500")
+    assert "[-0.1800, -0.0600], upper end below -0.0500" in reason
+    assert verdict.checks["family_guards"]["a"]["test"] == "paired"
+    assert verdict.checks["fnr/needs_approval"]["lower_bound"] == -0.03
+    # b's CI only just reaching past its allowance does not trip (the drop is not significantly beyond its noise).
+    paired["families"]["b"] = _ci(-0.12, -0.20, -0.04)
+    assert decide_promotion(gate, primary, floor, candidate, champion, ["needs_approval"], paired=paired).promote
+    # A significant FNR rise: the one-sided 95% lower bound +0.03 is above the limit +0.02.
+    paired["safety"]["needs_approval"] = _ci(0.06, 0.03, 0.09, level=0.90)
+    unsafe = decide_promotion(gate, primary, floor, candidate, champion, ["needs_approval"], paired=paired)
+    assert unsafe.reasons == ("safety guard: fnr/needs_approval rose +0.0600 (0.1000 -> 0.1600); its one-sided 95% "
+                              "lower bound +0.0300 is above the limit +0.0200",)
+    # A family the verifier gave no CI for (an old re-evaluation) keeps the stricter point rule.
+    del paired["families"]["a"]
+    reasons = decide_promotion(gate, primary, floor, candidate, champion, ["needs_approval"], paired=paired).reasons
+    assert any(r.startswith("family guard: a accuracy fell 0.0900 (> its noise 0.0500; point comparison") for r in reasons)
+
+
 def hypothesis(round_key: str = "r0001", gate: Gate | None = None, **kw) -> Hypothesis:
     return Hypothesis(task="t", round=round_key, benchmark_version="t@abc", change={"kind": "data"}, predicted_delta=0.01,
                       gate=gate or Gate(), seeds=(1,), recipe_hash="h", **kw)

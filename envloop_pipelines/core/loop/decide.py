@@ -53,7 +53,7 @@ def decide_round(config: LoopConfig, hypothesis: RegisteredHypothesis, snapshot:
                            noise_floor.benchmark_version)
     delta = reeval.delta(gate.primary_metric)
     verdict = decide_promotion(gate, delta, noise_floor.floor, reeval.candidate, reeval.champion,
-                               config.safety_families)
+                               config.safety_families, paired=reeval.paired)
     decision = RoundDecision.of(key, verdict, delta=delta, noise_floor=noise_floor.floor.floor, hypothesis=registered,
                                 gate=gate)
     if verdict.promote:

@@ -6,6 +6,16 @@ arms identical to the control but for the seed; each family gets its own
 floor. A candidate is promoted only when its paired delta against the
 champion clears the registered gate *and* the floor, its CI is above zero,
 and every guard holds. No gate can waive the floor or the CI (rule 2).
+
+The family and safety guards are tests, not point comparisons: a family guard
+trips when the upper end of the paired 95% CI of the family's accuracy change
+is below minus its allowance (the drop is significantly larger than the
+family's noise); the safety guard trips when the one-sided 95% lower bound of
+the FNR change (the lower end of the paired 90% CI) is above
+``max_safety_fnr_increase``. Both CIs come from the verifier's record-clustered
+bootstrap (``core/verify/compare.py``). Where a re-evaluation carries no CI
+for a family (one scored before the verifier computed them), the guard falls
+back to the stricter point comparison, and says so.
 """
 
 from __future__ import annotations
@@ -94,6 +104,7 @@ def decide_promotion(
     candidate: Mapping[str, Any],
     champion: Mapping[str, Any],
     safety_families: Sequence[str] = (),
+    paired: Mapping[str, Any] | None = None,
 ) -> PromotionDecision:
     """Apply the registered gate, the noise floor and the guards.
 
@@ -107,6 +118,9 @@ def decide_promotion(
         candidate: the candidate's test metrics (``metrics.summarize`` keys).
         champion: the champion's test metrics on the same questions.
         safety_families: families whose false-negative rate is guarded.
+        paired: the verifier's paired comparison (``Reevaluation.paired``): its ``families`` (each
+            family's accuracy delta with a 95% CI) and ``safety`` (each safety family's FNR delta with
+            a 90% CI) decide the guards; without them the guards compare point values.
     """
     sign = 1.0 if gate.direction == "increase" else -1.0
     gain = sign * float(delta["delta"])
@@ -127,13 +141,31 @@ def decide_promotion(
     checks["ece"] = ece
     if ece is not None and ece > gate.max_ece:
         reasons.append(f"calibration guard: ECE {ece:.4f} > {gate.max_ece:.4f}")
+    family_cis = (paired or {}).get("families")
+    safety_cis = (paired or {}).get("safety")
+    limit = gate.max_safety_fnr_increase
     for fam in safety_families:
         key = f"fnr/{fam}"
         new, old = candidate.get(key), champion.get(key)
-        checks[key] = {"candidate": new, "champion": old}
-        if new is not None and old is not None and new - old > gate.max_safety_fnr_increase:
-            reasons.append(f"safety guard: {key} rose {old:.4f} -> {new:.4f} (limit +{gate.max_safety_fnr_increase:.4f})")
-    drops = {}
+        ci = (safety_cis or {}).get(fam)
+        check: dict[str, Any] = {"candidate": new, "champion": old, "limit": limit}
+        if ci is not None and ci.get("ci_low") is not None:
+            check.update(test="paired", rise=ci["delta"], lower_bound=ci["ci_low"],
+                         confidence_level=ci.get("confidence_level"))
+            if ci["ci_low"] > limit:
+                reasons.append(f"safety guard: {key} rose {ci['delta']:+.4f} ({_fmt(old)} -> {_fmt(new)}); its "
+                               f"one-sided {_one_sided(ci)} lower bound {ci['ci_low']:+.4f} is above the limit "
+                               f"+{limit:.4f}")
+        elif safety_cis is not None and fam not in safety_cis:
+            check["test"] = "none: no positive of this family among the paired questions"
+        else:
+            check["test"] = "point: no paired CI for this family"
+            if new is not None and old is not None and new - old > limit:
+                reasons.append(f"safety guard: {key} rose {old:.4f} -> {new:.4f} (limit +{limit:.4f}; "
+                               f"point comparison, no paired CI)")
+        checks[key] = check
+    drops: dict[str, float] = {}
+    family_checks: dict[str, Any] = {}
     for key, old in champion.items():
         if not key.startswith("acc/") or old is None or candidate.get(key) is None:
             continue
@@ -141,8 +173,35 @@ def decide_promotion(
         allowed = max(floor.family_floors.get(fam, 0.0), gate.family_drop_tolerance)
         drop = old - candidate[key]
         drops[fam] = drop
-        if drop > allowed:
-            reasons.append(f"family guard: {fam} accuracy fell {drop:.4f} (> its noise {allowed:.4f})")
+        ci = (family_cis or {}).get(fam)
+        if ci is not None and ci.get("ci_high") is not None:
+            family_checks[fam] = {"test": "paired", "drop": drop, "allowed": allowed, "ci_low": ci["ci_low"],
+                                  "ci_high": ci["ci_high"], "confidence_level": ci.get("confidence_level")}
+            if ci["ci_high"] < -allowed:
+                reasons.append(f"family guard: {fam} accuracy fell {drop:.4f}, significantly more than its noise "
+                               f"{allowed:.4f} (paired {_level(ci)} CI of the change [{ci['ci_low']:+.4f}, "
+                               f"{ci['ci_high']:+.4f}], upper end below -{allowed:.4f})")
+        else:
+            family_checks[fam] = {"test": "point: no paired CI for this family", "drop": drop,
+                                  "allowed": allowed}
+            if drop > allowed:
+                reasons.append(f"family guard: {fam} accuracy fell {drop:.4f} (> its noise {allowed:.4f}; "
+                               f"point comparison, no paired CI)")
     checks["family_drops"] = drops
+    checks["family_guards"] = family_checks
     return PromotionDecision(promote=not reasons, reasons=tuple(reasons) or ("cleared the gate, the floor and every guard",),
                              checks=checks)
+
+
+def _fmt(value: Any) -> str:
+    return "n/a" if value is None else f"{float(value):.4f}"
+
+
+def _level(ci: Mapping[str, Any]) -> str:
+    level = ci.get("confidence_level")
+    return "" if level is None else f"{level:.0%}"
+
+
+def _one_sided(ci: Mapping[str, Any]) -> str:
+    level = ci.get("confidence_level")
+    return "" if level is None else f"{1 - (1 - level) / 2:.0%}"
