@@ -31,6 +31,8 @@ TAG_CHECKPOINT = "envloop.checkpoint_sha256"
 TAG_HYPOTHESIS = "envloop.hypothesis_hash"
 TAG_NOISE_KEY = "envloop.noise_key"
 TAG_SUPERSEDED = "envloop.superseded"
+#: ``"true"`` on a hypothesis run whose predicted effect is below the test's minimum detectable effect.
+TAG_UNDERPOWERED = "envloop.underpowered"
 
 #: Values of ``envloop.kind``: a round step's run is named for its Dagster asset.
 KIND_ROUND = "round"

@@ -73,6 +73,7 @@ def decide_round(config: LoopConfig, hypothesis: RegisteredHypothesis, snapshot:
                 "gate": registered.gate.__dict__, "effective_gate": gate.__dict__,
                 "amendments": ledger.amendments(key), "noise_floor": noise_floor.floor.floor, "guards": verdict.checks,
                 "hypothesis_hash": registered.hash, "predicted_delta": registered.predicted_delta,
+                "power": registered.power,
                 "limitations": limitations,
             }
 

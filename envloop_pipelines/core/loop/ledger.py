@@ -160,11 +160,25 @@ class Hypothesis:
     author: str = "auto"
     rationale: str = ""
     created_at: float = field(default_factory=time.time)
+    #: The test's power for this hypothesis, measured at registration (rule 2: each hypothesis records the
+    #: smallest effect its test set can detect): ``mde``, the ``se`` it comes from, ``underpowered`` (the
+    #: predicted effect is below the MDE), how it was measured. ``None`` in hypotheses registered before
+    #: (left out of their content, so their hashes are unchanged).
+    power: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["seeds"] = list(self.seeds)
+        if self.power is None:
+            d.pop("power")
+        else:
+            d["power"] = dict(self.power)
         return d
+
+    @property
+    def underpowered(self) -> bool:
+        """Whether the predicted effect is below the minimum detectable effect measured at registration."""
+        return bool(self.power and self.power.get("underpowered"))
 
     @property
     def hash(self) -> str:
@@ -268,8 +282,10 @@ class Ledger:
         hypothesis.gate.require_not_loose(f"round {hypothesis.round}: hypothesis")  # rule 2, for every caller
         body = {**hypothesis.to_dict(), "hash": hypothesis.hash}
         atomic_write_bytes(path, (json.dumps(body, sort_keys=True, indent=2, ensure_ascii=False) + "\n").encode())
+        power = hypothesis.power or {}
         self.append(EVENT_HYPOTHESIS_REGISTERED, {"round": hypothesis.round, "hash": hypothesis.hash,
                                               "predicted_delta": hypothesis.predicted_delta,
+                                              "mde": power.get("mde"), "underpowered": hypothesis.underpowered,
                                               "change": dict(hypothesis.change)},
                     key=f"hypothesis:{hypothesis.round}")
         return hypothesis.hash

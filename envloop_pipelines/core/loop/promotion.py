@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
 from envloop_pipelines.core.loop.ledger import MIN_FLOOR_MULTIPLIER, Gate
+from envloop_pipelines.core.metrics import DEFAULT_POWER, minimum_detectable_effect
 from envloop_pipelines.core.storage import canonical_json, sha256_bytes
 
 
@@ -85,6 +86,36 @@ def noise_floor_from_arms(key: str, metric: str, arm_metrics: Sequence[Mapping[s
         family_floors[fam] = max(vals) - min(vals) if vals else 0.0
     return NoiseFloor(key=key, metric=metric, values=values, floor=max(values) - min(values),
                       family_floors=family_floors, arms=tuple(arms))
+
+
+def hypothesis_power(noise: Mapping[str, Any] | None, gate: Gate, predicted_delta: float) -> dict[str, Any]:
+    """The test's power for a hypothesis: the MDE of its primary metric at the measured noise.
+
+    ``MDE = (z_{1−α/2} + z_{0.8}) · se`` (:func:`~envloop_pipelines.core.metrics.minimum_detectable_effect`),
+    with ``α`` the verifier's CI level and ``se`` the standard error of the paired delta measured between
+    null arms on the test split (``noise["deltas"][metric]["se"]``). The hypothesis is ``underpowered``
+    when its predicted effect, in the gate's direction, is below the MDE. The flag informs; it changes
+    no rule of the gate.
+
+    Args:
+        noise: the paired noise of the floor's null arms (``steps.paired_noise``), or ``None`` when it
+            could not be measured (then ``mde`` and ``underpowered`` are ``None``).
+        gate: the registered gate (its primary metric and direction).
+        predicted_delta: the registered predicted delta.
+    """
+    effect = float(predicted_delta) if gate.direction == "increase" else -float(predicted_delta)
+    out: dict[str, Any] = {"metric": gate.primary_metric, "predicted_effect": effect, "power": DEFAULT_POWER,
+                           "mde": None, "underpowered": None}
+    d = (noise or {}).get("deltas", {}).get(gate.primary_metric)
+    if d is None or d.get("se") is None:
+        out["why_unmeasured"] = ("no paired noise of null arms on test for " + gate.primary_metric if noise
+                                 else "the noise floor's null arms have no test predictions to compare")
+        return out
+    level = float(d.get("confidence_level", 0.95))
+    mde = minimum_detectable_effect(float(d["se"]), confidence_level=level, power=DEFAULT_POWER)
+    out.update(se=float(d["se"]), mde=mde, confidence_level=level, underpowered=bool(effect < mde),
+               n_questions=d.get("n_questions"), n_clusters=d.get("n_clusters"), source=noise.get("source"))  # type: ignore[union-attr]
+    return out
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,8 @@ stores it).
 from __future__ import annotations
 
 import json
+import logging
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from envloop_pipelines.core.loop.config import LoopConfig, round_number
 from envloop_pipelines.core.loop.contamination import check_contamination
 from envloop_pipelines.core.loop.ledger import EVENT_ROUND_DECIDED, Gate, Hypothesis, Ledger, LedgerError, gate_errors
 from envloop_pipelines.core.loop.mining import FailureCluster, mine_failures_with_fallback
+from envloop_pipelines.core.loop.promotion import hypothesis_power
 from envloop_pipelines.core.loop.release import champion
 from envloop_pipelines.core.loop.results import (
     BaselineEval,
@@ -31,7 +34,7 @@ from envloop_pipelines.core.loop.results import (
     RegisteredHypothesis,
     TrainingSnapshot,
 )
-from envloop_pipelines.core.loop.runs import child_run, write_predictions
+from envloop_pipelines.core.loop.runs import child_run, verify_predictions, write_predictions
 from envloop_pipelines.core.loop.store import RoundStore
 from envloop_pipelines.core.loop.synthesis import SNAPSHOT_SCHEMA, SynthesisRequest, load_generator, with_provenance
 from envloop_pipelines.core.storage import (
@@ -43,7 +46,16 @@ from envloop_pipelines.core.storage import (
     sha256_file,
     sweep_stale,
 )
-from envloop_pipelines.core.tracking import KIND_HYPOTHESIS, TAG_HYPOTHESIS, TAG_KIND, TAG_ROUND, Tracker
+from envloop_pipelines.core.tracking import (
+    KIND_HYPOTHESIS,
+    TAG_HYPOTHESIS,
+    TAG_KIND,
+    TAG_ROUND,
+    TAG_UNDERPOWERED,
+    Tracker,
+)
+
+log = logging.getLogger(__name__)
 
 #: Keys a person's hypothesis proposal may set.
 PROPOSAL_KEYS = ("change", "predicted_delta", "gate", "seeds", "rationale")
@@ -125,6 +137,51 @@ def proposal_errors(proposal: Mapping[str, Any]) -> list[str]:
     return errors
 
 
+def paired_noise(config: LoopConfig) -> dict[str, Any] | None:
+    """The standard error of each paired delta between null arms on test: the noise a round's test works at.
+
+    The floor's other arms are each compared with its control arm by the verifier (the same paired,
+    record-clustered bootstrap as a round's re-evaluation; aggregates only), and each metric's ``se``
+    is the root mean square over those pairs. Two seeds of the same recipe disagree at least as much as
+    a candidate and the champion it was trained from, so this ``se`` errs towards a larger MDE.
+    Measured once per floor and kept beside it (``noise/<key>.power.json``).
+
+    Returns:
+        ``{"noise_key", "source", "deltas": {metric: {"se", "confidence_level", "n_questions",
+        "n_clusters"}}}``, or ``None`` when the floor is not measured or fewer than two of its arms
+        have test predictions on disk.
+    """
+    from envloop_pipelines.core.loop.setup import current_noise_floor
+
+    try:
+        measured = current_noise_floor(config)
+    except LedgerError:
+        return None
+    store = RoundStore(config.task, config.home)
+    cache = store.noise / f"{measured.floor.key}.power.json"
+    if cache.is_file():
+        return json.loads(cache.read_text(encoding="utf-8"))
+    arms = [a for a in measured.floor.arms if a.get("test_predictions") and Path(a["test_predictions"]).is_file()]
+    if len(arms) < 2:
+        return None
+    control, others = arms[0], arms[1:]
+    runs = [verify_predictions(config, "test", Path(arm["test_predictions"]),
+                               baseline=Path(control["test_predictions"]), seed=i)
+            for i, arm in enumerate(others, 1)]
+    deltas: dict[str, Any] = {}
+    for metric, first in runs[0].paired["deltas"].items():
+        ses = [r.paired["deltas"].get(metric, {}).get("se") for r in runs]
+        if any(se is None for se in ses):
+            continue
+        deltas[metric] = {"se": math.sqrt(float(np.mean(np.square(ses)))), "confidence_level": first["confidence_level"],
+                          "n_questions": first["n_questions"], "n_clusters": first["n_clusters"]}
+    pairs = ", ".join(f"seed {arm.get('seed')} vs seed {control.get('seed')}" for arm in others)
+    out = {"noise_key": measured.floor.key, "deltas": deltas,
+           "source": f"null arms on test, paired by the verifier ({pairs})"}
+    atomic_write_json(cache, out, overwrite=True)
+    return out
+
+
 def register_hypothesis(config: LoopConfig, synthesis: EnvironmentSynthesis, tracker: Tracker, *,
                         proposal: Mapping[str, Any] | None = None,
                         run_tags: Mapping[str, str] | None = None) -> RegisteredHypothesis:
@@ -133,6 +190,12 @@ def register_hypothesis(config: LoopConfig, synthesis: EnvironmentSynthesis, tra
     ``proposal`` (from a person) may set ``change`` (with ``recipe_diff`` for a recipe change),
     ``predicted_delta``, ``gate`` (``Gate`` fields), ``seeds`` and ``rationale``; anything not
     given is derived from the mined failures and past rounds.
+
+    The registration records the test's power (rule 2): the minimum detectable effect of the primary
+    metric at 80% power and the measured noise (:func:`paired_noise`, :func:`~envloop_pipelines.core.loop.promotion.hypothesis_power`)
+    beside the predicted delta, and flags the hypothesis ``underpowered`` when its predicted effect is
+    below it: in the hypothesis, its ledger event and its MLflow run (tag ``envloop.underpowered``).
+    The flag changes no rule of the gate.
 
     Raises:
         ValueError: the proposal has an unknown field, names the loop's override as its change, or
@@ -148,7 +211,10 @@ def register_hypothesis(config: LoopConfig, synthesis: EnvironmentSynthesis, tra
     past = [e["observed_delta"] for e in ledger.events(EVENT_ROUND_DECIDED) if e.get("observed_delta") is not None]
     # Predicted delta: the mean observed gain of past rounds, or a modest +0.01 for the first.
     predicted = float(proposal.get("predicted_delta", np.mean(past) if past else 0.01))
-    hypothesis = ledger.hypothesis(key) or Hypothesis(  # immutable: a retry reuses what was registered
+    gate = Gate(**proposal.get("gate", {}))
+    registered = ledger.hypothesis(key)
+    power = None if registered is not None else hypothesis_power(paired_noise(config), gate, predicted)
+    hypothesis = registered or Hypothesis(  # immutable: a retry reuses what was registered
         task=config.task,
         round=key,
         benchmark_version=open_task(config.task, home=config.home).benchmark_version,
@@ -157,14 +223,19 @@ def register_hypothesis(config: LoopConfig, synthesis: EnvironmentSynthesis, tra
                                           "synthesis_sha256": synthesis.sha256,
                                           "recipe_overrides": dict(config.recipe_overrides)},
         predicted_delta=predicted,
-        gate=Gate(**proposal.get("gate", {})),
+        gate=gate,
         seeds=tuple(proposal.get("seeds") or (recipe.seed + 1000 + round_number(key),)),
         recipe_hash=config.recipe_hash(),
         author="person" if proposal else "auto",
         rationale=proposal.get("rationale", f"target the top {len(synthesis.clusters)} failure clusters of the "
                                             f"champion on dev"),
+        power=power,
     )
     digest = ledger.register_hypothesis(hypothesis)
+    if hypothesis.underpowered:
+        log.warning("round %s: hypothesis underpowered: predicted %+.4f on %s, below the test's minimum detectable "
+                    "effect %.4f (80%% power); the gate is unchanged", key, hypothesis.predicted_delta,
+                    hypothesis.gate.primary_metric, (hypothesis.power or {})["mde"])
     run = tracker.find_run(config.task, {TAG_ROUND: key, TAG_KIND: KIND_HYPOTHESIS})
     if run is None:
         run = child_run(tracker, config, key, KIND_HYPOTHESIS, {**(run_tags or {}), TAG_HYPOTHESIS: digest})
@@ -173,6 +244,11 @@ def register_hypothesis(config: LoopConfig, synthesis: EnvironmentSynthesis, tra
                                         "direction": hypothesis.gate.direction, "min_delta": hypothesis.gate.min_delta,
                                         "seeds": list(hypothesis.seeds), "author": hypothesis.author,
                                         "change": json.dumps(dict(hypothesis.change), sort_keys=True)})
+        if hypothesis.power is not None and hypothesis.power.get("mde") is not None:
+            tracker.log_params(run.run_id, {"mde": hypothesis.power["mde"], "mde_se": hypothesis.power["se"]})
+            tracker.log_metrics(run.run_id, {"mde": hypothesis.power["mde"],
+                                             "predicted_delta": hypothesis.predicted_delta})
+            tracker.set_tags(run.run_id, {TAG_UNDERPOWERED: str(hypothesis.underpowered).lower()})
         tracker.log_artifact(run.run_id, ledger.hypothesis_path(key))
         tracker.end_run(run.run_id)
     return RegisteredHypothesis(hypothesis=hypothesis, hash=digest, mlflow_run_id=run.run_id, mlflow_url=run.url)
@@ -213,5 +289,5 @@ def _states(table: pa.Table) -> list[tuple[str, str]]:
     return list(zip(table.column("record_id").to_pylist(), table.column("state_text").to_pylist()))
 
 
-__all__ = ["PROPOSAL_KEYS", "build_training_snapshot", "evaluate_champion", "mine_failures", "register_hypothesis",
-           "synthesize_environments", "top_clusters"]
+__all__ = ["PROPOSAL_KEYS", "build_training_snapshot", "evaluate_champion", "mine_failures", "paired_noise",
+           "register_hypothesis", "synthesize_environments", "top_clusters"]
