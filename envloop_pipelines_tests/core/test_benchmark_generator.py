@@ -618,6 +618,44 @@ def test_config_scales_and_hashes() -> None:
     assert len(out) == 60 and {r["meta"]["variant"] for r in out} == {"clean"}
 
 
+def test_hidden_users_grow_test_and_holdout_only() -> None:
+    from envloop_pipelines.core.benchmark import BUILTIN_HIDDEN_USERS
+    from envloop_pipelines.core.benchmark.generator import benchmark_version
+    from envloop_pipelines.core.data.datasets import builtin_config
+
+    small = BenchmarkConfig(n_users=20, records_per_user=2)
+    grown = BenchmarkConfig(n_users=20, records_per_user=2, hidden_users=5)
+    assert small.users_per_split() == {"train": 12, "val": 2, "dev": 2, "test": 2, "holdout": 2}
+    assert grown.users_per_split() == {**small.users_per_split(), "test": 5, "holdout": 5}
+    base, more = generate_benchmark(small), generate_benchmark(grown)
+    users = {s: {r["meta"]["user_id"] for r in more if r["meta"]["split"] == s} for s in SPLITS}
+    assert {s: len(u) for s, u in users.items()} == grown.users_per_split()
+    # train, val and dev are the same records (only the version string inside them differs)
+    v_small, v_grown = benchmark_version(small), benchmark_version(grown)
+    open_base = [json.dumps(r, sort_keys=True) for r in base if r["meta"]["split"] in ("train", "val", "dev")]
+    open_more = [json.dumps(r, sort_keys=True).replace(v_grown, v_small) for r in more
+                 if r["meta"]["split"] in ("train", "val", "dev")]
+    assert open_more == open_base
+    # the added users continue the ids, and the hidden splits keep their two renderers in halves
+    assert users["test"] | users["holdout"] >= {f"u{i:04d}" for i in range(20, 26)}
+    for split in ("test", "holdout"):
+        renderers = Counter(r["meta"]["renderer"] for r in more if r["meta"]["split"] == split)
+        assert renderers["a"] == renderers["b"] or abs(renderers["a"] - renderers["b"]) == 2  # odd user goes to "a"
+    # a config without hidden_users hashes as before it existed
+    assert "hidden_users" not in small.to_dict() and grown.to_dict()["hidden_users"] == 5
+    assert BenchmarkConfig.scaled(2, hidden_users=30).users_per_split() == {"train": 288, "val": 48, "dev": 48,
+                                                                           "test": 60, "holdout": 60}
+    with pytest.raises(ValueError, match="hidden_users=1 is below the test split's share"):
+        BenchmarkConfig(n_users=40, hidden_users=1)
+    with pytest.raises(ValueError, match="hidden_users must be an integer"):
+        BenchmarkConfig(hidden_users=0)
+    # The built-in task's default benchmark sizes its hidden splits; a chosen size does not.
+    default = builtin_config()
+    assert default.users_per_split() == {"train": 144, "val": 24, "dev": 24, "test": BUILTIN_HIDDEN_USERS,
+                                         "holdout": BUILTIN_HIDDEN_USERS}
+    assert builtin_config(n_users=30).hidden_users is None and builtin_config(records_per_user=3).hidden_users
+
+
 def test_users_regenerate_and_stay_in_the_rule_vocabulary(config: BenchmarkConfig, users: dict[str, UserRules], records: list[dict[str, Any]]) -> None:
     assert users_for_records(records[:40]) == {u: users[u] for u in {r["meta"]["user_id"] for r in records[:40]}}
     assert make_user("u0003", config.seed) == users["u0003"]

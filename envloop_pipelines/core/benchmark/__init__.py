@@ -14,6 +14,7 @@ Example::
 
 from .generator import (
     BENCHMARK_NAME,
+    BUILTIN_HIDDEN_USERS,
     FAMILIES,
     GENERATOR_VERSION,
     SAFETY_FAMILIES,
@@ -51,6 +52,7 @@ from .users import UserRules, make_user
 
 __all__ = [
     "BENCHMARK_NAME",
+    "BUILTIN_HIDDEN_USERS",
     "BenchmarkConfig",
     "CELLS",
     "FAMILIES",

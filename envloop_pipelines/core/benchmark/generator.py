@@ -18,7 +18,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
-from ..data.splits import OPEN_SPLITS, SPLITS, SplitFractions, assign_splits
+from ..data.splits import HIDDEN_SPLITS as _HIDDEN_SET
+from ..data.splits import OPEN_SPLITS, SPLITS, SplitFractions, assign_splits, split_counts
 from ..fractions import Fractions
 from ..progress import track
 from ._rng import shuffled, stream, weighted
@@ -45,6 +46,8 @@ FAMILIES: tuple[str, ...] = (
 #: Families whose false negatives (answering false when the truth is true) are dangerous.
 SAFETY_FAMILIES: tuple[str, ...] = ("needs_approval",)
 VARIANTS: tuple[str, ...] = ("clean", "override", "removed", "buried")
+#: The hidden splits in split order (users are added to them in this order).
+HIDDEN_SPLITS: tuple[str, ...] = tuple(s for s in SPLITS if s in _HIDDEN_SET)
 _ID_PREFIX = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
@@ -67,6 +70,15 @@ class VariantMix(Fractions):
     buried: float = 0.2
 
 
+#: Users in each of test and holdout of the built-in task's default benchmark (``envloop data generate``
+#: and a loop's benchmark when no size is chosen), for a gate with power. Measured on the default
+#: benchmark: two null arms of the demo recipe paired on its 314-question test (24 users) by the verifier
+#: gave a standard error of 0.0408 for family-macro accuracy (3 pairs: 0.0415, 0.0409, 0.0401), an MDE of
+#: 2.80 x 0.0408 = 0.114 at 80% power. MDE <= 0.02 needs (0.114 / 0.02)^2 = 33 times the questions,
+#: >= 10,300; 864 users (36 x 24, 13.1 questions a user) give ~11,200 questions, MDE ~0.019.
+BUILTIN_HIDDEN_USERS = 864
+
+
 @dataclass(frozen=True)
 class BenchmarkConfig:
     """What the built-in benchmark is generated from.
@@ -86,6 +98,12 @@ class BenchmarkConfig:
         mixed_renderer_splits: hidden splits whose users are split in two
             halves, one rendered by "a" and one by "b"; all other users are
             rendered by "a". The test split must be among them.
+        hidden_users: users in each hidden split (test and holdout); ``None``:
+            their fraction of ``n_users``. The users beyond that fraction are
+            added after the ``n_users`` (ids continue), so train, val and dev
+            are exactly those of ``n_users``: the hidden splits grow for the
+            gate's power without changing what is trained on. The built-in
+            task's default sets :data:`BUILTIN_HIDDEN_USERS`.
     """
 
     n_users: int = 240
@@ -94,6 +112,7 @@ class BenchmarkConfig:
     fractions: SplitFractions = field(default_factory=SplitFractions)
     variant_mix: VariantMix = field(default_factory=VariantMix)
     mixed_renderer_splits: tuple[str, ...] = ("test", "holdout")
+    hidden_users: int | None = None
 
     def __post_init__(self) -> None:
         for name, low in (("n_users", 1), ("records_per_user", 1)):
@@ -115,6 +134,15 @@ class BenchmarkConfig:
                 f"got {list(mixed)!r} (training-side splits stay on renderer 'a' so 'b' is unseen)"
             )
         object.__setattr__(self, "mixed_renderer_splits", mixed)
+        if self.hidden_users is not None:
+            value = self.hidden_users
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"hidden_users must be an integer ≥ 1 (or None), got {value!r}")
+            by_fraction = _fraction_counts(self)
+            short = [s for s in HIDDEN_SPLITS if by_fraction[s] > value]
+            if short:
+                raise ValueError(f"hidden_users={value} is below the {short[0]} split's share of n_users "
+                                 f"({by_fraction[short[0]]} users); it can only add users")
 
     @classmethod
     def scaled(cls, factor: float, **overrides: Any) -> "BenchmarkConfig":
@@ -125,12 +153,27 @@ class BenchmarkConfig:
         if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not factor > 0:
             raise ValueError(f"factor must be a positive number, got {factor!r}")
         base = cls(**overrides)
-        return replace(base, n_users=max(10, round(base.n_users * factor)))
+        hidden = None if base.hidden_users is None else max(1, round(base.hidden_users * factor))
+        scaled = replace(base, n_users=max(10, round(base.n_users * factor)), hidden_users=None)
+        if hidden is not None:  # the hidden splits scale with the rest, never below their share
+            shares = _fraction_counts(scaled)
+            scaled = replace(scaled, hidden_users=max(hidden, *(shares[s] for s in HIDDEN_SPLITS)))
+        return scaled
+
+    def users_per_split(self) -> dict[str, int]:
+        """Users in each split: the fractions of ``n_users``, and ``hidden_users`` in test and holdout when set."""
+        counts = _fraction_counts(self)
+        if self.hidden_users is not None:
+            counts.update({s: self.hidden_users for s in HIDDEN_SPLITS})
+        return counts
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able form (for hashing and provenance)."""
+        """Plain JSON-able form (for hashing and provenance); ``hidden_users`` only when set, so the
+        versions of benchmarks generated before it existed are unchanged."""
         d = asdict(self)
         d["mixed_renderer_splits"] = list(self.mixed_renderer_splits)
+        if self.hidden_users is None:
+            d.pop("hidden_users")
         return d
 
     def config_hash(self) -> str:
@@ -146,10 +189,32 @@ def benchmark_version(config: BenchmarkConfig) -> str:
 # --------------------------------------------------------------------------- users
 
 
+def _fraction_counts(config: BenchmarkConfig) -> dict[str, int]:
+    """Users per split from the fractions of ``n_users`` alone."""
+    return split_counts(config.n_users, config.fractions)
+
+
 def user_ids(config: BenchmarkConfig) -> list[str]:
-    """The base benchmark's user ids: ``u0000``, ``u0001``, ... (digits only after the ``u``)."""
-    width = max(4, len(str(config.n_users - 1)))
-    return [f"u{i:0{width}d}" for i in range(config.n_users)]
+    """The base benchmark's user ids: ``u0000``, ``u0001``, ... (digits only after the ``u``).
+
+    The first ``n_users`` are split by the fractions; with ``hidden_users``, the ids after them are
+    the users added to test, then to holdout.
+    """
+    total = sum(config.users_per_split().values())
+    width = max(4, len(str(total - 1)))
+    return [f"u{i:0{width}d}" for i in range(total)]
+
+
+def _assign(config: BenchmarkConfig, ids: list[str]) -> dict[str, str]:
+    """Split per user: the first ``n_users`` by the fractions, the added ones to test then holdout."""
+    splits = assign_splits(ids[: config.n_users], config.fractions, config.seed)
+    if config.hidden_users is not None:
+        by_fraction = _fraction_counts(config)
+        added = iter(ids[config.n_users:])
+        for split in HIDDEN_SPLITS:
+            for _ in range(config.hidden_users - by_fraction[split]):
+                splits[next(added)] = split
+    return splits
 
 
 def users_for(config: BenchmarkConfig) -> dict[str, UserRules]:
@@ -179,7 +244,7 @@ def generate_benchmark(config: BenchmarkConfig) -> list[dict[str, Any]]:
     "b" by user) and ``meta.scenario``, the facts its labels were derived from.
     """
     ids = user_ids(config)
-    splits = assign_splits(ids, config.fractions, config.seed)
+    splits = _assign(config, ids)
     renderers = _renderers(splits, config)
     version = benchmark_version(config)
     records: list[dict[str, Any]] = []

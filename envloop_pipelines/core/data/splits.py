@@ -78,6 +78,11 @@ def assign_splits(
     return assignment
 
 
+def split_counts(n: int, fractions: SplitFractions) -> dict[str, int]:
+    """How many of ``n`` groups :func:`assign_splits` puts in each split (its cut points)."""
+    return _largest_remainder_counts(n, fractions)
+
+
 def _largest_remainder_counts(n: int, fractions: SplitFractions) -> dict[str, int]:
     """Integer counts per split summing to ``n`` (Hamilton's method), every
     positive fraction getting at least one group when there are enough groups."""

@@ -30,8 +30,10 @@ def benchmark_limitations(snapshot: "TaskSnapshot") -> list[str]:
     generator = manifest.extra.get("generator")
     lines = []
     if generator:
+        hidden = (f"; test and holdout {generator['hidden_users']} users each" if generator.get("hidden_users")
+                  else "")
         lines.append(f"The benchmark is the built-in synthetic generator ({generator.get('name', 'personal_agent')}: "
-                     f"{generator.get('n_users')} users x {generator.get('records_per_user')} records, seed "
+                     f"{generator.get('n_users')} users x {generator.get('records_per_user')} records{hidden}, seed "
                      f"{generator.get('seed')}), not data from real use.")
         groups = "users"
     else:
