@@ -211,6 +211,42 @@ def test_family_and_safety_guards_decide_on_paired_cis_not_point_drops() -> None
     assert any(r.startswith("family guard: a accuracy fell 0.0900 (> its noise 0.0500; point comparison") for r in reasons)
 
 
+def test_snapshot_rows_overlapping_test_or_holdout_are_removed_base_rows_too(tmp_path: Path) -> None:
+    from envloop_pipelines.core.data.datasets import import_file
+    from envloop_pipelines.core.loop.config import LoopConfig
+    from envloop_pipelines.core.loop.results import EnvironmentSynthesis
+    from envloop_pipelines.core.loop.steps import build_training_snapshot
+    from envloop_pipelines.core.loop.synthesis import SNAPSHOT_SCHEMA
+    from envloop_pipelines.core.storage import atomic_write_parquet
+
+    from .data.test_records import good_record, write_lines
+
+    # 30 users x 2 records; each user's first record has one shared state (so the train users' copies match
+    # a test or holdout state exactly), the second a state of its own.
+    records = []
+    for u in range(30):
+        for k in range(2):
+            rec = good_record(f"r{u}-{k}", user=f"u{u}")
+            rec["state"] = "the shared state of every first ticket" if k == 0 else f"ticket {u} of user u{u}"
+            records.append(rec)
+    home = tmp_path / "home"
+    snap = import_file(write_lines(tmp_path / "d.jsonl", records), "tickets", home=home)
+    train = snap.table("train")
+    shared = sum(1 for s in train.column("state_text").to_pylist() if s.startswith("the shared"))
+    assert 0 < shared < train.num_rows
+    empty = atomic_write_parquet(tmp_path / "synth.parquet", SNAPSHOT_SCHEMA.empty_table())
+    synthesis = EnvironmentSynthesis(round="r0001", generator="g", n_rows=0, per_cluster={}, clusters=(),
+                                     path=str(empty), sha256="e")
+    kept = build_training_snapshot(LoopConfig(task="tickets", home=str(home)), synthesis)
+    assert kept.n_removed == shared and kept.n_base == train.num_rows - shared and kept.contamination["clean"]
+    assert kept.problems() == []
+    report = json.loads(Path(kept.path).with_suffix(".contamination.json").read_text())
+    assert report["removed_base_rows"] == shared and report["checked"]["n_flagged"] == shared
+    refused = build_training_snapshot(LoopConfig(task="tickets", home=str(home), contamination_policy="refuse"),
+                                      synthesis)
+    assert refused.n_removed == 0 and refused.problems() == [f"{shared} rows overlap test/holdout"]
+
+
 def hypothesis(round_key: str = "r0001", gate: Gate | None = None, **kw) -> Hypothesis:
     return Hypothesis(task="t", round=round_key, benchmark_version="t@abc", change={"kind": "data"}, predicted_delta=0.01,
                       gate=gate or Gate(), seeds=(1,), recipe_hash="h", **kw)

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from envloop_pipelines.core.data.snapshots import open_task, require_same_benchmark
 from envloop_pipelines.core.loop.config import LoopConfig, round_number
-from envloop_pipelines.core.loop.contamination import check_contamination
+from envloop_pipelines.core.loop.contamination import ContaminationReport, check_contamination
 from envloop_pipelines.core.loop.ledger import EVENT_ROUND_DECIDED, Gate, Hypothesis, Ledger, LedgerError, gate_errors
 from envloop_pipelines.core.loop.mining import FailureCluster, mine_failures_with_fallback
 from envloop_pipelines.core.loop.promotion import hypothesis_power
@@ -255,21 +255,36 @@ def register_hypothesis(config: LoopConfig, synthesis: EnvironmentSynthesis, tra
 
 
 def build_training_snapshot(config: LoopConfig, synthesis: EnvironmentSynthesis) -> TrainingSnapshot:
-    """Base train + synthesized rows as content-addressed Parquet, checked for contamination."""
+    """Base train + synthesized rows as content-addressed Parquet, checked for contamination.
+
+    Every row, base and synthesized, is checked against the test and holdout states (rule 7). Under
+    the ``remove`` policy the rows that overlap are dropped, whichever part they come from: against
+    the powered (large) hidden splits of the built-in benchmark, a few base train states share half
+    their 13-grams with some test or holdout state. Under ``refuse`` they stay, and the snapshot's
+    report blocks training. Rows are checked one by one, so the rows kept are exactly the clean ones.
+    """
     store = RoundStore(config.task, config.home)
     task = open_task(config.task, home=config.home)
     base = with_provenance(task.table("train"), json.dumps({"kind": "base", "snapshot": task.snapshot_id}))
-    synth = pq.read_table(synthesis.path)
+    synth = pq.read_table(synthesis.path).cast(SNAPSHOT_SCHEMA)
     reference = []
     for split in ("test", "holdout"):
         t = task.table(split)
-        reference += [(f"{split}/{r}", s) for r, s in zip(t.column("record_id").to_pylist(), t.column("state_text").to_pylist())]
-    synth_report = check_contamination(_states(synth), reference)
-    removed = sorted(synth_report.flagged_rows) if config.contamination_policy == "remove" else []
+        # one entry per record: a record's questions share its state
+        reference += list(dict.fromkeys((f"{split}/{r}", s) for r, s in zip(t.column("record_id").to_pylist(),
+                                                                            t.column("state_text").to_pylist())))
+    combined = pa.concat_tables([base, synth])
+    report = check_contamination(_states(combined), reference)
+    flagged = sorted(report.flagged_rows)
+    removed = flagged if config.contamination_policy == "remove" else []
     if removed:
-        synth = synth.take(pa.array([i for i in range(synth.num_rows) if i not in set(removed)], pa.int64()))
-    table = pa.concat_tables([base, synth.cast(SNAPSHOT_SCHEMA)])
-    final_report = check_contamination(_states(table), reference)
+        drop = set(removed)
+        table = combined.take(pa.array([i for i in range(combined.num_rows) if i not in drop], pa.int64()))
+        final_report = ContaminationReport(n_rows=table.num_rows, n_reference=report.n_reference,
+                                           config=dict(report.config))  # every flagged row is gone
+    else:
+        table, final_report = combined, report
+    n_removed_base = sum(1 for i in removed if i < base.num_rows)
     data = parquet_bytes(table)
     digest = sha256_bytes(data)
     sweep_stale(store.snapshots)  # temp files of a writer that was killed mid-write
@@ -277,10 +292,12 @@ def build_training_snapshot(config: LoopConfig, synthesis: EnvironmentSynthesis)
     if not path.exists():
         atomic_write_bytes(path, data)
     atomic_write_json(store.snapshots / f"{digest}.contamination.json",
-                      {"synthesized": synth_report.to_dict(), "removed_rows": removed, "final": final_report.to_dict(),
+                      {"checked": report.to_dict(), "removed_rows": removed, "removed_base_rows": n_removed_base,
+                       "removed_synthesized_rows": len(removed) - n_removed_base, "final": final_report.to_dict(),
                        "policy": config.contamination_policy}, overwrite=True)
     return TrainingSnapshot(round=synthesis.round, sha256=digest, path=str(path), n_rows=table.num_rows,
-                            n_base=base.num_rows, n_synthesized=synth.num_rows, n_removed=len(removed),
+                            n_base=base.num_rows - n_removed_base,
+                            n_synthesized=synth.num_rows - (len(removed) - n_removed_base), n_removed=len(removed),
                             contamination=final_report.to_dict(), schema_ok=table.schema.equals(SNAPSHOT_SCHEMA),
                             benchmark_version=task.benchmark_version)
 
