@@ -61,6 +61,18 @@ class AgentSpec:
         """``model@base_url``: the agent's name in tables and partition keys."""
         return f"{self.model}@{self.base_url.rstrip('/')}"
 
+    @classmethod
+    def from_label(cls, label: str, *, api_key_env: str | None = None, kind: AgentKind = "chat") -> "AgentSpec":
+        """The agent named by :attr:`label` (``model@base_url``, e.g. a Dagster partition key).
+
+        Raises:
+            ValueError: ``label`` is not ``<model>@http(s)://...``.
+        """
+        model, sep, rest = label.partition("@http")
+        if not sep or not model:
+            raise ValueError(f"an agent is named <model>@<base_url> (e.g. my-model@http://127.0.0.1:8000/v1), got {label!r}")
+        return cls("http" + rest, model, api_key_env, kind)
+
     def to_dict(self) -> dict[str, Any]:
         """What an attempt records about its agent (never the key)."""
         return {"base_url": self.base_url.rstrip("/"), "model": self.model, "kind": self.kind}
