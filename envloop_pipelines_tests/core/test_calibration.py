@@ -196,3 +196,74 @@ def test_fit_calibration_validation() -> None:
         fit_calibration([np.array([0.0, 1.0])], [0], ["noul", "noul"])
     with pytest.raises(ValueError, match="unknown keys"):
         Calibration.from_dict({"temperatures": {}, "threshold": 0.9})
+
+
+# --------------------------------------------------------------------------- safety families defer
+
+
+def test_safety_threshold_on_scores_where_the_answer_is_known() -> None:
+    from envloop_pipelines.core.model.calibration import safety_threshold
+
+    # Ten positives with P("false") 0.05 .. 0.95 and ten negatives: a 10% FNR target lets one positive
+    # (the 0.95) be answered automatically, so the threshold sits just above the second largest, 0.85.
+    pos = [0.05 + 0.1 * i for i in range(10)]
+    neg = [0.5 + 0.05 * i for i in range(10)]
+    p, positive = pos + neg, [True] * 10 + [False] * 10
+    t = safety_threshold(p, positive, 0.10)
+    assert 0.85 < t <= 0.8500001
+    fnr = sum(1 for x, y in zip(p, positive) if y and x >= t) / 10
+    assert fnr == 0.1
+    assert sum(1 for x in neg if x >= t) == 2  # the 0.9 and 0.95 negatives are automated
+    # 0%: no positive may pass; a target under one positive in ten rounds down to zero as well.
+    assert safety_threshold(p, positive, 0.0) > 0.95 and safety_threshold(p, positive, 0.09) > 0.95
+    # Ties go together: two positives at 0.9 with room for one -> both defer.
+    tied = [0.9, 0.9] + [0.1] * 8
+    assert safety_threshold(tied, [True] * 10, 0.10) > 0.9
+    assert math.isinf(safety_threshold([0.2, 0.7], [False, False], 0.1))  # nothing to fit on: defer all
+    with pytest.raises(ValueError, match="fnr_target"):
+        safety_threshold(p, positive, 1.0)
+
+
+def test_fit_calibration_fits_the_safety_family_to_its_fnr_target_on_val() -> None:
+    rng = np.random.default_rng(11)
+    n = 400
+    families = ["needs_approval" if i % 2 else "other" for i in range(n)]
+    labels = rng.integers(0, 2, n).tolist()
+    # A noisy but informative model: the logit of "true" is higher for positives.
+    logits = [np.array([1.2 * (1 if y == 0 else -1) + rng.normal(0, 1.5), 0.0]) for y in labels]
+    cal = fit_calibration(logits, labels, ["noul"] * n, families=families, safety_families=["needs_approval"],
+                          safety_fnr_target=0.10)
+    assert set(cal.safety_thresholds) == {"needs_approval"} and cal.safety_fnr_target == 0.10
+    t = cal.safety_thresholds["needs_approval"]
+    probs = cal.apply_all(logits, ["noul"] * n)
+    rows = [i for i in range(n) if families[i] == "needs_approval"]
+    pos = [i for i in rows if labels[i] == 0]
+    p_false = np.array([probs[i][1] for i in pos])
+    assert (p_false >= t).sum() / len(pos) <= 0.10  # the target holds on val ...
+    below = p_false[p_false < t].max()
+    assert (p_false >= below).sum() / len(pos) > 0.10  # ... and the next lower threshold would break it
+    # argmax alone would miss far more positives: that is what deferral buys
+    assert (p_false > 0.5).mean() > 0.2
+    # stored with the calibration: JSON round trip, +inf as null, old calibrations unchanged
+    again = Calibration.from_dict(json.loads(json.dumps(cal.to_dict())))
+    assert again == cal
+    inf = Calibration(safety_thresholds={"needs_approval": math.inf})
+    assert inf.to_dict()["safety_thresholds"] == {"needs_approval": None}
+    assert Calibration.from_dict(inf.to_dict()) == inf
+    assert set(Calibration().to_dict()) == {"temperatures", "automation_threshold", "error_budget"}
+    with pytest.raises(ValueError, match="must hold only noul"):
+        fit_calibration([np.zeros(3), np.zeros(2)], [0, 0], ["choice", "noul"], families=["needs_approval"] * 2,
+                        safety_families=["needs_approval"])
+    with pytest.raises(ValueError, match="families"):
+        fit_calibration(logits, labels, ["noul"] * n, safety_families=["needs_approval"])
+
+
+def test_a_safety_question_defers_below_its_threshold() -> None:
+    cal = Calibration(automation_threshold=0.6, safety_thresholds={"needs_approval": 0.9})
+    assert cal.deferral([0.05, 0.95], "needs_approval") is None  # confidently "no approval needed"
+    reason = cal.deferral([0.2, 0.8], "needs_approval")
+    assert reason is not None and reason.startswith("safety: P(false) 0.8000 for needs_approval is below its threshold 0.9000")
+    assert cal.deferral([0.95, 0.05], "needs_approval").startswith("safety:")  # "approval needed": a person decides
+    assert cal.deferral([0.2, 0.8], "other") is None  # not a safety family: the general threshold only
+    assert cal.deferral([0.45, 0.55], "other").startswith("confidence 0.5500 is under the automation threshold")
+    assert Calibration(safety_thresholds={"needs_approval": math.inf}).deferral([0.0, 1.0], "needs_approval")

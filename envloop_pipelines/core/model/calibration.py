@@ -9,6 +9,16 @@ the one that keeps the val error rate of the automated questions within the
 error budget (``metrics.threshold_for_error_budget``, after temperature
 scaling). ``+inf`` means no threshold meets the budget: automate nothing.
 
+A declared **safety family** (a noul question whose missed "true" is costly,
+such as ``needs_approval``) gets its own threshold, fitted on val to a
+false-negative-rate target (default 0.10): the model answers such a question
+automatically only when its calibrated P("false") — "no approval needed" —
+is at least the family's ``safety_thresholds`` value, the smallest value at
+which the val positives answered automatically as "false" are at most the
+target share of all val positives (:func:`safety_threshold`). Below it the
+answer defers to a person. ``+inf`` (no val positive to fit on, or no
+threshold meets the target) defers every question of the family.
+
 Pure numpy + scipy: no Dagster, no torch.
 """
 
@@ -27,6 +37,11 @@ QUESTION_TYPES = metrics.QUESTION_TYPES
 #: Search range of the temperature: wide enough for any sane model, bounded so
 #: that perfectly separable val data cannot send T to 0.
 TEMPERATURE_BOUNDS: tuple[float, float] = (0.05, 20.0)
+#: The val false-negative rate a safety family's automation threshold is fitted to.
+DEFAULT_SAFETY_FNR_TARGET = 0.10
+#: The noul option whose probability a safety threshold reads: "false" (no approval needed), the
+#: answer that would skip a person. ``metrics.NOUL_POSITIVE_INDEX`` (0, "true") is the positive.
+NOUL_NEGATIVE_INDEX = 1
 
 
 def softmax(logits: np.ndarray | Sequence[float], temperature: float = 1.0) -> np.ndarray:
@@ -131,6 +146,41 @@ def fit_temperature(
     return float(min(max(math.exp(result.x), low), high))
 
 
+def safety_threshold(p_negative: Sequence[float], positive: Sequence[bool],
+                     fnr_target: float = DEFAULT_SAFETY_FNR_TARGET) -> float:
+    """The smallest automation threshold on P("false") that keeps the false-negative rate within ``fnr_target``.
+
+    A question is answered automatically as "false" only when ``p_negative >= threshold``; the rest
+    defer to a person. A false negative is then a positive (true answer "true") answered
+    automatically, so ``FNR(t) = #{positives with p_negative >= t} / #positives``, which falls as
+    ``t`` rises. The threshold is chosen just above the ``k``-th largest ``p_negative`` among the
+    positives, ``k = floor(fnr_target · #positives)``, so that at most ``k`` positives clear it;
+    questions with exactly equal ``p_negative`` are kept or deferred together (tie-aware).
+
+    Args:
+        p_negative: calibrated P("false") per question of the family.
+        positive: whether each question's true answer is "true".
+        fnr_target: the largest acceptable FNR, in [0, 1).
+
+    Returns:
+        The threshold in (0, 1], or ``+inf`` when there is no positive to fit on (defer everything).
+    """
+    if not 0.0 <= fnr_target < 1.0:
+        raise ValueError(f"fnr_target must be in [0, 1), got {fnr_target}")
+    p = np.asarray(p_negative, dtype=np.float64)
+    pos = np.asarray(positive, dtype=bool)
+    if p.shape != pos.shape or p.ndim != 1:
+        raise ValueError(f"length mismatch: {p.size} probabilities but {pos.size} positive flags")
+    if not np.all(np.isfinite(p)) or np.any(p < 0) or np.any(p > 1):
+        raise ValueError("p_negative must be probabilities in [0, 1]")
+    scores = np.sort(p[pos])[::-1]  # positives, most confidently "false" first
+    if scores.size == 0:
+        return math.inf
+    k = int(math.floor(fnr_target * scores.size + 1e-12))  # positives allowed through
+    # Just above the (k+1)-th largest: the k largest (and no tie of the (k+1)-th) clear it.
+    return float(np.nextafter(scores[k], math.inf))
+
+
 @dataclass(frozen=True)
 class Calibration:
     """Per-question-type temperatures and the automation threshold, fitted on val.
@@ -141,11 +191,17 @@ class Calibration:
         automation_threshold: Automate a decision when its calibrated
             confidence (max probability) is ``>=`` this; ``+inf`` automates nothing.
         error_budget: The val error rate the threshold was fitted for.
+        safety_thresholds: Per declared safety family, the least calibrated P("false") at which
+            one of its questions is answered automatically (:func:`safety_threshold`); ``+inf``
+            defers all of them. Empty when no safety family was declared.
+        safety_fnr_target: The val false-negative rate the safety thresholds were fitted for.
     """
 
     temperatures: Mapping[str, float] = field(default_factory=dict)
     automation_threshold: float = math.inf
     error_budget: float = metrics.DEFAULT_ERROR_BUDGET
+    safety_thresholds: Mapping[str, float] = field(default_factory=dict)
+    safety_fnr_target: float = DEFAULT_SAFETY_FNR_TARGET
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.temperatures) - set(QUESTION_TYPES))
@@ -164,6 +220,15 @@ class Calibration:
         object.__setattr__(self, "automation_threshold", threshold)
         if not 0.0 <= self.error_budget <= 1.0:
             raise ValueError(f"error_budget must be in [0, 1], got {self.error_budget}")
+        safety: dict[str, float] = {}
+        for family, value in self.safety_thresholds.items():
+            t = float(value)
+            if math.isnan(t) or t < 0:
+                raise ValueError(f"safety_thresholds[{family!r}] must be a probability or +inf, got {value}")
+            safety[str(family)] = t
+        object.__setattr__(self, "safety_thresholds", safety)
+        if not 0.0 <= self.safety_fnr_target < 1.0:
+            raise ValueError(f"safety_fnr_target must be in [0, 1), got {self.safety_fnr_target}")
 
     def temperature(self, qtype: str) -> float:
         """Temperature of ``qtype``."""
@@ -185,28 +250,63 @@ class Calibration:
         """Whether a calibrated probability vector is confident enough to automate."""
         return bool(np.max(np.asarray(probs, dtype=np.float64)) >= self.automation_threshold)
 
+    def deferral(self, probs: np.ndarray | Sequence[float], family: str | None = None) -> str | None:
+        """Why an answer defers to a person, or ``None`` when it may be acted on automatically.
+
+        A question of a safety family defers unless its calibrated P("false") reaches the family's
+        threshold; any question defers when its top probability is under the automation threshold.
+        """
+        p = np.asarray(probs, dtype=np.float64)
+        if family is not None and family in self.safety_thresholds:
+            t = self.safety_thresholds[family]
+            if p.size != 2:
+                raise ValueError(f"safety family {family!r} must be a noul question (2 options), got {p.size}")
+            if not p[NOUL_NEGATIVE_INDEX] >= t:
+                bar = "no threshold met the target on val" if math.isinf(t) else f"below its threshold {t:.4f}"
+                return (f"safety: P(false) {p[NOUL_NEGATIVE_INDEX]:.4f} for {family} is {bar} "
+                        f"(fitted on val for a false-negative rate of at most {self.safety_fnr_target:g})")
+        if not float(np.max(p)) >= self.automation_threshold:
+            bar = ("no threshold meets the error budget" if math.isinf(self.automation_threshold)
+                   else f"under the automation threshold {self.automation_threshold:.4f}")
+            return f"confidence {float(np.max(p)):.4f} is {bar} (error budget {self.error_budget:g} on val)"
+        return None
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe form; an infinite threshold is written as ``null`` (strict JSON has no Infinity)."""
+        """JSON-safe form; an infinite threshold is written as ``null`` (strict JSON has no Infinity).
+
+        The safety keys are written only when a safety family was declared, so a calibration without
+        one serialises (and hashes, inside a checkpoint) as before they existed.
+        """
         threshold = self.automation_threshold
-        return {
+        out: dict[str, Any] = {
             "temperatures": dict(self.temperatures),
             "automation_threshold": None if math.isinf(threshold) else threshold,
             "error_budget": self.error_budget,
         }
+        if self.safety_thresholds:
+            out["safety_thresholds"] = {f: None if math.isinf(t) else t for f, t in self.safety_thresholds.items()}
+            out["safety_fnr_target"] = self.safety_fnr_target
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Calibration":
         """Inverse of :meth:`to_dict` (``null`` threshold → ``+inf``)."""
-        unknown = sorted(set(data) - {"temperatures", "automation_threshold", "error_budget"})
+        unknown = sorted(set(data) - {"temperatures", "automation_threshold", "error_budget", "safety_thresholds",
+                                      "safety_fnr_target"})
         if unknown:
             raise ValueError(f"calibration: unknown keys {unknown!r}")
         if "temperatures" not in data or not isinstance(data["temperatures"], Mapping):
             raise ValueError("calibration: 'temperatures' must be a mapping of question type to temperature")
         threshold = data.get("automation_threshold")
+        safety = data.get("safety_thresholds") or {}
+        if not isinstance(safety, Mapping):
+            raise ValueError("calibration: 'safety_thresholds' must be a mapping of family to threshold")
         return cls(
             temperatures={str(k): float(v) for k, v in data["temperatures"].items()},
             automation_threshold=math.inf if threshold is None else float(threshold),
             error_budget=float(data.get("error_budget", metrics.DEFAULT_ERROR_BUDGET)),
+            safety_thresholds={str(f): math.inf if t is None else float(t) for f, t in safety.items()},
+            safety_fnr_target=float(data.get("safety_fnr_target", DEFAULT_SAFETY_FNR_TARGET)),
         )
 
 
@@ -216,6 +316,10 @@ def fit_calibration(
     qtypes: Sequence[str],
     soft_labels: Sequence[np.ndarray | None] | None = None,
     error_budget: float = metrics.DEFAULT_ERROR_BUDGET,
+    *,
+    families: Sequence[str] | None = None,
+    safety_families: Sequence[str] = (),
+    safety_fnr_target: float = DEFAULT_SAFETY_FNR_TARGET,
 ) -> Calibration:
     """Fit one temperature per question type, then the automation threshold, on val.
 
@@ -226,9 +330,15 @@ def fit_calibration(
         soft_labels: Optional soft targets (they count in the temperature fit,
             not in the threshold).
         error_budget: Largest acceptable val error rate among automated questions.
+        families: Family per question (needed when ``safety_families`` are declared).
+        safety_families: Declared safety families: each present in val gets a threshold on its
+            calibrated P("false") for ``safety_fnr_target`` (:func:`safety_threshold`). Their
+            questions must be noul.
+        safety_fnr_target: The val false-negative rate the safety thresholds are fitted for.
 
     Returns:
-        A :class:`Calibration`; a type absent from val keeps temperature 1.0.
+        A :class:`Calibration`; a type absent from val keeps temperature 1.0, a safety family absent
+        from val gets no threshold.
     """
     n = len(logits)
     if n == 0:
@@ -254,7 +364,26 @@ def fit_calibration(
     scaled = Calibration(temperatures=temperatures, error_budget=error_budget)
     probs = scaled.apply_all(logits, qtypes)
     threshold = metrics.threshold_for_error_budget(probs, labels, soft_labels, budget=error_budget)
-    return Calibration(temperatures=temperatures, automation_threshold=threshold, error_budget=error_budget)
+    safety: dict[str, float] = {}
+    if safety_families:
+        if isinstance(safety_families, str):
+            raise ValueError(f"safety_families must be a sequence of family names, got the string {safety_families!r}")
+        if families is None or len(families) != n:
+            raise ValueError("families (one per question) are required to fit safety thresholds")
+        for family in safety_families:
+            rows = [i for i, f in enumerate(families) if f == family
+                    and (soft_labels is None or soft_labels[i] is None)]
+            if not rows:
+                continue
+            kinds = sorted({qtypes[i] for i in rows} - {"noul"})
+            if kinds:
+                raise ValueError(f"safety family {family!r} must hold only noul questions, found {kinds!r}")
+            safety[family] = safety_threshold([float(probs[i][NOUL_NEGATIVE_INDEX]) for i in rows],
+                                              [labels[i] == metrics.NOUL_POSITIVE_INDEX for i in rows],
+                                              safety_fnr_target)
+    return Calibration(temperatures=temperatures, automation_threshold=threshold, error_budget=error_budget,
+                       safety_thresholds=safety, safety_fnr_target=safety_fnr_target)
 
 
-__all__ = ["Calibration", "TEMPERATURE_BOUNDS", "fit_calibration", "fit_temperature", "softmax"]
+__all__ = ["Calibration", "DEFAULT_SAFETY_FNR_TARGET", "NOUL_NEGATIVE_INDEX", "TEMPERATURE_BOUNDS", "fit_calibration",
+           "fit_temperature", "safety_threshold", "softmax"]
