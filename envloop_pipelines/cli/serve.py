@@ -26,6 +26,12 @@ def _release(value: str | None) -> int | str | None:
 @click.option("--release", "release", default=None, metavar="N|champion",
               help="Serve release N of --task, or its champion (the latest release). Default with --task: champion.")
 @click.option("--task", default=None, help="The task whose release chain --release reads.")
+@click.option("--policy", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="Serve a policy checkpoint (a causal LM's LoRA from an RL round) on the OpenAI chat with tool calls.")
+@click.option("--base-model", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="With --policy: the base model directory (default: its recipe's). Alone: serve this causal LM as is.")
+@click.option("--max-tokens", type=int, default=512, show_default=True,
+              help="Policy serving: the most tokens one completion generates (larger requests are clamped).")
 @click.option("--home", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="EnvLoop home (default: $ENVLOOP_HOME or ./.envloop).")
 @click.option("--model-id", default=None, help="Versioned model id to answer with (default: envloop-<task>-r<NNNN>).")
@@ -54,11 +60,23 @@ def _release(value: str | None) -> int | str | None:
               help="On SIGTERM, seconds in-flight requests may take to finish.")
 @click.option("--threads", type=int, default=None, help="torch threads (default: torch's).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info", show_default=True)
-def serve(checkpoint: Path | None, release: str | None, task: str | None, home: Path | None, model_id: str | None,
+def serve(checkpoint: Path | None, release: str | None, task: str | None, policy: Path | None, base_model: Path | None,
+          max_tokens: int, home: Path | None, model_id: str | None,
           host: str, port: int, port_file: Path | None, keys_file: Path | None, auth_off: bool, idle_timeout: float,
           lazy: bool, max_batch: int, forward_batch: int | None, max_wait_ms: float, no_batching: bool, max_queue: int, max_inflight_per_key: int,
           max_body_bytes: int, max_questions: int, request_timeout: float, graceful_timeout: float, threads: int | None, log_level: str) -> None:
-    """Serve a checkpoint or a release: POST /v1/systemone, /v1/chat/completions, GET /v1/models, /health, /metrics."""
+    """Serve a checkpoint or a release: POST /v1/systemone, /v1/chat/completions, GET /v1/models, /health, /metrics.
+
+    With --policy DIR (or --base-model DIR): a causal LM (+ LoRA) on POST /v1/chat/completions with tool calls.
+    """
+    if policy is not None or base_model is not None:
+        if checkpoint is not None or release is not None or task is not None:
+            raise click.UsageError("--policy/--base-model serve a causal LM; --checkpoint/--release/--task a decision model")
+        _serve_policy(policy, base_model, model_id=model_id, keys_file=keys_file, auth_off=auth_off, host=host, port=port,
+                      port_file=port_file, max_tokens=max_tokens, max_body_bytes=max_body_bytes,
+                      request_timeout=request_timeout, graceful_timeout=graceful_timeout, threads=threads,
+                      log_level=log_level)
+        return
     from envloop_pipelines.core.serve.server import run
     from envloop_pipelines.core.serve.settings import (
         SettingsError,
@@ -103,6 +121,23 @@ def serve(checkpoint: Path | None, release: str | None, task: str | None, home: 
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
     run(settings)
+
+
+def _serve_policy(policy: Path | None, base_model: Path | None, *, model_id: str | None, keys_file: Path | None,
+                  auth_off: bool, host: str, port: int, port_file: Path | None, max_tokens: int, max_body_bytes: int,
+                  request_timeout: float, graceful_timeout: float, threads: int | None, log_level: str) -> None:
+    from envloop_pipelines.core.serve.generation import policy_settings, run_policy
+    from envloop_pipelines.core.serve.settings import load_api_keys
+
+    try:
+        settings = policy_settings(policy, base_model=base_model, model_id=model_id, api_keys=load_api_keys(keys_file),
+                                   auth_off=auth_off, host=host, port=port, port_file=port_file, max_tokens=max_tokens,
+                                   max_body_bytes=max_body_bytes, request_timeout_s=request_timeout,
+                                   graceful_shutdown_s=graceful_timeout, torch_threads=threads, log_level=log_level)
+    except (ValueError, FileNotFoundError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    run_policy(settings)
 
 
 if __name__ == "__main__":  # pragma: no cover - ``python -m envloop_pipelines.cli.serve``

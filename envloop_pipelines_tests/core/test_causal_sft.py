@@ -44,12 +44,14 @@ BASH_TOOL = {"type": "function", "function": {"name": "bash", "description": "Ru
                                                              "required": ["command"]}}}
 
 
-def tiny_chat_lm(path: Path, texts: list[str], *, seed: int = 0) -> Path:
+def tiny_chat_lm(path: Path, texts: list[str], *, seed: int = 0, whole_tokens: tuple[str, ...] = ()) -> Path:
     """A randomly initialised 2-layer Qwen2 (hidden 32) with a byte-level BPE trained on ``texts``; no chat template.
 
     ``<|im_start|>`` and ``<|im_end|>`` are special tokens (one id each), as in Qwen's vocabulary.
+    ``whole_tokens`` are added as one (non-special) token each: a model this small learns to emit a
+    whole tool call reliably only when it is a single token.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
     tok = Tokenizer(models.BPE())
@@ -58,6 +60,8 @@ def tiny_chat_lm(path: Path, texts: list[str], *, seed: int = 0) -> Path:
     trainer = trainers.BpeTrainer(vocab_size=800, special_tokens=SPECIAL_TOKENS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
+    if whole_tokens:
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in whole_tokens])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|pad|>",
                                    additional_special_tokens=["<|im_start|>", "<|im_end|>"])
     torch.manual_seed(seed)
