@@ -38,6 +38,7 @@ model's context (400 ``context_length_exceeded``), a missing or wrong key
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -46,7 +47,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Iterator, Literal, Mapping, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -323,8 +324,6 @@ def create_policy_app(settings: PolicySettings, *, generator: PolicyGenerator | 
     authenticate = _Auth(settings)  # type: ignore[arg-type]  # reads auth_off and api_keys only
     state: dict[str, Any] = {"generator": generator}
 
-    import contextlib
-
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):  # noqa: ANN202 - an async generator context
         if state["generator"] is None:
@@ -441,5 +440,35 @@ def run_policy(settings: PolicySettings) -> None:
     server.run(sockets=[sock])
 
 
+@contextlib.contextmanager
+def serving_policy(settings: PolicySettings, *, startup_timeout_s: float = 120.0) -> Iterator[str]:
+    """Serve ``settings`` from a thread of this process (the same app and HTTP as ``envloop serve --policy``).
+
+    Yields the OpenAI base URL (``http://host:port/v1``) once the model is loaded; stops the server on exit.
+    For a round that samples and re-evaluates with a local policy without starting another Python process.
+    """
+    import uvicorn
+
+    from envloop_pipelines.core.serve.server import bind_socket
+
+    app = create_policy_app(settings)
+    sock = bind_socket(settings.host, settings.port)
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"policy-{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + startup_timeout_s
+    try:
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the policy server {settings.model_id} did not start (see the log above)")
+            time.sleep(0.02)
+        yield f"http://{settings.host}:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+
+
 __all__ = ["ContextTooLong", "Generation", "PolicyChatRequest", "PolicyGenerator", "PolicySettings",
-           "create_policy_app", "parse_tool_calls", "policy_settings", "run_policy"]
+           "create_policy_app", "parse_tool_calls", "policy_settings", "run_policy", "serving_policy"]

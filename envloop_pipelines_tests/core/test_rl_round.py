@@ -1,0 +1,276 @@
+"""RL from verified attempts as a round: the SFT snapshot, and a whole round on CPU.
+
+The end-to-end round runs on six shell environments (four to train on, two held
+out): a scripted solver behind a real OpenAI-compatible server samples the
+training attempts, the verified ones become the SFT snapshot, a tiny Qwen2
+(hidden 32, 2 layers) is LoRA-trained on it, the trained policy and the base
+are served by ``envloop serve``'s policy app and re-evaluated on the held-out
+environments through the agent runner, two null arms measure the floor, and
+the registered gate decides. A random tiny model passes nothing, so the
+decision is a rejection: recorded in the ledger and in MLflow with its numbers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import pytest
+
+from envloop_pipelines.core.agents.attempts import Attempt
+from envloop_pipelines.core.environments.shell import shell_spec
+from envloop_pipelines.core.environments.spec import EnvironmentSpec, VerifierSpec
+from envloop_pipelines.core.loop.ledger import Ledger
+from envloop_pipelines.core.loop.sft_snapshot import (
+    ContaminatedSnapshotError,
+    build_sft_snapshot,
+    environment_text,
+    read_sft_rows,
+)
+from envloop_pipelines.core.storage import canonical_json, sha256_bytes
+from envloop_pipelines_tests.core.test_causal_sft import BASH_TOOL, LORA, call, corpus, tiny_chat_lm
+from envloop_pipelines_tests.core.test_model_data import limit_threads_under_xdist
+
+limit_threads_under_xdist()
+
+
+def shell_env(seed: int, split: str) -> EnvironmentSpec:
+    s = shell_spec(seed)
+    return EnvironmentSpec(id=f"shell/{seed:04d}", kind="terminal", instruction=s.prompt, files=dict(s.files),
+                           verifier=VerifierSpec("terminal", dict(s.check_params)), seed=seed, split=split,
+                           meta={"family": s.family})
+
+
+@dataclass(frozen=True)
+class EnvDataset:
+    """An environment dataset as the runner reads one: name, version, environments."""
+
+    name: str
+    environments: tuple[EnvironmentSpec, ...]
+
+    @property
+    def version(self) -> str:
+        return sha256_bytes(canonical_json([e.fingerprint() for e in self.environments]))[:16]
+
+
+def dataset(train: Sequence[int], heldout: Sequence[int]) -> EnvDataset:
+    return EnvDataset("shell-rl", tuple([shell_env(s, "train") for s in train] + [shell_env(s, "heldout") for s in heldout]))
+
+
+def attempt(env: EnvironmentSpec, n: int, *, passed: bool, command: str = "ls") -> Attempt:
+    """An attempt in the runner's chat format (system, user, a bash call, its result, a last word)."""
+    messages = [{"role": "system", "content": "You are an agent in a Linux sandbox."},
+                {"role": "user", "content": env.instruction},
+                {"role": "assistant", "content": None, "tool_calls": [call(0, command)]},
+                {"role": "tool", "tool_call_id": "call_0", "content": "exit_code: 0\nstdout:\n\nstderr:\n"},
+                {"role": "assistant", "content": "Done."}]
+    return Attempt(dataset="shell-rl", dataset_version="v1", environment_id=env.id, split=env.split, seed=env.seed,
+                   attempt=n, sampling_seed=100 + n, agent={"base_url": "http://x/v1", "model": "m", "kind": "chat"},
+                   messages=messages, tools=[BASH_TOOL], passed=passed, status="passed" if passed else "failed")
+
+
+def texts(ds: EnvDataset, split: str) -> dict[str, str]:
+    return {e.id: environment_text(e) for e in ds.environments if e.split == split}
+
+
+# --------------------------------------------------------------------------- the SFT snapshot
+
+
+def test_the_snapshot_keeps_verified_attempts_with_their_provenance(tmp_path: Path) -> None:
+    ds = dataset([0, 1, 2], [10])
+    train = [e for e in ds.environments if e.split == "train"]
+    attempts = [attempt(train[0], 0, passed=True), attempt(train[0], 1, passed=False), attempt(train[1], 0, passed=True),
+                attempt(train[2], 0, passed=False)]
+    snap = build_sft_snapshot(attempts, train_texts=texts(ds, "train"), heldout_texts=texts(ds, "heldout"), root=tmp_path)
+    assert (snap.n_attempts, snap.n_passed, snap.n_rows, snap.n_removed) == (4, 2, 2, 0)
+    rows = read_sft_rows(snap.path)
+    assert [r["id"] for r in rows] == [f"{train[0].id}#0", f"{train[1].id}#0"]
+    for row, a in zip(rows, [attempts[0], attempts[2]]):
+        assert row["messages"] == [dict(m) for m in a.messages] and row["tools"] == [BASH_TOOL]
+        assert row["provenance"] == {"dataset": "shell-rl", "dataset_version": "v1", "environment_id": a.environment_id,
+                                     "split": "train", "seed": a.seed, "attempt": a.attempt, "sampling_seed": a.sampling_seed,
+                                     "agent": dict(a.agent), "transcript_sha256": a.transcript_sha256()}
+    # Content-addressed: the same attempts in another order give the same snapshot; the folder is its rows' hash.
+    again = build_sft_snapshot(list(reversed(attempts)), train_texts=texts(ds, "train"), heldout_texts=texts(ds, "heldout"),
+                               root=tmp_path)
+    assert again.sha256 == snap.sha256 == Path(snap.path).name
+    manifest = json.loads((Path(snap.path) / "manifest.json").read_text())
+    assert manifest["n_rows"] == 2 and manifest["datasets"] == ["shell-rl@v1"] and snap.contamination["clean"]
+
+
+def test_rows_that_touch_the_held_out_environments_are_removed_or_refused(tmp_path: Path) -> None:
+    ds = dataset([0, 1], [10])
+    train = [e for e in ds.environments if e.split == "train"]
+    held = next(e for e in ds.environments if e.split == "heldout")
+    # A training environment that is a copy of the held-out one under another id (its text is the same).
+    twin = EnvironmentSpec(id="shell/twin", kind="terminal", instruction=held.instruction, files=dict(held.files),
+                           verifier=held.verifier, seed=held.seed, split="train")
+    attempts = [attempt(train[0], 0, passed=True), attempt(held, 0, passed=True), attempt(twin, 0, passed=True)]
+    train_texts = {**texts(ds, "train"), twin.id: environment_text(twin)}
+    snap = build_sft_snapshot(attempts, train_texts=train_texts, heldout_texts=texts(ds, "heldout"), root=tmp_path)
+    assert (snap.n_passed, snap.n_rows, snap.n_removed) == (3, 1, 2)
+    assert [r["id"] for r in snap.rows()] == [f"{train[0].id}#0"]
+    flagged = {f["id"]: f for f in snap.contamination["flagged"]}
+    assert set(flagged) == {f"{held.id}#0", "shell/twin#0"} and snap.contamination["removed"] == sorted(flagged)
+    assert "the environment is held out" in flagged[f"{held.id}#0"]["reasons"]
+    assert flagged["shell/twin#0"]["test"] == "exact" and flagged["shell/twin#0"]["reasons"][0]["matches"] == held.id
+    with pytest.raises(ContaminatedSnapshotError, match="2 of 3 SFT rows overlap"):
+        build_sft_snapshot(attempts, train_texts=train_texts, heldout_texts=texts(ds, "heldout"), root=tmp_path / "r",
+                           policy="refuse")
+
+
+def test_a_tampered_snapshot_is_refused(tmp_path: Path) -> None:
+    ds = dataset([0], [10])
+    train = ds.environments[0]
+    snap = build_sft_snapshot([attempt(train, 0, passed=True)], train_texts=texts(ds, "train"),
+                              heldout_texts=texts(ds, "heldout"), root=tmp_path)
+    rows_file = Path(snap.path) / "rows.jsonl"
+    rows_file.chmod(0o644)
+    rows_file.write_text(rows_file.read_text().replace("Done.", "Done!"))
+    with pytest.raises(ValueError, match="does not match the snapshot"):
+        read_sft_rows(snap.path)
+
+
+# --------------------------------------------------------------------------- a whole round
+
+
+def round_lm(path: Path, ds: EnvDataset) -> Path:
+    """A tiny chat LM whose tokenizer was trained on shell transcripts like the ones the round samples."""
+    from envloop_pipelines_tests.core.agents.scripted import solution
+
+    rows = [{"messages": [{"role": "system", "content": "You are an agent in a Linux sandbox with no network."},
+                          {"role": "user", "content": e.instruction},
+                          {"role": "assistant", "content": None, "tool_calls": [call(0, solution(e.instruction))]},
+                          {"role": "tool", "tool_call_id": "call_0", "content": "exit_code: 0\nstdout:\n\nstderr:\n"},
+                          {"role": "assistant", "content": "Done."}], "tools": [BASH_TOOL]} for e in ds.environments]
+    return tiny_chat_lm(path, corpus(rows))
+
+
+@pytest.fixture(scope="module")
+def round_setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from envloop_pipelines.core.agents.runner import AttemptLimits
+    from envloop_pipelines.core.loop.rl_round import RlRoundConfig
+    from envloop_pipelines.core.model.causal_sft import CausalSftRecipe
+
+    ds = dataset([0, 1, 2, 3], [10, 11])
+    home = tmp_path_factory.mktemp("rl-home")
+    lm = round_lm(tmp_path_factory.mktemp("rl-lm") / "tiny-policy", ds)
+    recipe = CausalSftRecipe(base_model=str(lm), max_length=1536, lora=LORA, lr=2e-2, epochs=2, batch_size=4,
+                             warmup_ratio=0.0, lr_scheduler="constant_with_warmup")
+    config = RlRoundConfig(task="shell-rl", recipe=recipe, attempts=2, eval_attempts=2, noise_arms=2,
+                           limits=AttemptLimits(max_turns=2, max_tokens=64, wall_s=60.0), max_tokens=12, workers=2,
+                           home=str(home))
+    return {"dataset": ds, "home": home, "config": config}
+
+
+def test_an_rl_round_runs_end_to_end_and_the_gate_rejects_a_policy_that_passes_nothing(round_setup: dict[str, Any]) -> None:
+    import time
+
+    from envloop_pipelines.core.agents.client import AgentSpec
+    from envloop_pipelines.core.loop.rl_round import run_rl_round
+    from envloop_pipelines.core.tracking import MlflowTracker
+    from envloop_pipelines_tests.core.agents.scripted import scripted_server
+
+    ds, home, config = round_setup["dataset"], round_setup["home"], round_setup["config"]
+    tracker = MlflowTracker(home=home)
+    t0 = time.monotonic()
+    with scripted_server() as server:
+        result = run_rl_round(config, ds, tracker, sampler=AgentSpec(server.url, "solver-p0.75"))
+    elapsed = time.monotonic() - t0
+
+    # Sampling: 4 training environments x 2 attempts by the solver; the verified ones are the snapshot.
+    snap = result.snapshot
+    assert snap["n_attempts"] == 8 and 1 <= snap["n_passed"] <= 8 and snap["n_rows"] == snap["n_passed"]
+    assert snap["contamination"]["clean"]
+    rows = read_sft_rows(snap["path"])
+    assert all(r["provenance"]["split"] == "train" and r["provenance"]["dataset_version"] == ds.version for r in rows)
+    sampled = {(a["environment_id"], a["attempt"]): a for a in map(json.loads, (
+        home / "loops" / "shell-rl" / "rounds" / result.round / "sampled_attempts" / "attempts.jsonl").read_text().splitlines())}
+    for row in rows:  # each row is its attempt's transcript, verbatim
+        source = sampled[(row["provenance"]["environment_id"], row["provenance"]["attempt"])]
+        assert source["passed"] and row["messages"] == source["messages"]
+        assert row["provenance"]["transcript_sha256"] == sha256_bytes(canonical_json(source["messages"]))
+
+    # Training happened: the candidate's loss fell on the verified transcripts.
+    assert result.candidate["last_loss"] < result.candidate["first_loss"]
+    # Re-evaluation: aggregates only; a random 32-wide LM solves no shell task, trained or not.
+    comp = result.comparison
+    assert comp["candidate"]["pass_at_1"] == 0.0 and comp["parent"]["pass_at_1"] == 0.0
+    assert comp["candidate"]["n_environments"] == 2 and comp["candidate"]["n_attempts"] == 4
+    assert set(comp) == {"candidate", "parent", "delta", "attempts_per_environment"}
+    assert comp["delta"] == {"delta": 0.0, "ci_low": 0.0, "ci_high": 0.0, "confidence_level": 0.95, "n_environments": 2}
+    # The gate: an honest rejection, for the reasons the registered gate gives.
+    assert not result.promoted and result.release is None
+    assert any("does not exceed the bar" in r for r in result.reasons)
+    assert any("CI lower end +0.0000 is not above zero" in r for r in result.reasons)
+    assert len(result.noise_floor["values"]) == 2 and result.noise_floor["floor"] == 0.0
+
+    ledger = Ledger("shell-rl", home)
+    kinds = [e["kind"] for e in ledger.events()]
+    assert kinds == ["hypothesis_registered", "lora_checkpoint_trained", "null_arm", "null_arm", "candidate_rejected",
+                     "hypothesis_refuted", "round_decided"]
+    rejected = next(ledger.events("candidate_rejected"))
+    assert rejected["reasons"] == list(result.reasons) and rejected["checkpoint_sha256"] == result.candidate["checkpoint_sha256"]
+    assert rejected["delta"]["delta"] == 0.0 and rejected["sft_snapshot"] == snap["sha256"]
+    hyp = ledger.require_hypothesis(result.round)
+    assert hyp.change["kind"] == "rl_from_verified_attempts" and hyp.gate.primary_metric == "pass_at_1"
+    assert hyp.change["sampler"]["model"] == "solver-p0.75" and hyp.hash == result.hypothesis_hash
+    assert not ledger.releases()
+
+    # MLflow: the round and its steps, under the loop's run kinds.
+    from envloop_pipelines.core.tracking import KIND_HYPOTHESIS, KIND_NOISE_FLOOR, KIND_NULL_ARM, KIND_REEVAL, KIND_ROUND, KIND_TRAINING, TAG_KIND
+
+    client = tracker.client
+    exp = client.get_experiment_by_name("shell-rl")
+    runs = client.search_runs([exp.experiment_id], max_results=50)
+    by_kind: dict[str, list[Any]] = {}
+    for r in runs:
+        by_kind.setdefault(r.data.tags[TAG_KIND], []).append(r)
+    assert {k: len(v) for k, v in by_kind.items()} == {KIND_ROUND: 1, KIND_HYPOTHESIS: 1, KIND_TRAINING: 1,
+                                                        KIND_NOISE_FLOOR: 1, KIND_NULL_ARM: 2, KIND_REEVAL: 1}
+    round_metrics = by_kind[KIND_ROUND][0].data.metrics
+    assert round_metrics["delta.pass_at_1"] == 0.0 and round_metrics["verified_attempts"] == snap["n_passed"]
+    assert by_kind[KIND_REEVAL][0].data.metrics["candidate.pass_at_1"] == 0.0
+    assert by_kind[KIND_ROUND][0].info.status == "FINISHED"
+
+    # Decided once: a retry returns the stored decision without sampling again.
+    assert run_rl_round(config, ds, tracker, key=result.round) == result
+    print(f"RL round on CPU: {elapsed:.1f} s ({result.seconds})")
+    assert elapsed < 120
+
+
+def test_a_round_whose_policy_passes_nothing_has_nothing_to_train_on(round_setup: dict[str, Any], tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from envloop_pipelines.core.agents.runner import AttemptLimits
+    from envloop_pipelines.core.loop.rl_round import run_rl_round
+    from envloop_pipelines.core.tracking import MlflowTracker
+
+    ds = dataset([0, 1], [10])
+    config = replace(round_setup["config"], task="shell-rl-self", attempts=1, home=str(tmp_path),
+                     limits=AttemptLimits(max_turns=1, max_tokens=12, wall_s=60.0))
+    result = run_rl_round(config, ds, MlflowTracker(home=tmp_path))  # samples with the base model, served here
+    assert result.sampler["kind"] == "current_policy" and result.sampler["model"].startswith("base-")
+    assert result.snapshot["n_attempts"] == 2 and result.snapshot["n_rows"] == 0 and not result.promoted
+    assert result.reasons == ("no verified attempt to train on: the sampler passed 0 of 2 attempts and 0 were removed "
+                              "as contamination",)
+    kinds = [e["kind"] for e in Ledger("shell-rl-self", tmp_path).events()]
+    assert kinds == ["hypothesis_registered", "candidate_rejected", "hypothesis_refuted", "round_decided"]
+
+
+def test_round_settings_are_validated(round_setup: dict[str, Any]) -> None:
+    from envloop_pipelines.core.loop.ledger import Gate, GateTooLooseError
+    from envloop_pipelines.core.loop.rl_round import RlRoundConfig, register_rl_hypothesis
+    from envloop_pipelines.core.tracking import MlflowTracker
+
+    recipe = round_setup["config"].recipe
+    with pytest.raises(ValueError, match="noise_arms must be ≥ 2"):
+        RlRoundConfig(task="t", recipe=recipe, noise_arms=1)
+    with pytest.raises(ValueError, match="primary_metric must be 'pass_at_1'"):
+        RlRoundConfig(task="t", recipe=recipe, gate=Gate())
+    loose = RlRoundConfig(task="loose", recipe=recipe, gate=Gate(primary_metric="pass_at_1", floor_multiplier=0.5),
+                          home=str(round_setup["home"]))
+    with pytest.raises(GateTooLooseError, match="floor_multiplier"):
+        register_rl_hypothesis(loose, round_setup["dataset"], "r0001", {"kind": "test"}, MlflowTracker(home=round_setup["home"]))
