@@ -39,17 +39,23 @@ LEGACY_RECIPE_DIFF = "recipe_overrides"
 
 
 def train_into_store(store: RoundStore, train: pa.Table, val: pa.Table, recipe: Any, *, data_hash: str,
-                     init_from: Path | None = None) -> Path:
+                     init_from: Path | None = None, safety_families: tuple[str, ...] = (),
+                     safety_fnr_target: float | None = None) -> Path:
     """Train a checkpoint in a staging directory and publish it under its content hash.
 
     A crash mid-training leaves only a staging directory (never read); a retry
-    trains again and, being deterministic, publishes the same hash.
+    trains again and, being deterministic, publishes the same hash. ``safety_families`` get their
+    automation thresholds fitted on ``val`` for ``safety_fnr_target`` (the loop's settings).
     """
     from envloop_pipelines.core.model.checkpoint import checkpoint_hash
     from envloop_pipelines.core.model.training import train_checkpoint
 
     staged = staging_dir(store.checkpoints)
-    ckpt = train_checkpoint(train, val, recipe, staged / "checkpoint", data_hash=data_hash, init_from=init_from)
+    safety: dict[str, Any] = {"safety_families": tuple(safety_families)}
+    if safety_fnr_target is not None:
+        safety["safety_fnr_target"] = safety_fnr_target
+    ckpt = train_checkpoint(train, val, recipe, staged / "checkpoint", data_hash=data_hash, init_from=init_from,
+                            **safety)
     final = store.checkpoints / checkpoint_hash(ckpt)
     if not final.exists():
         publish_dir(ckpt, final)
@@ -99,7 +105,8 @@ def train_candidate(config: LoopConfig, hypothesis: RegisteredHypothesis, snapsh
                                     "hypothesis_hash": registered.hash})
     started = time.perf_counter()
     ckpt = train_into_store(RoundStore(config.task, config.home), snapshot_rows(snapshot), task.table("val"), recipe,
-                            data_hash=snapshot.sha256, init_from=Path(champ["checkpoint_dir"]))
+                            data_hash=snapshot.sha256, init_from=Path(champ["checkpoint_dir"]),
+                            safety_families=config.safety_families, safety_fnr_target=config.safety_fnr_target)
     train_s = time.perf_counter() - started
     train_metrics = json.loads((ckpt / "metrics.json").read_text(encoding="utf-8"))
     tracker.log_metrics(run.run_id, flat_metrics(train_metrics))

@@ -68,7 +68,10 @@ class LoopConfig:
     generator: str = field(default="builtin_targeted", metadata=_help(
         "Environment generator: builtin_targeted | label_preserving_variants | module:attribute."))
     safety_families: tuple[str, ...] = field(default=("needs_approval",), metadata=_help(
-        "Families whose false-negative rate is guarded (comma-separated)."))
+        "Families whose false-negative rate is guarded (comma-separated); their answers defer to a person "
+        "below a threshold fitted on val for safety_fnr_target."))
+    safety_fnr_target: float = field(default=0.10, metadata=_help(
+        "Val false-negative rate a safety family's automation threshold is fitted for (in [0, 1))."))
     contamination_policy: str = field(default="remove", metadata=_help(
         "remove: drop synthesized rows that overlap test/holdout; refuse: keep them so the check blocks training."))
     builtin_users: int | None = field(default=None, metadata=_help("Built-in benchmark size in users (when generated)."))
@@ -83,6 +86,8 @@ class LoopConfig:
                              f"got {self.contamination_policy!r}")
         if self.top_clusters < 1:
             raise ValueError(f"top_clusters must be ≥ 1, got {self.top_clusters}")
+        if not 0.0 <= self.safety_fnr_target < 1.0:
+            raise ValueError(f"safety_fnr_target must be in [0, 1), got {self.safety_fnr_target}")
         if self.n_synthesized < 0:
             raise ValueError(f"n_synthesized must be ≥ 0, got {self.n_synthesized}")
         if not isinstance(self.recipe_overrides, Mapping):
@@ -170,8 +175,8 @@ def settings_from_env(environ: Mapping[str, str]) -> dict[str, Any]:
 def parse_setting(name: str, raw: str, *, label: str | None = None) -> Any:
     """A setting given as text (an environment variable, a comma list on the command line), by field type.
 
-    ``recipe_overrides`` is a JSON object, ``safety_families`` comma-separated names, integers are
-    integers, the rest text.
+    ``recipe_overrides`` is a JSON object, ``safety_families`` comma-separated names, integers and
+    numbers are parsed as such, the rest text.
 
     Raises:
         ValueError: naming ``label`` (default the setting) and the expected form.
@@ -187,11 +192,17 @@ def parse_setting(name: str, raw: str, *, label: str | None = None) -> Any:
         return value
     if name == "safety_families":
         return tuple(s.strip() for s in raw.split(",") if s.strip())
-    if field_type(next(f for f in loop_fields() if f.name == name)) is int:
+    kind = field_type(next(f for f in loop_fields() if f.name == name))
+    if kind is int:
         try:
             return int(raw)
         except ValueError:
             raise ValueError(f"{label}={raw!r}: must be an integer") from None
+    if kind is float:
+        try:
+            return float(raw)
+        except ValueError:
+            raise ValueError(f"{label}={raw!r}: must be a number") from None
     return raw
 
 

@@ -102,7 +102,8 @@ def _measure(config: LoopConfig, tracker: Tracker, snapshot: TaskSnapshot, store
     arm_metrics, arm_info = [], []
     for arm in arms:
         started = time.perf_counter()
-        ckpt = train_into_store(store, train, val, arm, data_hash=snapshot.snapshot_id)
+        ckpt = train_into_store(store, train, val, arm, data_hash=snapshot.snapshot_id,
+                                safety_families=config.safety_families, safety_fnr_target=config.safety_fnr_target)
         preds = write_predictions(store.noise / key / f"arm-seed{arm.seed}-test.parquet", ckpt, test,
                                   home=envloop_home(config.home))
         run = verify_predictions(config, "test", preds)

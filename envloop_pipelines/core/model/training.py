@@ -42,7 +42,7 @@ import pyarrow as pa
 import torch
 from torch.utils.data import Dataset, RandomSampler
 
-from envloop_pipelines.core.model.calibration import fit_calibration
+from envloop_pipelines.core.model.calibration import DEFAULT_SAFETY_FNR_TARGET, fit_calibration
 from envloop_pipelines.core.model.lexical import LexicalModel, fit_lexical_weight, fuse
 from envloop_pipelines.core.model.checkpoint import (
     build_provenance,
@@ -507,6 +507,8 @@ def train_checkpoint(
     init_from: str | Path | None = None,
     eval_table: TableLike | None = None,
     eval_split: str = "val",
+    safety_families: Sequence[str] = (),
+    safety_fnr_target: float = DEFAULT_SAFETY_FNR_TARGET,
 ) -> Path:
     """Train a readout with LoRA, calibrate it on val, and write a checkpoint directory.
 
@@ -521,6 +523,9 @@ def train_checkpoint(
         eval_table: Questions whose end-of-training predictions go to
             ``predictions.parquet`` (default: ``val_table``).
         eval_split: Name of that split, recorded in ``data.json``.
+        safety_families: Declared safety families: each gets an automation threshold on val for
+            ``safety_fnr_target`` in the calibration (below it, its answers defer to a person).
+        safety_fnr_target: The val false-negative rate of those thresholds.
 
     Returns:
         The checkpoint directory.
@@ -578,6 +583,9 @@ def train_checkpoint(
         [q.type for q in val_q],
         soft_labels=[None if q.soft_label is None else np.asarray(q.soft_label) for q in val_q],
         error_budget=recipe.error_budget,
+        families=[q.family for q in val_q],
+        safety_families=tuple(safety_families),
+        safety_fnr_target=safety_fnr_target,
     )
     dm.calibration = calibration
     val_cal = dm.recalibrate(val_raw)
