@@ -6,6 +6,7 @@ import dagster as dg
 
 from envloop_pipelines.core.loop.config import settings_from_env
 from envloop_pipelines.defs.executor import EXECUTOR_ENV, select_executor
+from envloop_pipelines.defs.rl.assets import RL_ASSETS, rl_round_job
 from envloop_pipelines.defs.rounds.assets import ROUND_ASSETS, noise_floor, round_job, setup_job, task_benchmark
 from envloop_pipelines.defs.rounds.checks import ROUND_CHECKS
 from envloop_pipelines.defs.rounds.schedules import nightly_loop
@@ -17,9 +18,9 @@ from envloop_pipelines.resources.round_store import RoundStoreIOManager
 loop = loop_resource(settings_from_env(os.environ))
 
 defs = dg.Definitions(
-    assets=[task_benchmark, noise_floor, *ROUND_ASSETS],
+    assets=[task_benchmark, noise_floor, *ROUND_ASSETS, *RL_ASSETS],
     asset_checks=ROUND_CHECKS,
-    jobs=[round_job, setup_job],
+    jobs=[round_job, setup_job, rl_round_job],
     schedules=[nightly_loop],
     sensors=[next_round_sensor, failed_round_sensor],
     # ENVLOOP_EXECUTOR=k8s: one Kubernetes Job per step (k8s/dagster/values.yaml); unset: Dagster's default.

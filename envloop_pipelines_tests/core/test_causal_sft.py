@@ -247,3 +247,47 @@ def test_recipes_are_validated_by_field(lm_dir: Path, tmp_path: Path) -> None:
         load_causal_sft_recipe(bad)
     r = CausalSftRecipe(base_model=str(lm_dir))
     assert causal_sft_recipe_from_dict(r.to_dict()) == r and r.hash == causal_sft_recipe_from_dict(r.to_dict()).hash
+
+
+def test_the_shipped_qwen_recipe_loads_and_documents_itself() -> None:
+    import re
+
+    from envloop_pipelines.core.model.causal_sft import CAUSAL_SFT_RECIPES_DIR
+    from envloop_pipelines.core.model.recipe import resolve_deepspeed
+
+    paths = sorted(CAUSAL_SFT_RECIPES_DIR.glob("*.yaml"))
+    assert [p.name for p in paths] == ["causal_sft_qwen_gpu.yaml"]
+    recipe = load_causal_sft_recipe("packaged:causal_sft_qwen_gpu.yaml")
+    assert recipe.precision == "bf16" and recipe.gradient_checkpointing and recipe.lora.r == 16
+    ds = resolve_deepspeed(recipe.as_training_recipe())
+    assert ds is not None and ds.name == "deepspeed_zero2.json"
+    text = paths[0].read_text()
+    header = text.split("\n\n", 1)[0]
+    assert "vllm serve" in header and "--enable-lora --lora-modules policy=CKPT/adapter" in header
+    for line in text.splitlines():  # every key carries a comment on its line (the trade-off it controls)
+        if re.match(r"^\s*[a-z_]+:\s*\S", line) and not line.lstrip().startswith("#"):
+            assert "#" in line, f"key line without a comment: {line!r}"
+    assert causal_sft_recipe_from_dict(recipe.to_dict()) == recipe
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_qwen_recipe_trains_on_a_gpu_and_the_policy_generates_there(lm_dir: Path, tmp_path: Path) -> None:
+    """The shipped GPU recipe's settings (bf16, gradient checkpointing, DeepSpeed ZeRO-2 where importable) on the tiny model."""
+    import importlib.util
+
+    from envloop_pipelines.core.serve.generation import PolicyGenerator, policy_settings
+
+    shipped = load_causal_sft_recipe("packaged:causal_sft_qwen_gpu.yaml")
+    recipe = shipped.replace(base_model=str(lm_dir), max_length=512, lora=LORA, lr=2e-2, epochs=12, batch_size=2,
+                             grad_accum=1, warmup_ratio=0.0, lr_scheduler="constant_with_warmup",
+                             deepspeed=shipped.deepspeed if importlib.util.find_spec("deepspeed") else None)
+    ckpt = train_causal_sft(toy_rows(), recipe, tmp_path / "gpu", data_hash="gpu")
+    losses = ckpt.metrics()["loss_per_step"]
+    assert sum(losses[-2:]) / 2 < 0.6 * sum(losses[:2]) / 2, losses
+    assert json.loads((Path(ckpt.path) / "provenance.json").read_text())["device"] == "cuda"
+    generator = PolicyGenerator(policy_settings(ckpt.path, auth_off=True, device="cuda"))
+    assert generator.device.type == "cuda"
+    row = toy_rows()[0]
+    out = generator.generate(row["messages"][:2], row["tools"], max_tokens=8, temperature=0.0, top_p=1.0, seed=0)
+    assert 1 <= out.completion_tokens <= 8
