@@ -19,8 +19,12 @@ EXPECTED_DEPS = {
     "independent_reeval": {"lora_checkpoint", "training_dataset_snapshot"},
     "promotion_decision": {"independent_reeval", "lora_checkpoint", "training_dataset_snapshot",
                            "registered_hypothesis", "noise_floor"},
+    # RL from verified attempts: one asset per round (core/loop/rl_round.py records the steps).
+    "rl_round": set(),
 }
 UNPARTITIONED = {"task_benchmark", "noise_floor"}
+#: Partitions other than the decision loop's ``rounds``.
+OWN_PARTITIONS = {"rl_round": "rl_rounds"}
 EXPECTED_CHECKS = {
     ("training_dataset_snapshot", "snapshot_schema_is_valid", True),
     ("training_dataset_snapshot", "snapshot_is_uncontaminated", True),
@@ -42,10 +46,11 @@ def test_asset_graph_snapshot() -> None:
         if key.to_user_string() in UNPARTITIONED:
             assert partitions is None
         else:
-            assert isinstance(partitions, dg.DynamicPartitionsDefinition) and partitions.name == "rounds"
+            expected = OWN_PARTITIONS.get(key.to_user_string(), "rounds")
+            assert isinstance(partitions, dg.DynamicPartitionsDefinition) and partitions.name == expected
     checks = {(k.asset_key.to_user_string(), k.name, graph.get_check_spec(k).blocking) for k in graph.asset_check_keys}
     assert checks == EXPECTED_CHECKS
-    assert {j.name for j in repo.get_all_jobs() if not j.name.startswith("__")} == {"round_job", "setup_job"}
+    assert {j.name for j in repo.get_all_jobs() if not j.name.startswith("__")} == {"round_job", "setup_job", "rl_round_job"}
     assert {s.name: s.cron_schedule for s in repo.schedule_defs} == {"nightly_loop": "0 2 * * *"}
     assert {s.name for s in repo.sensor_defs} == {"next_round_sensor", "failed_round_sensor"}
     training = graph.get(dg.AssetKey("lora_checkpoint"))
