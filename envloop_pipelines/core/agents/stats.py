@@ -8,16 +8,24 @@ i's ``n_i`` attempts pass. Two estimators:
   ``1 - C(n-c, k) / C(n, k)`` (the chance that k of the n attempts drawn
   without replacement hold at least one pass), averaged over environments.
   pass@1 is the plain share of passed attempts per environment, averaged.
-* The **CI** resamples *environments* with replacement (a percentile bootstrap,
-  ``scipy.stats.bootstrap``): attempts on one environment are correlated, so
-  the environment is the unit. When every environment has exactly one attempt,
-  pass@1 is a binomial proportion and gets the Wilson score interval
-  (``scipy.stats.binomtest``), which stays honest at 0 and 1 where a bootstrap
-  of constant data collapses to a point.
+* The **CI** (95% by default) is a percentile bootstrap over *environments*
+  (``scipy.stats.bootstrap``): attempts at one environment are correlated, so
+  the environment is the unit that is resampled.
+* When every environment has the same value (all passed every attempt, none
+  passed any, or pass@4 is 1.0 everywhere because each had a pass), no
+  resample moves and the bootstrap would answer a point. The interval is then
+  the Wilson score interval over environments (``scipy.stats.binomtest``): 12
+  of 12 environments at 1.0 read [0.76, 1.0], not [1, 1]. With one attempt
+  per environment, pass@1 is a plain binomial proportion and always gets the
+  Wilson interval.
 
-Bootstrap intervals of constant per-environment values are a point too (every
-environment passed all its attempts): the summary says which method gave each
-interval so a reader can tell.
+Coverage, simulated with independent attempts (400 draws each, K = 4):
+12 environments at p = 0.1, 0.5, 0.9 gave 0.91 to 1.00 for pass@1, pass@2 and
+pass@4; 30 environments 0.93 to 1.00. (A two-stage bootstrap that also
+resampled attempts covered pass@4 at p = 0.5 only 0.58 of the time with 30
+environments: the resampled passes bias it low.)
+
+The summary says which method gave each interval.
 """
 
 from __future__ import annotations
@@ -60,7 +68,8 @@ class PassAtK:
         value: mean over environments of the per-environment unbiased estimate.
         ci_low: lower end of the interval.
         ci_high: upper end of the interval.
-        method: ``wilson`` (one attempt per environment, pass@1) or ``bootstrap`` (environments resampled).
+        method: ``bootstrap`` (environments resampled) or ``wilson`` (over environments: one attempt each,
+            or the same value at every environment).
         n_environments: environments averaged.
         confidence_level: the interval's level.
     """
@@ -77,9 +86,15 @@ class PassAtK:
         return asdict(self)
 
 
-def _bootstrap_mean_ci(values: np.ndarray, confidence_level: float, n_resamples: int, seed: int) -> tuple[float, float]:
-    if values.size == 1 or np.all(values == values[0]):
-        return float(values[0]), float(values[0])  # scipy warns and answers nan on constant data
+def _wilson(successes: int, n: int, confidence_level: float) -> tuple[float, float]:
+    from scipy import stats
+
+    ci = stats.binomtest(successes, n).proportion_ci(confidence_level=confidence_level, method="wilson")
+    return float(ci.low), float(ci.high)
+
+
+def _bootstrap(values: np.ndarray, confidence_level: float, n_resamples: int, seed: int) -> tuple[float, float]:
+    """Percentile interval of the mean of per-environment values, environments resampled."""
     from scipy import stats
 
     res = stats.bootstrap((values,), np.mean, confidence_level=confidence_level, n_resamples=n_resamples,
@@ -119,13 +134,15 @@ def pass_at_k_summary(
             continue
         per_env = np.array([pass_at_k(n, c, k) for n, c in pairs], dtype=np.float64)
         if k == 1 and all(n == 1 for n, _ in pairs):
-            from scipy import stats
-
-            passes = int(sum(c for _, c in pairs))
-            ci = stats.binomtest(passes, len(pairs)).proportion_ci(confidence_level=confidence_level, method="wilson")
-            low, high, method = float(ci.low), float(ci.high), "wilson"
+            low, high = _wilson(int(sum(c for _, c in pairs)), len(pairs), confidence_level)
+            method = "wilson"
+        elif np.all(per_env == per_env[0]):
+            # Nothing to resample: every environment has the same value (a bootstrap would answer a point).
+            low, high = _wilson(int(round(per_env.sum())), len(pairs), confidence_level)
+            low, high = min(low, float(per_env[0])), max(high, float(per_env[0]))
+            method = "wilson"
         else:
-            low, high = _bootstrap_mean_ci(per_env, confidence_level, n_resamples, seed + k)
+            low, high = _bootstrap(per_env, confidence_level, n_resamples, seed + k)
             method = "bootstrap"
         out.append(PassAtK(k, float(per_env.mean()), low, high, method, len(pairs), confidence_level))
     return out

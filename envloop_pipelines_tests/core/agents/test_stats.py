@@ -62,3 +62,12 @@ def test_ks_beyond_the_attempts_are_skipped_and_defaults() -> None:
     assert default_ks(1) == [1] and default_ks(5) == [1, 2, 4, 5] and default_ks(8) == [1, 2, 4, 8]
     with pytest.raises(ValueError, match="at least one environment"):
         pass_at_k_summary({}, [1])
+
+
+def test_the_same_value_everywhere_gets_wilson_not_a_point() -> None:
+    rows = pass_at_k_summary([(4, 4)] * 12, [1, 4])
+    assert [r.method for r in rows] == ["wilson", "wilson"] and all(r.value == 1.0 for r in rows)
+    assert rows[0].ci_low == pytest.approx(12 / (12 + 1.959964**2), abs=1e-4) and rows[0].ci_high == 1.0
+    # pass@4 is 1.0 wherever one of the 4 attempts passed: identical values again, whatever pass@1 was
+    mixed = pass_at_k_summary([(4, 1), (4, 2), (4, 4)] * 4, [1, 4])
+    assert mixed[0].method == "bootstrap" and mixed[1].method == "wilson" and mixed[1].ci_low < 0.8
