@@ -181,6 +181,30 @@ def safety_threshold(p_negative: Sequence[float], positive: Sequence[bool],
     return float(np.nextafter(scores[k], math.inf))
 
 
+#: Why an answer defers (``x_defer_reason`` in a served answer).
+DEFER_SAFETY = "safety"
+DEFER_CONFIDENCE = "confidence"
+
+
+def defer_reason(probs: np.ndarray | Sequence[float], automation_threshold: float,
+                 safety_threshold: float | None = None) -> str | None:
+    """Why an answer goes to a person, or ``None`` when code may act on it.
+
+    ``"safety"``: the question is of a declared safety family (``safety_threshold`` given) and its
+    calibrated P("false") is under that family's threshold. ``"confidence"``: its top probability is
+    under the automation threshold (fitted for the error budget). The safety test comes first.
+    """
+    p = np.asarray(probs, dtype=np.float64)
+    if safety_threshold is not None:
+        if p.size != 2:
+            raise ValueError(f"a safety family's question must be noul (2 options), got {p.size} options")
+        if not p[NOUL_NEGATIVE_INDEX] >= safety_threshold:
+            return DEFER_SAFETY
+    if not float(np.max(p)) >= automation_threshold:
+        return DEFER_CONFIDENCE
+    return None
+
+
 @dataclass(frozen=True)
 class Calibration:
     """Per-question-type temperatures and the automation threshold, fitted on val.
@@ -251,25 +275,9 @@ class Calibration:
         return bool(np.max(np.asarray(probs, dtype=np.float64)) >= self.automation_threshold)
 
     def deferral(self, probs: np.ndarray | Sequence[float], family: str | None = None) -> str | None:
-        """Why an answer defers to a person, or ``None`` when it may be acted on automatically.
-
-        A question of a safety family defers unless its calibrated P("false") reaches the family's
-        threshold; any question defers when its top probability is under the automation threshold.
-        """
-        p = np.asarray(probs, dtype=np.float64)
-        if family is not None and family in self.safety_thresholds:
-            t = self.safety_thresholds[family]
-            if p.size != 2:
-                raise ValueError(f"safety family {family!r} must be a noul question (2 options), got {p.size}")
-            if not p[NOUL_NEGATIVE_INDEX] >= t:
-                bar = "no threshold met the target on val" if math.isinf(t) else f"below its threshold {t:.4f}"
-                return (f"safety: P(false) {p[NOUL_NEGATIVE_INDEX]:.4f} for {family} is {bar} "
-                        f"(fitted on val for a false-negative rate of at most {self.safety_fnr_target:g})")
-        if not float(np.max(p)) >= self.automation_threshold:
-            bar = ("no threshold meets the error budget" if math.isinf(self.automation_threshold)
-                   else f"under the automation threshold {self.automation_threshold:.4f}")
-            return f"confidence {float(np.max(p)):.4f} is {bar} (error budget {self.error_budget:g} on val)"
-        return None
+        """Why an answer defers to a person (:func:`defer_reason` with this calibration's thresholds)."""
+        return defer_reason(probs, self.automation_threshold,
+                            None if family is None else self.safety_thresholds.get(family))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form; an infinite threshold is written as ``null`` (strict JSON has no Infinity).
@@ -385,5 +393,5 @@ def fit_calibration(
                        safety_thresholds=safety, safety_fnr_target=safety_fnr_target)
 
 
-__all__ = ["Calibration", "DEFAULT_SAFETY_FNR_TARGET", "NOUL_NEGATIVE_INDEX", "TEMPERATURE_BOUNDS", "fit_calibration",
-           "fit_temperature", "safety_threshold", "softmax"]
+__all__ = ["Calibration", "DEFAULT_SAFETY_FNR_TARGET", "DEFER_CONFIDENCE", "DEFER_SAFETY", "NOUL_NEGATIVE_INDEX", "TEMPERATURE_BOUNDS", "fit_calibration",
+           "defer_reason", "fit_temperature", "safety_threshold", "softmax"]

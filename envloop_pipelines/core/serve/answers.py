@@ -22,7 +22,14 @@ Fields we add carry an ``x_`` prefix, on every answer type:
   calibrated top probability reaches the checkpoint's automation threshold
   (fitted on val for its error budget), so a client may act on it; ``True``
   means hand it to a person. (The threshold is on the top probability, as it
-  was fitted, not on the TypeSafe confidence above.)
+  was fitted, not on the TypeSafe confidence above.) A noul question keyed by
+  a declared safety family (``needs_approval`` by default; as in the data
+  format, a question's family is its key) must also clear that family's
+  threshold on P("false"), fitted on val for a false-negative-rate target:
+  below it the answer defers, whatever its confidence.
+* ``x_defer_reason`` (only when ``x_defer``): ``"safety"`` (a safety family's
+  P("false") under its threshold) or ``"confidence"`` (the top probability
+  under the automation threshold); :func:`~envloop_pipelines.core.model.calibration.defer_reason`.
 * ``x_truncated``: the state did not fit the model's window, so part of it was
   not read (the readout says which part); the answer is still given, and says so.
 * ``x_option_windows`` (only when > 1): the options did not fit the model's
@@ -32,7 +39,9 @@ Fields we add carry an ``x_`` prefix, on every answer type:
   its window's neighbours).
 
 The response carries ``x_automation_threshold`` (null when no threshold meets
-the error budget: then every answer defers) and ``x_checkpoint_sha256``.
+the error budget: then every answer defers), ``x_safety_thresholds`` (only
+when the checkpoint declares safety families: family → threshold on P("false"),
+null where every answer of the family defers) and ``x_checkpoint_sha256``.
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from envloop_pipelines.core.model.calibration import defer_reason
 from envloop_pipelines.core.serve.schemas import ServedQuestion
 
 
@@ -120,8 +130,13 @@ def chosen_option(question: ServedQuestion, probs: Sequence[float] | np.ndarray)
     return question.option_keys[int(np.argmax(_checked(probs)))]
 
 
-def jev_answer(question: ServedQuestion, answer: ModelAnswer, *, automation_threshold: float) -> dict[str, Any]:
-    """One answer in the contract's shape, plus its ``x_`` fields."""
+def jev_answer(question: ServedQuestion, answer: ModelAnswer, *, automation_threshold: float,
+               safety_threshold: float | None = None) -> dict[str, Any]:
+    """One answer in the contract's shape, plus its ``x_`` fields.
+
+    ``safety_threshold``: the checkpoint's threshold on P("false") when the question is of a declared
+    safety family (``None`` otherwise).
+    """
     p = _checked(answer.probs)
     if p.size != len(question.option_keys):
         raise ValueError(f"question {question.id!r}: {p.size} probabilities for {len(question.option_keys)} options")
@@ -147,7 +162,10 @@ def jev_answer(question: ServedQuestion, answer: ModelAnswer, *, automation_thre
         }
     else:  # pragma: no cover - schemas only admit the three types
         raise ValueError(f"unknown question type {question.type!r}")
-    out["x_defer"] = defers(p, automation_threshold)
+    reason = defer_reason(p, automation_threshold, safety_threshold)
+    out["x_defer"] = reason is not None
+    if reason is not None:
+        out["x_defer_reason"] = reason
     out["x_truncated"] = bool(answer.truncated)
     if answer.n_windows > 1:
         out["x_option_windows"] = int(answer.n_windows)

@@ -98,6 +98,7 @@ from envloop_pipelines.core.serve.schemas import (
     MAX_JSON_DEPTH,
     ChatCompletionRequest,
     RequestValidationFailed,
+    ServedQuestion,
     ServedRequest,
     chat_question,
     nesting_within,
@@ -489,10 +490,15 @@ def create_app(settings: ServeSettings, *, loader: Callable[[], DecisionModel] |
 
     def x_fields() -> dict[str, Any]:
         threshold = holder.automation_threshold
-        return {
-            "x_automation_threshold": None if threshold is None else finite_or_none(threshold),
-            "x_checkpoint_sha256": holder.checkpoint_sha256,
-        }
+        out: dict[str, Any] = {"x_automation_threshold": None if threshold is None else finite_or_none(threshold)}
+        if holder.safety_thresholds:
+            out["x_safety_thresholds"] = {f: finite_or_none(t) for f, t in holder.safety_thresholds.items()}
+        out["x_checkpoint_sha256"] = holder.checkpoint_sha256
+        return out
+
+    def safety_threshold(question: ServedQuestion) -> float | None:
+        """The threshold of the safety family a noul question is keyed by, if it is one."""
+        return holder.safety_thresholds.get(question.id) if question.type == "noul" else None
 
     def count_questions(served: ServedRequest) -> None:
         for q in served.questions:
@@ -570,7 +576,8 @@ def create_app(settings: ServeSettings, *, loader: Callable[[], DecisionModel] |
             input_tokens = await token_usage(served)
         results = await answer(served, who)
         threshold = holder.automation_threshold if holder.automation_threshold is not None else float("inf")
-        answers = {q.id: jev_answer(q, a, automation_threshold=threshold) for q, a in zip(served.questions, results)}
+        answers = {q.id: jev_answer(q, a, automation_threshold=threshold, safety_threshold=safety_threshold(q))
+                   for q, a in zip(served.questions, results)}
         count_questions(served)
         metrics.input_tokens.inc(input_tokens)
         return JSONResponse({

@@ -98,6 +98,8 @@ class ModelHolder:
         self.last_cold_start_s: float | None = None
         #: The checkpoint's automation threshold and sha256, kept across unloads (same checkpoint every load).
         self.automation_threshold: float | None = None
+        #: Its safety families' thresholds on P("false") (empty when it declares none).
+        self.safety_thresholds: dict[str, float] = {}
         self.checkpoint_sha256: str | None = expected_checkpoint_sha256
 
     # ------------------------------------------------------------------ state
@@ -139,6 +141,7 @@ class ModelHolder:
             seconds = time.perf_counter() - t0
             self._model = model
             self.automation_threshold = float(model.calibration.automation_threshold)
+            self.safety_thresholds = dict(getattr(model.calibration, "safety_thresholds", {}))
             self.checkpoint_sha256 = model.checkpoint_hash
             self._last_used = time.monotonic()
             self.cold_starts += 1
