@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from envloop_pipelines.core.model.calibration import Calibration, fit_calibration
+from envloop_pipelines.core.model.calibration import DEFAULT_SAFETY_FNR_TARGET, Calibration, fit_calibration
 from envloop_pipelines.core.model.lexical import LexicalModel
 from envloop_pipelines.core.model.readout import as_questions
 
@@ -27,6 +27,10 @@ class TfidfBaseline:
     max_features: int = 50_000
     c: float = 4.0
     seed: int = 0
+    #: Declared safety families: TF-IDF gets its own thresholds on val for the same target, so its
+    #: deferral and automated FNR compare with the model's on equal terms.
+    safety_families: tuple[str, ...] = ()
+    safety_fnr_target: float = DEFAULT_SAFETY_FNR_TARGET
     lexical: LexicalModel | None = None
     calibration: Calibration = field(default_factory=Calibration)
 
@@ -37,6 +41,8 @@ class TfidfBaseline:
             self.calibration = fit_calibration(
                 self.lexical.log_probs(vq), [q.label for q in vq], [q.type for q in vq],
                 soft_labels=[None if q.soft_label is None else np.asarray(q.soft_label) for q in vq],
+                families=[q.family for q in vq], safety_families=tuple(self.safety_families),
+                safety_fnr_target=self.safety_fnr_target,
             )
         return self
 

@@ -40,7 +40,7 @@ import inspect
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -49,6 +49,8 @@ import numpy as np
 QUESTION_TYPES: tuple[str, ...] = ("noul", "choice", "score")
 #: noul options are ordered ("true", "false"): the positive ("true") is index 0.
 NOUL_POSITIVE_INDEX = 0
+#: The noul option "false": a safety family's automation threshold is on its probability.
+NOUL_NEGATIVE_INDEX = 1
 #: A probability vector (or soft label) must sum to 1 within this tolerance.
 PROB_SUM_TOLERANCE = 1e-4
 #: Probabilities are clipped here before the log in NLL: -log(1e-12) ≈ 27.6 nats caps one question's loss.
@@ -566,6 +568,43 @@ def safety_fnr(
     return _safety_fnr(b, safety_families, _check_qtypes(qtypes, b.n), positive_index)
 
 
+def safety_deferral(
+    probs: Sequence[np.ndarray],
+    labels: Sequence[int],
+    families: Sequence[str],
+    thresholds: Mapping[str, float],
+    soft_labels: SoftLabels | None = None,
+) -> dict[str, dict[str, float]]:
+    """What a safety family's automation threshold leaves to people, and what it lets through.
+
+    A question of family ``f`` is answered automatically only when its P("false") is at least
+    ``thresholds[f]`` (``core/model/calibration.py``); the others defer to a person. Returns, per
+    family present: ``defer_rate`` (share of its questions deferred) and ``fnr_automated`` (share of
+    its positives answered "false" automatically: the false negatives no person sees; ``nan``
+    without a positive). Soft-labelled questions count in ``defer_rate`` only. The automation
+    threshold of the error budget may defer more; these figures are for the safety threshold alone.
+    """
+    b = _pack(probs, labels, soft_labels, families)
+    out: dict[str, dict[str, float]] = {}
+    for family, threshold in thresholds.items():
+        if b.family_codes is None or family not in b.family_names:
+            continue
+        rows = np.flatnonzero(b.family_codes == b.family_names.index(family))
+        if rows.size == 0:
+            continue
+        if np.any(b.n_options[rows] != 2):
+            raise ValueError(f"safety family {family!r} must hold only noul questions (2 options)")
+        automated = b.probs[rows, NOUL_NEGATIVE_INDEX] >= threshold
+        says_false = _predictions(b.take(rows)) == NOUL_NEGATIVE_INDEX
+        positives = ~b.soft[rows] & (b.labels[rows] == NOUL_POSITIVE_INDEX)
+        missed = automated & says_false & positives
+        out[family] = {
+            "defer_rate": float(1.0 - automated.mean()),
+            "fnr_automated": float(missed.sum() / positives.sum()) if positives.any() else math.nan,
+        }
+    return out
+
+
 def coverage_key(budget: float) -> str:
     """Summary key of the coverage at ``budget``: 0.05 → ``coverage_at_5pct``, 0.025 → ``coverage_at_2.5pct``."""
     _check_budget(budget)
@@ -876,6 +915,7 @@ __all__ = [
     "DEFAULT_ERROR_BUDGET",
     "DEFAULT_POWER",
     "METRICS",
+    "NOUL_NEGATIVE_INDEX",
     "NOUL_POSITIVE_INDEX",
     "PairedDelta",
     "QUESTION_TYPES",
@@ -891,6 +931,7 @@ __all__ = [
     "nll",
     "paired_delta",
     "per_family_accuracy",
+    "safety_deferral",
     "safety_fnr",
     "summarize",
     "threshold_for_error_budget",

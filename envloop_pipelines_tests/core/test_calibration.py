@@ -269,3 +269,12 @@ def test_a_safety_question_defers_below_its_threshold() -> None:
     assert Calibration(safety_thresholds={"needs_approval": math.inf}).deferral([0.0, 1.0], "needs_approval") == "safety"
     with pytest.raises(ValueError, match="must be noul"):
         cal.deferral([0.1, 0.1, 0.8], "needs_approval")
+
+
+def test_the_safety_threshold_never_automates_a_true_answer() -> None:
+    from envloop_pipelines.core.model.calibration import safety_threshold
+
+    # A good model: every positive has P("false") under 0.3. The FNR target alone would allow 0.2, but an
+    # answer "true" is a person's call, so the threshold stays above 0.5.
+    t = safety_threshold([0.1, 0.2, 0.25, 0.05, 0.9, 0.8], [True, True, True, True, False, False], 0.25)
+    assert 0.5 < t < 0.5 + 1e-12

@@ -247,6 +247,40 @@ def test_snapshot_rows_overlapping_test_or_holdout_are_removed_base_rows_too(tmp
     assert refused.n_removed == 0 and refused.problems() == [f"{shared} rows overlap test/holdout"]
 
 
+def test_the_card_shows_safety_fnr_beside_tfidf_with_the_deferral_rate_and_the_power() -> None:
+    from envloop_pipelines.core.loop.cards import render_card
+
+    card = {"release": 2, "task": "t", "round": "r0001", "parent_release": 1, "benchmark_version": "b",
+            "data_snapshot": "d", "recipe_hash": "r", "checkpoint_sha256": "c", "holdout": {"brier": 0.3},
+            "test": {"brier": 0.3, "fnr/needs_approval": 0.52, "fnr_automated/needs_approval": 0.08,
+                     "defer_rate/needs_approval": 0.41},
+            "parent_test": {"brier": 0.31, "fnr/needs_approval": 0.55},
+            "tfidf_baseline_test": {"brier": 0.35, "fnr/needs_approval": 0.34, "fnr_automated/needs_approval": 0.09,
+                                    "defer_rate/needs_approval": 0.6},
+            "gate": {}, "noise_floor": 0.01, "predicted_delta": 0.01,
+            "power": {"metric": "family_macro_accuracy", "mde": 0.019, "se": 0.0068, "power": 0.8,
+                      "underpowered": True}}
+    text = render_card(card)
+    assert "| needs_approval | release | 0.5200 | 0.0800 | 0.4100 |" in text
+    assert "| needs_approval | TF-IDF + LR | 0.3400 | 0.0900 | 0.6000 |" in text
+    assert "| needs_approval | parent | 0.5500 | — | — |" in text
+    assert ("- power: predicted 0.0100 on family_macro_accuracy; minimum detectable effect 0.0190 at 80% power "
+            "(se 0.0068); **underpowered**") in text
+
+
+def test_a_checkpoints_safety_thresholds_are_read_from_its_calibration(tmp_path: Path) -> None:
+    import math
+
+    from envloop_pipelines.core.loop.runs import checkpoint_safety_thresholds
+    from envloop_pipelines.core.model.calibration import Calibration
+
+    (tmp_path / "calibration.json").write_text(json.dumps(
+        Calibration(safety_thresholds={"needs_approval": math.inf, "share_ok": 0.93}).to_dict()))
+    assert checkpoint_safety_thresholds(tmp_path) == {"needs_approval": math.inf, "share_ok": 0.93}
+    (tmp_path / "calibration.json").write_text(json.dumps(Calibration().to_dict()))
+    assert checkpoint_safety_thresholds(tmp_path) == {}
+
+
 def hypothesis(round_key: str = "r0001", gate: Gate | None = None, **kw) -> Hypothesis:
     return Hypothesis(task="t", round=round_key, benchmark_version="t@abc", change={"kind": "data"}, predicted_delta=0.01,
                       gate=gate or Gate(), seeds=(1,), recipe_hash="h", **kw)

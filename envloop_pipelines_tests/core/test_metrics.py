@@ -460,6 +460,22 @@ def test_paired_false_negative_rate_by_name() -> None:
     assert result.ci_low <= result.delta <= result.ci_high
 
 
+def test_safety_deferral_counts_what_the_threshold_defers_and_lets_through() -> None:
+    # needs_approval: 4 positives (label 0 = "true"), 2 negatives; threshold 0.8 on P("false").
+    families = ["needs_approval"] * 6 + ["other"]
+    labels = [0, 0, 0, 0, 1, 1, 0]
+    probs = [_p(0.1, 0.9), _p(0.15, 0.85), _p(0.3, 0.7), _p(0.9, 0.1), _p(0.05, 0.95), _p(0.6, 0.4), _p(0.1, 0.9)]
+    out = m.safety_deferral(probs, labels, families, {"needs_approval": 0.8, "absent": 0.9})
+    # automated: P(false) >= 0.8 -> questions 0, 1, 4; two of them positives answered "false"
+    assert out == {"needs_approval": {"defer_rate": pytest.approx(0.5), "fnr_automated": pytest.approx(0.5)}}
+    # argmax alone would miss 3 of 4 positives (FNR 0.75); deferring every answer leaves none
+    assert m.false_negative_rate(probs[:6], labels[:6]) == 0.75
+    assert m.safety_deferral(probs, labels, families, {"needs_approval": math.inf})["needs_approval"] == {
+        "defer_rate": 1.0, "fnr_automated": 0.0}
+    with pytest.raises(ValueError, match="noul"):
+        m.safety_deferral([_p(0.2, 0.3, 0.5)], [0], ["needs_approval"], {"needs_approval": 0.8})
+
+
 # --------------------------------------------------------------------------- module hygiene
 
 

@@ -396,3 +396,27 @@ def test_paired_comparison_gives_each_family_and_safety_family_its_own_ci(task: 
     assert refund["delta"] == 1.0 and refund["confidence_level"] == SAFETY_CONFIDENCE_LEVEL
     same = paired_comparison(champion, champion, labels, n_resamples=50, safety_families=("refund",))
     assert same["families"]["route"]["delta"] == 0.0 and same["safety"]["refund"]["ci_low"] == 0.0
+
+
+def test_the_verifier_scores_each_files_own_safety_threshold(task: dict[str, Any], tmp_path: Path) -> None:
+    labels = task["labels"]
+    # Every refund question's true answer is "true"; the candidate says "false" at 0.9 on all of them.
+    rows = []
+    for row, lab in zip(oracle_rows(labels), labels.to_pylist()):
+        if lab["family"] == "refund":
+            row = dict(row, probs=[0.1, 0.9])
+        rows.append(row)
+    candidate = write_predictions(tmp_path / "cand.parquet", rows)
+    baseline = write_predictions(tmp_path / "base.parquet", oracle_rows(labels))
+    run = VerifierRunner().run(candidate, labels, baseline_predictions=baseline, safety_families=["refund"],
+                               safety_thresholds={"refund": 0.85}, baseline_safety_thresholds={"refund": math.inf})
+    assert run.ok, run.error
+    got = run.report.metrics
+    # argmax misses every positive; at threshold 0.85 every one is automated as "false": FNR 1, nothing deferred
+    assert (got["fnr/refund"], got["fnr_automated/refund"], got["defer_rate/refund"]) == (1.0, 1.0, 0.0)
+    base = run.baseline_report.metrics
+    assert (base["fnr/refund"], base["fnr_automated/refund"], base["defer_rate/refund"]) == (0.0, 0.0, 1.0)
+    stricter = VerifierRunner().run(candidate, labels, safety_families=["refund"], safety_thresholds={"refund": 0.95})
+    assert (stricter.report.metrics["fnr_automated/refund"], stricter.report.metrics["defer_rate/refund"]) == (0.0, 1.0)
+    plain = VerifierRunner().run(candidate, labels, safety_families=["refund"])
+    assert "defer_rate/refund" not in plain.report.metrics  # no threshold given: nothing to report

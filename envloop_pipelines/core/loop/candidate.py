@@ -136,10 +136,12 @@ def reevaluate(config: LoopConfig, candidate: TrainedCheckpoint, snapshot: Train
                                    home=envloop_home(config.home))
     champ_preds = write_predictions(d / "champion_test_predictions.parquet", champ["checkpoint_dir"], test,
                                     home=envloop_home(config.home))
-    run = verify_predictions(config, "test", cand_preds, baseline=champ_preds, seed=round_number(key))
-    tfidf = TfidfBaseline().fit(snapshot_rows(snapshot), task.table("val"))
+    run = verify_predictions(config, "test", cand_preds, baseline=champ_preds, seed=round_number(key),
+                             checkpoint=candidate.checkpoint, baseline_checkpoint=champ["checkpoint_dir"])
+    tfidf = TfidfBaseline(safety_families=config.safety_families,
+                          safety_fnr_target=config.safety_fnr_target).fit(snapshot_rows(snapshot), task.table("val"))
     tfidf_preds = atomic_write_parquet(d / "tfidf_test_predictions.parquet", tfidf.predict_table(test), overwrite=True)
-    tfidf_run = verify_predictions(config, "test", tfidf_preds)
+    tfidf_run = verify_predictions(config, "test", tfidf_preds, safety_thresholds=tfidf.calibration.safety_thresholds)
     mrun = child_run(tracker, config, key, KIND_REEVAL, run_tags)
     result = Reevaluation(
         round=key, benchmark_version=task.benchmark_version, candidate=dict(run.report.metrics),

@@ -66,6 +66,29 @@ def _fmt(x: Any) -> str:
     return "—" if x is None else str(x)
 
 
+def _safety_section(card: Mapping[str, Any]) -> list[str]:
+    """Each safety family's false-negative rate beside TF-IDF's, with what deferral changes (test split).
+
+    ``fnr`` is the argmax answer's; ``fnr_automated`` counts only the misses answered automatically
+    (the answers under the family's threshold go to a person) and ``defer_rate`` is their share.
+    """
+    columns = [("release", card.get("test") or {}), ("parent", card.get("parent_test") or {}),
+               ("TF-IDF + LR", card.get("tfidf_baseline_test") or {})]
+    families = sorted({k.split("/", 1)[1] for _, m in columns for k in m if k.startswith("fnr/")})
+    if not families:
+        return []
+    lines = ["", "## Safety families (test)", "",
+             "Answers under a family's threshold (fitted on val for its FNR target) defer to a person; "
+             "the automated FNR counts the misses no person sees.", "",
+             "| family | model | FNR (argmax) | FNR automated | deferral rate |", "|---|---|---|---|---|"]
+    for fam in families:
+        for name, m in columns:
+            if f"fnr/{fam}" in m or f"defer_rate/{fam}" in m:
+                lines.append(f"| {fam} | {name} | {_fmt(m.get(f'fnr/{fam}'))} | {_fmt(m.get(f'fnr_automated/{fam}'))} | "
+                             f"{_fmt(m.get(f'defer_rate/{fam}'))} |")
+    return lines
+
+
 def render_card(card: Mapping[str, Any]) -> str:
     """The release card as Markdown: holdout first, then test beside the parent and the classical baseline."""
     lines = [f"# Release {card['release']} — {card['task']}", "",
@@ -81,6 +104,7 @@ def render_card(card: Mapping[str, Any]) -> str:
     parent, tfidf = card.get("parent_test") or {}, card.get("tfidf_baseline_test") or {}
     for k, v in (card.get("test") or {}).items():
         lines.append(f"| {k} | {_fmt(v)} | {_fmt(parent.get(k))} | {_fmt(tfidf.get(k))} |")
+    lines += _safety_section(card)
     if card.get("paired_deltas"):
         lines += ["", "## Paired deltas vs parent (record-clustered bootstrap, 95%)", "",
                   "| metric | delta | CI |", "|---|---|---|"]
@@ -88,6 +112,11 @@ def render_card(card: Mapping[str, Any]) -> str:
             lines.append(f"| {k} | {_fmt(v['delta'])} | [{_fmt(v['ci_low'])}, {_fmt(v['ci_high'])}] |")
     lines += ["", "## Gate", "", f"- registered: `{json.dumps(card.get('gate'), default=str)}`",
               f"- noise floor: {_fmt(card.get('noise_floor'))}"]
+    power = card.get("power")
+    if power and power.get("mde") is not None:
+        lines.append(f"- power: predicted {_fmt(card.get('predicted_delta'))} on {power.get('metric')}; minimum "
+                     f"detectable effect {_fmt(power['mde'])} at {power.get('power', 0.8):.0%} power (se "
+                     f"{_fmt(power.get('se'))})" + ("; **underpowered**" if power.get("underpowered") else ""))
     for a in card.get("amendments") or []:
         lines.append(f"- amendment: `{json.dumps(a['amended_gate'])}` (original `{json.dumps(a['original_gate'])}`), reason: {a['reason']}")
     if card.get("guards"):

@@ -60,7 +60,8 @@ def holdout_metrics(config: LoopConfig, checkpoint: Path, snapshot: TaskSnapshot
         HoldoutAlreadyReadError: the release already read the holdout.
     """
     preds = write_predictions(out, checkpoint, snapshot.table("holdout"))
-    return dict(verify_predictions(config, "holdout", preds, holdout_slot=ledger, release=release).report.metrics)
+    return dict(verify_predictions(config, "holdout", preds, holdout_slot=ledger, release=release,
+                                   checkpoint=checkpoint).report.metrics)
 
 
 def publish_release(config: LoopConfig, tracker: Tracker, *, checkpoint: Path, snapshot: TaskSnapshot,

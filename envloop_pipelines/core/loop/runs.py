@@ -75,12 +75,18 @@ PREDICTIONS_CACHE = "artifacts/predictions"
 
 
 def verify_predictions(config: LoopConfig, split: str, predictions: Path, baseline: Path | None = None,
-                       seed: int = 0, *, holdout_slot: Any = None, release: int | None = None) -> Any:
+                       seed: int = 0, *, holdout_slot: Any = None, release: int | None = None,
+                       checkpoint: str | Path | None = None, baseline_checkpoint: str | Path | None = None,
+                       safety_thresholds: Mapping[str, float] | None = None) -> Any:
     """Score predictions on a hidden split in the sandboxed verifier (a separate process), aggregate scores only.
 
     Args:
         holdout_slot: the ledger, for the holdout: the read is the release's one read.
         release: the release whose holdout read this is.
+        checkpoint: the checkpoint that made ``predictions``: its safety thresholds (calibration) are
+            scored too, so the verifier reports the defer rate and automated FNR that ``envloop serve``
+            would give. ``baseline_checkpoint``: the same for ``baseline``.
+        safety_thresholds: thresholds given directly (a model that is no checkpoint, such as TF-IDF).
 
     Raises:
         RuntimeError: the verifier failed; the message carries its status and the worker's stderr.
@@ -88,12 +94,27 @@ def verify_predictions(config: LoopConfig, split: str, predictions: Path, baseli
     """
     from envloop_pipelines.core.verify.runner import verify_task
 
+    if checkpoint is not None:
+        safety_thresholds = checkpoint_safety_thresholds(checkpoint)
+    baseline_safety = checkpoint_safety_thresholds(baseline_checkpoint) if baseline_checkpoint is not None else None
     run = verify_task(config.task, split, predictions, home=config.home, safety_families=config.safety_families,
-                      baseline_predictions=baseline, seed=seed, holdout_slot=holdout_slot, release=release)
+                      baseline_predictions=baseline, seed=seed, holdout_slot=holdout_slot, release=release,
+                      safety_thresholds=safety_thresholds, baseline_safety_thresholds=baseline_safety)
     if not run.ok:
         raise RuntimeError(f"verifier on {split} failed ({run.status}): {run.error}; "
                            f"worker stderr: {run.sandbox.stderr_tail[-1000:]!r}")
     return run
 
 
-__all__ = ["PREDICTIONS_CACHE", "child_run", "flat_metrics", "round_run", "verify_predictions", "write_predictions"]
+def checkpoint_safety_thresholds(checkpoint: str | Path) -> dict[str, float]:
+    """A checkpoint's safety thresholds on P(false), from its calibration (empty when it declares none)."""
+    import json
+
+    from envloop_pipelines.core.model.calibration import Calibration
+
+    raw = json.loads((Path(checkpoint) / "calibration.json").read_text(encoding="utf-8"))
+    return dict(Calibration.from_dict(raw).safety_thresholds)
+
+
+__all__ = ["PREDICTIONS_CACHE", "checkpoint_safety_thresholds", "child_run", "flat_metrics", "round_run",
+           "verify_predictions", "write_predictions"]

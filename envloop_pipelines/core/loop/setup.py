@@ -106,7 +106,7 @@ def _measure(config: LoopConfig, tracker: Tracker, snapshot: TaskSnapshot, store
                                 safety_families=config.safety_families, safety_fnr_target=config.safety_fnr_target)
         preds = write_predictions(store.noise / key / f"arm-seed{arm.seed}-test.parquet", ckpt, test,
                                   home=envloop_home(config.home))
-        run = verify_predictions(config, "test", preds)
+        run = verify_predictions(config, "test", preds, checkpoint=ckpt)
         metrics = dict(run.report.metrics)
         child = tracker.start_run(config.task, f"null arm seed {arm.seed}", parent_run_id=parent.run_id,
                                   tags={TAG_KIND: KIND_NULL_ARM, TAG_NOISE_KEY: key})

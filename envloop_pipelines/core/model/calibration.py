@@ -41,7 +41,9 @@ TEMPERATURE_BOUNDS: tuple[float, float] = (0.05, 20.0)
 DEFAULT_SAFETY_FNR_TARGET = 0.10
 #: The noul option whose probability a safety threshold reads: "false" (no approval needed), the
 #: answer that would skip a person. ``metrics.NOUL_POSITIVE_INDEX`` (0, "true") is the positive.
-NOUL_NEGATIVE_INDEX = 1
+NOUL_NEGATIVE_INDEX = metrics.NOUL_NEGATIVE_INDEX
+#: The least safety threshold: just above 0.5, where "false" is the answer.
+_ABOVE_HALF = float(np.nextafter(0.5, 1.0))
 
 
 def softmax(logits: np.ndarray | Sequence[float], temperature: float = 1.0) -> np.ndarray:
@@ -155,7 +157,8 @@ def safety_threshold(p_negative: Sequence[float], positive: Sequence[bool],
     automatically, so ``FNR(t) = #{positives with p_negative >= t} / #positives``, which falls as
     ``t`` rises. The threshold is chosen just above the ``k``-th largest ``p_negative`` among the
     positives, ``k = floor(fnr_target · #positives)``, so that at most ``k`` positives clear it;
-    questions with exactly equal ``p_negative`` are kept or deferred together (tie-aware).
+    questions with exactly equal ``p_negative`` are kept or deferred together (tie-aware). It is
+    never at or below 0.5, so only answers of "false" are ever automated.
 
     Args:
         p_negative: calibrated P("false") per question of the family.
@@ -177,8 +180,10 @@ def safety_threshold(p_negative: Sequence[float], positive: Sequence[bool],
     if scores.size == 0:
         return math.inf
     k = int(math.floor(fnr_target * scores.size + 1e-12))  # positives allowed through
-    # Just above the (k+1)-th largest: the k largest (and no tie of the (k+1)-th) clear it.
-    return float(np.nextafter(scores[k], math.inf))
+    # Just above the (k+1)-th largest: the k largest (and no tie of the (k+1)-th) clear it. Never at or
+    # under 0.5: an automated answer is then always "false" (an exact tie answers "true"), so every
+    # positive that clears it is a false negative and "true" (ask a person) always goes to a person.
+    return float(max(np.nextafter(scores[k], math.inf), _ABOVE_HALF))
 
 
 #: Why an answer defers (``x_defer_reason`` in a served answer).
@@ -189,6 +194,8 @@ DEFER_CONFIDENCE = "confidence"
 def defer_reason(probs: np.ndarray | Sequence[float], automation_threshold: float,
                  safety_threshold: float | None = None) -> str | None:
     """Why an answer goes to a person, or ``None`` when code may act on it.
+
+    (A fitted safety threshold is above 0.5, so an answer automated under it is always "false".)
 
     ``"safety"``: the question is of a declared safety family (``safety_threshold`` given) and its
     calibrated P("false") is under that family's threshold. ``"confidence"``: its top probability is

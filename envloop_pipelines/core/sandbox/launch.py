@@ -9,7 +9,7 @@ above it: the worker is named by its module path, a string run with ``python -m`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from envloop_pipelines.core.sandbox.base import SandboxLimits
 
@@ -27,7 +27,9 @@ WORKER_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_ARENA_MAX": "2", "O
 
 
 def verifier_worker_argv(python: str, kind: str, predictions_name: str, *, grader: str, threshold: float,
-                         safety_families: Sequence[str], aggregate_only: bool = False) -> list[str]:
+                         safety_families: Sequence[str], aggregate_only: bool = False,
+                         safety_thresholds: Mapping[str, float] | None = None,
+                         baseline_safety_thresholds: Mapping[str, float] | None = None) -> list[str]:
     """The verifier worker's command line: labels on stdin (fd 0), the verdict on the result channel.
 
     Args:
@@ -39,11 +41,18 @@ def verifier_worker_argv(python: str, kind: str, predictions_name: str, *, grade
         safety_families: families whose false-negative rate the rule report includes.
         aggregate_only: a hidden split: the worker answers with counts and aggregate scores only and
             refuses a predictions file that leaves a question unanswered or invalid.
+        safety_thresholds: the predictions' automation thresholds on P(false) per safety family
+            (``inf`` defers every question of the family).
+        baseline_safety_thresholds: the same for the baseline predictions.
     """
     argv = [python, "-m", VERIFIER_WORKER_MODULE, "--kind", kind, "--predictions",
             predictions_name, "--labels-fd", "0", "--result-fd", "env", "--grader", grader, "--threshold", str(threshold)]
     for family in safety_families:
         argv += ["--safety-family", family]
+    for flag, given in (("--safety-threshold", safety_thresholds), ("--baseline-safety-threshold",
+                                                                    baseline_safety_thresholds)):
+        for family, value in (given or {}).items():
+            argv += [flag, f"{family}={float(value)!r}"]
     if aggregate_only:
         argv.append("--aggregate-only")
     return argv

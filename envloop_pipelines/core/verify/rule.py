@@ -186,13 +186,18 @@ class RuleVerifier:
     Args:
         safety_families: families whose false-negative rate the aggregate reports (``fnr/<family>``).
         error_budget: the budget of the aggregate's coverage metric.
+        safety_thresholds: the predictions' own automation thresholds on P("false") per safety family
+            (the checkpoint's calibration): the aggregate then also reports ``defer_rate/<family>``
+            and ``fnr_automated/<family>`` (:func:`~envloop_pipelines.core.metrics.safety_deferral`).
     """
 
     kind = "rule"
 
-    def __init__(self, *, safety_families: Sequence[str] = (), error_budget: float = metrics.DEFAULT_ERROR_BUDGET) -> None:
+    def __init__(self, *, safety_families: Sequence[str] = (), error_budget: float = metrics.DEFAULT_ERROR_BUDGET,
+                 safety_thresholds: Mapping[str, float] | None = None) -> None:
         self.safety_families = tuple(safety_families)
         self.error_budget = error_budget
+        self.safety_thresholds = dict(safety_thresholds or {})
 
     def score(
         self, rows: Sequence[Mapping[str, Any]], labels: pa.Table, *, provenance: Mapping[str, Any] | None = None
@@ -229,6 +234,9 @@ class RuleVerifier:
                 agg_probs, agg_labels, agg_families, soft_labels=agg_soft, qtypes=agg_types,
                 safety_families=self.safety_families, error_budget=self.error_budget,
             )
+            for family, values in metrics.safety_deferral(agg_probs, agg_labels, agg_families, self.safety_thresholds,
+                                                          soft_labels=agg_soft).items():
+                summary.update({f"{name}/{family}": value for name, value in values.items()})
             summary = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in summary.items()}
         prov = {"verifier": RULE_VERIFIER_VERSION, **(provenance or {})}
         return build_report(self.kind, matched, scores, summary, prov)

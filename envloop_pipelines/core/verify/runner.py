@@ -31,7 +31,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, Sequence, runtime_checkable
+from typing import Any, Literal, Mapping, Protocol, Sequence, runtime_checkable
 
 import pyarrow as pa
 
@@ -146,6 +146,8 @@ class VerifierRunner:
         baseline_predictions: str | Path | None = None,
         seed: int = 0,
         aggregate_only: bool = False,
+        safety_thresholds: Mapping[str, float] | None = None,
+        baseline_safety_thresholds: Mapping[str, float] | None = None,
     ) -> VerifierRun:
         """Score ``predictions`` against ``labels`` in a fresh sandboxed worker.
 
@@ -163,6 +165,10 @@ class VerifierRunner:
             seed: the bootstrap seed of the paired deltas.
             aggregate_only: the worker answers with counts and aggregate scores only and refuses a
                 predictions file that leaves a question unanswered or invalid (hidden splits).
+            safety_thresholds: the predictions' automation thresholds on P(false) per safety family (from
+                their checkpoint's calibration): the rule report adds ``defer_rate/<family>`` and
+                ``fnr_automated/<family>``.
+            baseline_safety_thresholds: the same for ``baseline_predictions``.
         """
         if kind not in ("rule", "grader"):
             raise ValueError(f"verifier kind {kind!r} does not run as a worker; allowed: rule, grader")
@@ -176,7 +182,8 @@ class VerifierRunner:
         label_bytes = labels if isinstance(labels, bytes) else labels_to_bytes(labels)
         name = f"predictions.{fmt}"
         argv = self.worker_argv(kind, name, grader=grader, threshold=threshold, safety_families=safety_families,
-                                aggregate_only=aggregate_only)
+                                aggregate_only=aggregate_only, safety_thresholds=safety_thresholds,
+                                baseline_safety_thresholds=baseline_safety_thresholds)
         files = {name: pred_bytes}
         base_sha = None
         if baseline_predictions is not None:
@@ -189,10 +196,14 @@ class VerifierRunner:
         return self._read(result, sha256_bytes(pred_bytes), sha256_bytes(label_bytes), base_sha)
 
     def worker_argv(self, kind: str, predictions_name: str, *, grader: str, threshold: float,
-                    safety_families: Sequence[str], aggregate_only: bool = False) -> list[str]:
+                    safety_families: Sequence[str], aggregate_only: bool = False,
+                    safety_thresholds: Mapping[str, float] | None = None,
+                    baseline_safety_thresholds: Mapping[str, float] | None = None) -> list[str]:
         """The worker's command line (:func:`~envloop_pipelines.core.sandbox.launch.verifier_worker_argv`)."""
         return verifier_worker_argv(self.python, kind, predictions_name, grader=grader, threshold=threshold,
-                                    safety_families=safety_families, aggregate_only=aggregate_only)
+                                    safety_families=safety_families, aggregate_only=aggregate_only,
+                                    safety_thresholds=safety_thresholds,
+                                    baseline_safety_thresholds=baseline_safety_thresholds)
 
     @staticmethod
     def _read(result: SandboxResult, pred_sha: str, label_sha: str, baseline_sha: str | None = None) -> VerifierRun:

@@ -49,6 +49,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--grader", default="text_match", help="scoring model of the grader kind (name or module:factory)")
     p.add_argument("--threshold", type=float, default=0.5, help="grader score that counts as correct")
     p.add_argument("--safety-family", action="append", default=[], help="families whose FNR the rule report includes")
+    p.add_argument("--safety-threshold", action="append", default=[], type=_family_threshold, metavar="FAMILY=T",
+                   help="the predictions' automation threshold on P(false) for a safety family: the rule report "
+                        "adds its defer rate and the FNR of the automated answers")
+    p.add_argument("--baseline-safety-threshold", action="append", default=[], type=_family_threshold,
+                   metavar="FAMILY=T", help="the same for the baseline predictions")
     p.add_argument("--baseline-predictions", type=Path, default=None,
                    help="a second predictions file (the champion): also scored, plus paired deltas (rule kind)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed of the paired deltas")
@@ -56,6 +61,17 @@ def _parser() -> argparse.ArgumentParser:
                    help="a hidden split: send counts and aggregate scores only, no item, and refuse a predictions "
                         "file that does not answer every question validly")
     return p
+
+
+def _family_threshold(text: str) -> tuple[str, float]:
+    family, sep, value = text.partition("=")
+    try:
+        threshold = float(value)
+    except ValueError:
+        threshold = float("nan")
+    if not sep or not family or threshold != threshold:
+        raise argparse.ArgumentTypeError(f"{text!r} must look like FAMILY=THRESHOLD (a number or inf)")
+    return family, threshold
 
 
 def incomplete(report: "VerifierReport", what: str) -> str | None:
@@ -106,11 +122,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.kind == "rule":
             from envloop_pipelines.core.verify.rule import RuleVerifier
 
-            verifier = RuleVerifier(safety_families=args.safety_family)
+            verifier = RuleVerifier(safety_families=args.safety_family, safety_thresholds=dict(args.safety_threshold))
+            baseline_verifier = RuleVerifier(safety_families=args.safety_family,
+                                             safety_thresholds=dict(args.baseline_safety_threshold))
         else:
             from envloop_pipelines.core.verify.grader import ModelGrader
 
             verifier = ModelGrader(args.grader, threshold=args.threshold)
+            baseline_verifier = verifier
         predictions = args.predictions.read_bytes()
         report = score_file(verifier, predictions, prediction_format(args.predictions), labels,
                             labels_sha256=sha256_bytes(label_bytes))
@@ -118,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.baseline_predictions is not None:
             baseline = args.baseline_predictions.read_bytes()
             baseline_fmt = prediction_format(args.baseline_predictions)
-            reports["baseline_report"] = score_file(verifier, baseline, baseline_fmt, labels,
+            reports["baseline_report"] = score_file(baseline_verifier, baseline, baseline_fmt, labels,
                                                     labels_sha256=sha256_bytes(label_bytes))
         if args.aggregate_only:
             refused = [why for name, r in reports.items() if (why := incomplete(r, name.replace("_", " "))) is not None]
