@@ -152,6 +152,8 @@ def registered_hypothesis(context: dg.AssetExecutionContext, config: HypothesisC
         "hash": result.hash,
         "author": h.author,
         "predicted_delta": h.predicted_delta,
+        **({"mde": h.power["mde"], "underpowered": h.underpowered}
+           if h.power is not None and h.power.get("mde") is not None else {}),
         "gate": dg.MetadataValue.json(h.gate.__dict__),
         "change": dg.MetadataValue.json(dict(h.change)),
         **mlflow_link(result),
