@@ -696,6 +696,91 @@ _PACKED: dict[Callable[..., float], Callable[..., float]] = {
 }
 
 
+# --- Decomposable metrics: a resample's value follows from per-record sums, so the bootstrap runs
+# vectorized (a (resamples x records) count matrix times the records' sums) instead of one Python call
+# per resample. Each function gives per-question columns and the finish that turns summed columns
+# into the metric, exactly as the packed implementation computes it.
+_Columns = tuple[np.ndarray, Callable[[np.ndarray], np.ndarray]]
+
+
+def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+
+
+def _cols_accuracy(b: _Batch) -> _Columns:
+    hard = ~b.soft
+    cols = np.stack([hard & (_predictions(b) == b.labels), hard], axis=1).astype(np.float64)
+    return cols, lambda S: _ratio(S[:, 0], S[:, 1])
+
+
+def _cols_mean(values: np.ndarray) -> _Columns:
+    cols = np.stack([values, np.ones_like(values)], axis=1)
+    return cols, lambda S: S[:, 0] / S[:, 1]
+
+
+def _cols_brier(b: _Batch) -> _Columns:
+    return _cols_mean(np.sum((b.probs - b.target) ** 2, axis=1))
+
+
+def _cols_nll(b: _Batch) -> _Columns:
+    return _cols_mean(-np.sum(b.target * np.log(np.clip(b.probs, NLL_CLIP, 1.0)), axis=1))
+
+
+def _cols_family_macro(b: _Batch) -> _Columns:
+    if b.family_codes is None:
+        raise ValueError("families are required for per-family / family-macro accuracy")
+    size = len(b.family_names)
+    hard = ~b.soft
+    right = hard & (_predictions(b) == b.labels)
+    cols = np.zeros((b.n, 2 * size))
+    cols[np.arange(b.n), b.family_codes] = right
+    cols[np.arange(b.n), size + b.family_codes] = hard
+
+    def finish(S: np.ndarray) -> np.ndarray:
+        acc = _ratio(S[:, :size], S[:, size:])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a resample with no hard question: nan
+            return np.nanmean(acc, axis=1)
+
+    return cols, finish
+
+
+def _cols_fnr(b: _Batch) -> _Columns:
+    positives = ~b.soft & (b.labels == NOUL_POSITIVE_INDEX)
+    missed = positives & (_predictions(b) != NOUL_POSITIVE_INDEX)
+    cols = np.stack([missed, positives], axis=1).astype(np.float64)
+    return cols, lambda S: _ratio(S[:, 0], S[:, 1])
+
+
+def _cols_ece(b: _Batch, n_bins: int = DEFAULT_ECE_BINS) -> _Columns:
+    conf, correct = _confidence(b), _expected_correct(b)
+    bins = np.searchsorted(np.linspace(0.0, 1.0, n_bins + 1)[1:-1], conf, side="left")
+    cols = np.zeros((b.n, n_bins + 1))
+    cols[np.arange(b.n), bins] = correct - conf  # per bin: acc_sum - conf_sum
+    cols[:, n_bins] = 1.0
+    return cols, lambda S: np.sum(np.abs(S[:, :n_bins]), axis=1) / S[:, n_bins]
+
+
+_COLUMNS: dict[Callable[..., float], Callable[..., _Columns]] = {
+    accuracy: _cols_accuracy,
+    family_macro_accuracy: _cols_family_macro,
+    brier: _cols_brier,
+    nll: _cols_nll,
+    ece: _cols_ece,
+    false_negative_rate: _cols_fnr,
+}
+
+
+def _columns_impl(metric_fn: Callable[..., float]) -> Callable[[_Batch], _Columns] | None:
+    if metric_fn in _COLUMNS:
+        return _COLUMNS[metric_fn]
+    if (isinstance(metric_fn, functools.partial) and metric_fn.func is ece and not metric_fn.args
+            and set(metric_fn.keywords) <= {"n_bins"}):
+        return functools.partial(_cols_ece, **metric_fn.keywords)
+    return None
+
+
 def _packed_impl(metric_fn: Callable[..., float]) -> Callable[[_Batch], float] | None:
     if metric_fn in _PACKED:
         return _PACKED[metric_fn]
@@ -843,6 +928,29 @@ def paired_delta(
         within = np.arange(sizes.sum()) - np.repeat(np.cumsum(sizes) - sizes, sizes)
         return delta_on(order[np.repeat(starts[clusters], sizes) + within])
 
+    vectorized = False
+    columns = _columns_impl(metric_fn) if impl is not None else None
+    if columns is not None:
+        # Per-record sums of each model's columns: a resample's value is (counts of each record drawn)
+        # @ those sums, for a whole batch of resamples at once; the same resamples as the loop above.
+        cols_a, finish_a = columns(batch_a)
+        cols_b, finish_b = columns(batch_b)
+        sums_a = np.zeros((n_clusters, cols_a.shape[1]))
+        sums_b = np.zeros((n_clusters, cols_b.shape[1]))
+        np.add.at(sums_a, inverse, cols_a)
+        np.add.at(sums_b, inverse, cols_b)
+
+        def statistic(clusters: np.ndarray, axis: int = -1) -> np.ndarray:  # type: ignore[misc]  # noqa: F811
+            draws = np.asarray(clusters, dtype=np.int64)
+            flat = draws.reshape(-1, draws.shape[-1])
+            rows = np.repeat(np.arange(flat.shape[0]), flat.shape[1])
+            drawn = np.zeros((flat.shape[0], n_clusters))
+            np.add.at(drawn, (rows, flat.ravel()), 1.0)
+            out = finish_b(drawn @ sums_b) - finish_a(drawn @ sums_a)
+            return out.reshape(draws.shape[:-1])
+
+        vectorized = True
+
     result = PairedDelta(
         metric=_metric_name(metric_fn),
         delta=point,
@@ -864,7 +972,7 @@ def paired_delta(
             statistic,
             n_resamples=n_resamples,
             batch=min(n_resamples, 256),  # bounds the (batch, n_clusters) index array
-            vectorized=False,
+            vectorized=vectorized,
             confidence_level=confidence_level,
             method=method,
             rng=np.random.default_rng(seed),
