@@ -480,20 +480,40 @@ def run_rl_round(
     tracker.end_run(reeval_run.run_id)
 
     # 7. the registered gate
+    undecided = RlRoundResult(**base, promoted=False, reasons=(),
+                              candidate={"checkpoint_sha256": candidate.sha256, "path": candidate.path, "model": candidate_id,
+                                         "first_loss": metrics["first_loss"], "last_loss": metrics["last_loss"]},
+                              seconds={**seconds, "total": round(time.monotonic() - t0, 3)})
+    return decide_rl_round(config, tracker, undecided, comparison, floor, parent_run_id=parent_run.run_id)
+
+
+def decide_rl_round(config: RlRoundConfig, tracker: Tracker, result: RlRoundResult, comparison: HeldoutComparison,
+                    floor: NoiseFloor, *, parent_run_id: str | None = None) -> RlRoundResult:
+    """Apply the round's registered (or amended) gate to the held-out comparison and the floor; record the outcome.
+
+    A rejection is written to the ledger with its numbers (``candidate_rejected``, ``hypothesis_refuted``); a
+    promotion reads the held-out split once for the new release and writes its card (rule 4, rule 6).
+    ``round_decided`` either way, and the decision is stored so that a retry returns it.
+    """
+    key = result.round
+    store = RoundStore(config.task, config.home)
+    done = store.load(RL_DECISION, RlRoundResult, key)
+    if done is not None:
+        return done  # decided once
+    ledger = Ledger(config.task, config.home)
+    hypothesis = ledger.require_hypothesis(key)
     gate = ledger.effective_gate(key)
     verdict = decide_promotion(gate, comparison.delta, floor, {PRIMARY_METRIC: comparison.candidate.pass_at_1},
                                {PRIMARY_METRIC: comparison.parent.pass_at_1})
-    result = RlRoundResult(**base, promoted=verdict.promote, reasons=verdict.reasons,
-                           candidate={"checkpoint_sha256": candidate.sha256, "path": candidate.path, "model": candidate_id,
-                                      "first_loss": metrics["first_loss"], "last_loss": metrics["last_loss"]},
-                           comparison=comparison.to_dict(), noise_floor=floor.to_dict(), checks=dict(verdict.checks),
-                           seconds={**seconds, "total": round(time.monotonic() - t0, 3)})
-    tracker.log_metrics(parent_run.run_id, {f"candidate.{PRIMARY_METRIC}": comparison.candidate.pass_at_1,
-                                            f"champion.{PRIMARY_METRIC}": comparison.parent.pass_at_1,
-                                            f"delta.{PRIMARY_METRIC}": comparison.delta["delta"], "noise_floor": floor.floor})
+    result = replace(result, promoted=verdict.promote, reasons=tuple(verdict.reasons), comparison=comparison.to_dict(),
+                     noise_floor=floor.to_dict(), checks=dict(verdict.checks))
+    parent_run_id = parent_run_id or round_run(tracker, config.loop_config(), key).run_id
+    tracker.log_metrics(parent_run_id, {f"candidate.{PRIMARY_METRIC}": comparison.candidate.pass_at_1,
+                                        f"champion.{PRIMARY_METRIC}": comparison.parent.pass_at_1,
+                                        f"delta.{PRIMARY_METRIC}": comparison.delta["delta"], "noise_floor": floor.floor})
     if not verdict.promote:
-        return _record_rejection(config, ledger, store, tracker, parent_run.run_id, result, hypothesis)
-    return _publish(config, ledger, store, tracker, parent_run.run_id, result, hypothesis, comparison, floor, verdict)
+        return _record_rejection(config, ledger, store, tracker, parent_run_id, result, hypothesis)
+    return _publish(config, ledger, store, tracker, parent_run_id, result, hypothesis, comparison, floor, verdict)
 
 
 def _record_rejection(config: RlRoundConfig, ledger: Ledger, store: RoundStore, tracker: Tracker, parent_run_id: str,
@@ -553,5 +573,5 @@ def _publish(config: RlRoundConfig, ledger: Ledger, store: RoundStore, tracker: 
 
 
 __all__ = ["ArmScore", "CHANGE_KIND", "HeldoutComparison", "PRIMARY_METRIC", "RlRoundConfig", "RlRoundResult",
-           "current_policy", "heldout_comparison", "heldout_score", "null_arm_seeds", "register_rl_hypothesis",
+           "current_policy", "decide_rl_round", "heldout_comparison", "heldout_score", "null_arm_seeds", "register_rl_hypothesis",
            "run_rl_round", "serving", "train_policy"]
