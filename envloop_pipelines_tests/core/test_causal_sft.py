@@ -213,6 +213,9 @@ def test_the_checkpoint_is_verified_and_never_overwritten(trained, recipe: Causa
     (copy / "chat_template.jinja").write_text("{{ messages }}")
     with pytest.raises(ValueError, match="chat_template.jinja: changed"):
         read_policy_checkpoint(copy)
+    (copy / "manifest.json").unlink()
+    with pytest.raises(ValueError, match="not a policy checkpoint"):
+        read_policy_checkpoint(copy)
     with pytest.raises(ValueError, match="never overwritten"):
         train_causal_sft(toy_rows(), recipe, trained.path, data_hash="x")
 

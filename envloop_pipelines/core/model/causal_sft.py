@@ -452,6 +452,8 @@ def read_policy_checkpoint(path: str | Path) -> PolicyCheckpoint:
         ValueError: a file is missing, extra or changed (named).
     """
     root = Path(path)
+    if not (root / MANIFEST).is_file():
+        raise ValueError(f"{root}: not a policy checkpoint (no {MANIFEST}; train one with train_causal_sft)")
     manifest = json.loads((root / MANIFEST).read_text(encoding="utf-8"))
     if manifest.get("format") != FORMAT:
         raise ValueError(f"{root / MANIFEST}: not a policy checkpoint (format {manifest.get('format')!r}, expected {FORMAT!r})")
