@@ -5,6 +5,7 @@ import os
 import dagster as dg
 
 from envloop_pipelines.core.loop.config import settings_from_env
+from envloop_pipelines.defs.agents.assets import AGENT_ASSETS
 from envloop_pipelines.defs.executor import EXECUTOR_ENV, select_executor
 from envloop_pipelines.defs.rl.assets import RL_ASSETS, rl_round_job
 from envloop_pipelines.defs.rounds.assets import ROUND_ASSETS, noise_floor, round_job, setup_job, task_benchmark
@@ -18,7 +19,7 @@ from envloop_pipelines.resources.round_store import RoundStoreIOManager
 loop = loop_resource(settings_from_env(os.environ))
 
 defs = dg.Definitions(
-    assets=[task_benchmark, noise_floor, *ROUND_ASSETS, *RL_ASSETS],
+    assets=[task_benchmark, noise_floor, *ROUND_ASSETS, *RL_ASSETS, *AGENT_ASSETS],
     asset_checks=ROUND_CHECKS,
     jobs=[round_job, setup_job, rl_round_job],
     schedules=[nightly_loop],

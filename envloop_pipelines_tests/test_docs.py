@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
 DOC_FILES = sorted(DOCS.glob("*.md"))
-EXPECTED_DOCS = ("concepts.md", "decision-data.md", "http-api.md", "loop-rules.md", "serving.md")
+EXPECTED_DOCS = ("agents.md", "concepts.md", "decision-data.md", "http-api.md", "loop-rules.md", "serving.md")
 
 #: Fence roles by language; a JSON/JSONL/YAML/CSV block without one of these is an untested example.
 JSON_ROLES = {"request", "chat", "response", "chat-response", "422", "401", "404", "models", "hypothesis", "decision"}
@@ -488,7 +488,7 @@ def test_concept_table_spells_tracking_and_ledger_names() -> None:
 
     text = (DOCS / "concepts.md").read_text(encoding="utf-8")
     rows = _table(text, "## The concepts")
-    assert len(rows) == 16 and all(len(r) == 6 for r in rows), "the concept table has 16 concepts in 6 columns"
+    assert len(rows) == 17 and all(len(r) == 6 for r in rows), "the concept table has 17 concepts in 6 columns"
     kinds = {n for r in rows for n in _names(r[3]) if "." not in n}  # not the params `recipe.*`
     events = {n for r in rows for n in _names(r[4]) if "." not in n}  # not `change.recipe_overrides`
     assert kinds == set(tracking.RUN_KINDS), f"table {sorted(kinds)} vs tracking.RUN_KINDS {sorted(tracking.RUN_KINDS)}"

@@ -81,7 +81,8 @@ def test_step_records_and_run_kinds_are_the_asset_names() -> None:
     assets = {k.to_user_string() for k in defs.get_repository_def().asset_graph.get_all_asset_keys()}
     # Assets that keep their values in their own stores and hand Dagster metadata only (MaterializeResult):
     # the RL round records its steps in its own loop folder, ledger and MLflow (core/loop/rl_round.py).
-    own_store = {"rl_round"}
+    # So does an agent's evaluation (its run folder under agent_evals/ and MLflow; core/agents/evaluate.py).
+    own_store = {"rl_round", "agent_evaluation"}
     assert set(STEP_RECORDS) == assets - own_store
     for kind in (tracking.KIND_HYPOTHESIS, tracking.KIND_TRAINING, tracking.KIND_REEVAL, tracking.KIND_NOISE_FLOOR):
         assert kind in assets, kind

@@ -21,12 +21,15 @@ def _register_subcommands() -> None:
     from envloop_pipelines.cli import round as cli_round
     from envloop_pipelines.cli.data import data
     from envloop_pipelines.cli.env import env
+    from envloop_pipelines.cli.env_eval import compare_command, eval_command
     from envloop_pipelines.cli.model import evaluate, train
     from envloop_pipelines.cli.sandbox import sandbox
     from envloop_pipelines.cli.serve import serve
 
     main.add_command(data)
     main.add_command(env)
+    env.add_command(eval_command)
+    env.add_command(compare_command)
     main.add_command(sandbox)
     main.add_command(serve)
     main.add_command(train)

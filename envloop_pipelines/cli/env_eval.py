@@ -39,7 +39,7 @@ def summary_lines(summary: Mapping[str, Any]) -> list[str]:
         "",
     ]
     for p in summary["pass_at_k"]:
-        how = ("Wilson, attempts" if p["method"] == "wilson" else f"bootstrap over {p['n_environments']} environments")
+        how = f"{'Wilson' if p['method'] == 'wilson' else 'bootstrap'} over {p['n_environments']} environments"
         lines.append(f"pass@{p['k']:<3} {_pct(p['value'])}  {level}% CI [{_pct(p['ci_low'])}, {_pct(p['ci_high'])}]  ({how})")
     st = summary["statuses"]
     errors = ", ".join(f"{reason} x{n}" for reason, n in summary.get("errors", {}).items())

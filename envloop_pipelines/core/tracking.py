@@ -47,6 +47,14 @@ RUN_KINDS = (KIND_ROUND, KIND_NOISE_FLOOR, KIND_NULL_ARM, KIND_HYPOTHESIS, KIND_
 #: Metric name prefixes: ``holdout.family_macro_accuracy``, ``candidate.brier``, ``delta.ece`` ...
 HOLDOUT_PREFIX = "holdout."
 
+# -- agents in environments (core/agents): one agent's evaluation on one dataset version -------------------------
+#: The run of ``envloop env eval`` / the Dagster asset ``agent_evaluation`` (experiment ``envs/<dataset>``).
+KIND_AGENT_EVAL = "agent_evaluation"
+TAG_DATASET = "envloop.dataset"
+TAG_DATASET_VERSION = "envloop.dataset_version"
+TAG_AGENT = "envloop.agent"
+RUN_KINDS = (*RUN_KINDS, KIND_AGENT_EVAL)
+
 
 def default_tracking_uri(home: str | Path | None = None) -> str:
     """``$MLFLOW_TRACKING_URI`` if set, else SQLite under the EnvLoop home."""

@@ -21,6 +21,8 @@ EXPECTED_DEPS = {
                            "registered_hypothesis", "noise_floor"},
     # RL from verified attempts: one asset per round (core/loop/rl_round.py records the steps).
     "rl_round": set(),
+    # Agents in environments: one evaluation per (dataset version, agent) (core/agents/evaluate.py).
+    "agent_evaluation": set(),
 }
 UNPARTITIONED = {"task_benchmark", "noise_floor"}
 #: Partitions other than the decision loop's ``rounds``.
@@ -45,6 +47,10 @@ def test_asset_graph_snapshot() -> None:
         partitions = graph.get(key).partitions_def
         if key.to_user_string() in UNPARTITIONED:
             assert partitions is None
+        elif key.to_user_string() == "agent_evaluation":
+            assert isinstance(partitions, dg.MultiPartitionsDefinition)
+            assert {d.name: d.partitions_def.name for d in partitions.partitions_defs} == {
+                "dataset_version": "env_dataset_versions", "agent": "agents"}
         else:
             expected = OWN_PARTITIONS.get(key.to_user_string(), "rounds")
             assert isinstance(partitions, dg.DynamicPartitionsDefinition) and partitions.name == expected
