@@ -21,6 +21,7 @@ never overwritten and identical runs share one folder.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -185,12 +186,23 @@ def _run(dataset: Any, envs: Sequence[Any], agent: AgentSpec, attempts: int, lim
          sandbox: Any, work_root: str | Path | None, home: str | Path | None) -> list[Attempt]:
     from envloop_pipelines.core.environments.episode import open_episode
 
+    from envloop_pipelines.core.progress import Progress
+
     jobs = [(spec, a) for spec in envs for a in range(attempts)]
     root = Path(work_root) if work_root is not None else None
-    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="attempt") as pool:
-        return list(pool.map(lambda job: _attempt_once(dataset, job[0], agent, job[1], limits, open_episode, sandbox, root,
-                                                       home),
-                             jobs))
+    passed = [0]
+    lock = threading.Lock()
+    with Progress(f"eval {agent.model} on {dataset.name}", total=len(jobs), unit="attempt") as bar:
+
+        def one(job: tuple[Any, int]) -> Attempt:
+            done = _attempt_once(dataset, job[0], agent, job[1], limits, open_episode, sandbox, root, home)
+            with lock:
+                passed[0] += done.passed
+                bar.update(1, passed=passed[0])
+            return done
+
+        with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="attempt") as pool:
+            return list(pool.map(one, jobs))
 
 
 def _check_counts(attempts: int, workers: int) -> None:
