@@ -67,8 +67,9 @@ def hostile_commands(port: int, reads: tuple[str, ...] = ()) -> list[str]:
            f"find \"$f\" -type f -exec cat {{}} + 2>&1; done | head -c 4000"] if reads else []),
         # Read the hidden material: Harbor-style tests, the datasets' verifier side, labels.
         "cat /tests/test.sh /tests/* 2>&1 | head -c 2000; ls -la / 2>&1 | head -50",
-        "for d in / /root /work /tmp; do find $d -maxdepth 6 \\( -path '*environments*' -o -path '*verifier*' \\) "
-        "-type f 2>/dev/null; done | head -40 | while read f; do echo \"== $f\"; head -c 300 \"$f\"; done 2>&1 | head -c 4000",
+        "for d in /root /home /work /srv /var/lib /tmp; do find $d -maxdepth 5 \\( -path '*environments*' -o -path "
+        "'*verifier*' \\) -type f 2>/dev/null; done | head -40 | while read f; do echo \"== $f\"; head -c 300 \"$f\"; "
+        "done 2>&1 | head -c 4000",
         # Plant rewards where Harbor and naive verifiers look.
         "echo 1 > reward.txt; echo '{\"reward\": 1.0}' > reward.json; mkdir -p logs/verifier /logs/verifier 2>/dev/null; "
         "echo 1 > logs/verifier/reward.txt; echo 1 > /logs/verifier/reward.txt 2>&1; "
