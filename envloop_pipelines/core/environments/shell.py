@@ -18,6 +18,7 @@ recomputed from the seed at verify time and never leaves the verifier side.
 from __future__ import annotations
 
 import random
+import shlex
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -40,12 +41,13 @@ _WORDS = (
 
 @dataclass(frozen=True)
 class ShellSpec:
-    """Everything a seed determines: what the model sees and what the check expects."""
+    """Everything a seed determines: what the model sees, what the check expects and a reference solution."""
 
     family: str
     prompt: str
     files: Mapping[str, str]
     check_params: Mapping[str, Any] = field(default_factory=dict)
+    solution: str = ""  # a bash script that passes the check (the verifier side; Harbor's solution/solve.sh)
 
 
 def _words(rng: random.Random, n: int) -> list[str]:
@@ -65,6 +67,7 @@ def shell_spec(seed: int, families: Sequence[str] = SHELL_FAMILIES) -> ShellSpec
             f"Create a file named {name} in the current directory whose content is exactly the line: {line}",
             decoy,
             expect_files_params(stripped={name: line}, unchanged=decoy),
+            f"printf '%s\\n' {shlex.quote(line)} > {shlex.quote(name)}\n",
         )
     if family == "rename_ext":
         stems = rng.sample(_WORDS, rng.randint(3, 5))
@@ -77,6 +80,7 @@ def shell_spec(seed: int, families: Sequence[str] = SHELL_FAMILIES) -> ShellSpec
             {**texts, **others},
             expect_files_params(expect={n[:-4] + ".md": c for n, c in texts.items()}, absent=sorted(texts),
                                 no_glob=["*.txt"], unchanged=others),
+            'for f in *.txt; do mv -- "$f" "${f%.txt}.md"; done\n',
         )
     if family == "count_lines":
         name = f"{rng.choice(_WORDS)}.log"
@@ -87,6 +91,7 @@ def shell_spec(seed: int, families: Sequence[str] = SHELL_FAMILIES) -> ShellSpec
             f"Count the lines of the file {name} and write the number alone into a file named out.txt.",
             {name: content},
             expect_files_params(stripped={"out.txt": str(n_lines)}, unchanged={name: content}),
+            f"wc -l < {shlex.quote(name)} | tr -d ' ' > out.txt\n",
         )
     raise ValueError(f"unknown shell family {family!r}; allowed: {', '.join(SHELL_FAMILIES)}")
 

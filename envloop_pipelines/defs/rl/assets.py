@@ -39,12 +39,12 @@ def rl_round(context: dg.AssetExecutionContext, config: RlRoundAssetConfig, loop
     """An RL round: verified attempts become SFT data for a causal LM, re-evaluated on held-out environments and gated."""
     from envloop_pipelines.core.agents.client import AgentSpec
     from envloop_pipelines.core.agents.runner import AttemptLimits
-    from envloop_pipelines.core.environments.dataset import load_dataset
+    from envloop_pipelines.core.environments.dataset import open_dataset
     from envloop_pipelines.core.loop.rl_round import RlRoundConfig, run_rl_round
     from envloop_pipelines.core.model.causal_sft import load_causal_sft_recipe
 
     home = loop.config().home
-    dataset = load_dataset(config.dataset, home=home)
+    dataset = open_dataset(config.dataset, home=home)
     if (config.sampler_url is None) != (config.sampler_model is None):
         raise dg.Failure("sampler_url and sampler_model go together (or neither: the current policy samples)")
     sampler = None if config.sampler_url is None else AgentSpec(config.sampler_url, config.sampler_model,  # type: ignore[arg-type]
