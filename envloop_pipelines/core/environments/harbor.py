@@ -1,0 +1,488 @@
+"""Harbor task folders, both ways: export a dataset's terminal environments, import Harbor tasks into a dataset.
+
+A Harbor task (the ``harbor`` package on PyPI, schema 1.4) is a folder::
+
+    task.toml            schema_version, [task] name, [metadata], [verifier], [agent], [environment]
+    instruction.md       the instruction
+    environment/         Dockerfile (+ the files it COPYs): the agent's container
+    tests/test.sh        hidden tests: copied to /tests only for verification; write /logs/verifier/reward.txt
+    solution/solve.sh    the reference solution (the oracle agent runs it)
+
+**Export** (:func:`export_harbor`) writes one folder per terminal environment:
+the starting files under ``environment/files/``, copied into the working
+directory (``/app``) by the Dockerfile; the verifier in a separate container
+(``environment_mode = "separate"``) that gets the final ``/app`` as an
+artifact; for a ``terminal`` verifier a generated ``tests/test.sh`` that runs
+the same terminal-state check (:data:`~envloop_pipelines.core.verify.terminal.EXPECT_FILES`,
+its parameters in ``tests/params.json``) and writes 1 or 0 to
+``/logs/verifier/reward.txt``; for a ``tests`` verifier its files as they are.
+``[metadata.envloop]`` keeps the environment's id, seed, split, limits and meta,
+so an import of the export gives the same agent view. Decision environments
+have no Harbor form and are skipped (counted in the result).
+
+**Import** (:func:`import_harbor`) reads one task folder or a folder of them:
+the instruction (leading canary lines dropped, as Harbor does), the starting
+files (``COPY``/``ADD`` of local files or folders from ``environment/`` into the
+working directory), ``tests/`` as the hidden ``tests`` verifier (never among
+the agent's files), the limits (``memory_mb``, ``[agent]`` and ``[verifier]``
+``timeout_sec``) and ``solution/solve.sh``. What a Dockerfile does that our
+sandbox cannot reproduce (``RUN`` steps, a base image's own files, ``COPY`` to a
+path outside the working directory, ``COPY --from``, URLs and archives in
+``ADD``) is listed in the environment's ``meta["harbor"]["not_reproduced"]``:
+tests that need installed packages will fail here. Multi-step tasks, binary
+files and Compose environments are refused with an error naming the file and
+the field.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import re
+import shlex
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, Iterable, Mapping
+
+import tomlkit
+
+from envloop_pipelines.core.environments.dataset import EnvironmentDataset, check_name, store_dataset
+from envloop_pipelines.core.environments.episode import map_paths
+from envloop_pipelines.core.environments.spec import (
+    DEFAULT_COMMAND_LIMITS,
+    DEFAULT_VERIFY_LIMITS,
+    MAX_FILE_BYTES,
+    EnvironmentSpec,
+    SpecError,
+    VerifierSpec,
+)
+from envloop_pipelines.core.sandbox import SandboxLimits
+from envloop_pipelines.core.verify.terminal import EXPECT_FILES
+
+HARBOR_SCHEMA_VERSION = "1.4"
+#: The working directory of exported tasks (Harbor's convention).
+WORKDIR = "/app"
+#: python3 for the terminal-state check; the agent's tools are coreutils and bash.
+BASE_IMAGE = "python:3.12-slim"
+#: A Harbor agent has one timeout for the whole attempt; ours bounds each command. 600 s is 20 commands at
+#: the default 30 s per command, and more than any shell task here takes.
+AGENT_TIMEOUT_S = 600.0
+CANARY = re.compile(r"^(<!--.*canary.*-->|#.*canary.*)$", re.IGNORECASE)
+#: The header export puts before a reference solution (Harbor runs solve.sh as a program, from anywhere).
+SOLUTION_HEADER = "#!/bin/bash\n# EnvLoop reference solution: it runs in the task's working directory.\ncd {workdir}\n"
+
+TEST_SH = """#!/bin/bash
+# EnvLoop terminal-state check (envloop_pipelines/core/verify/terminal.py, EXPECT_FILES), run by Harbor's
+# verifier against the final state of {workdir}: 1 in /logs/verifier/reward.txt when every check holds, else 0.
+mkdir -p /logs/verifier
+cd {workdir} || {{ echo 0 > /logs/verifier/reward.txt; exit 0; }}
+ENVLOOP_RESULT_FD=3 python3 -I /tests/check.py < /tests/params.json 3> /logs/verifier/verdict.json
+python3 -I -c 'import json, sys; print(1 if json.load(open(sys.argv[1])).get("passed") is True else 0)' \\
+  /logs/verifier/verdict.json > /logs/verifier/reward.txt 2> /dev/null || echo 0 > /logs/verifier/reward.txt
+cat /logs/verifier/verdict.json 2> /dev/null; echo
+"""
+
+
+@dataclass(frozen=True)
+class HarborExport:
+    """What :func:`export_harbor` wrote.
+
+    Attributes:
+        out: the folder of tasks (a Harbor dataset).
+        tasks: environment id -> its task folder.
+        skipped: ids of environments with no Harbor form (decision environments).
+    """
+
+    out: Path
+    tasks: Mapping[str, Path]
+    skipped: tuple[str, ...]
+
+
+def _folder_name(env_id: str, taken: set[str]) -> str:
+    base = re.sub(r"[^A-Za-z0-9._-]", "-", env_id).strip(".-") or "task"
+    name, k = base, 1
+    while name in taken:
+        name, k = f"{base}-{k}", k + 1
+    taken.add(name)
+    return name
+
+
+def _task_toml(dataset: EnvironmentDataset, spec: EnvironmentSpec, folder: str, workdir: str) -> str:
+    doc = tomlkit.document()
+    doc.add(tomlkit.comment(f"Exported by EnvLoop from {dataset.name}@{dataset.version[:12]}, environment {spec.id}"))
+    doc["schema_version"] = HARBOR_SCHEMA_VERSION
+    # The verifier runs in its own container; the agent's final working directory is its one input.
+    doc["artifacts"] = [workdir]
+    task = tomlkit.table()
+    task["name"] = f"{dataset.name}/{folder}"
+    task["description"] = spec.instruction.splitlines()[0][:200]
+    doc["task"] = task
+    envloop = tomlkit.table()
+    envloop["id"] = spec.id
+    envloop["seed"] = spec.seed
+    envloop["split"] = spec.split
+    envloop["limits"] = spec.limits.to_dict()
+    envloop["verifier_limits"] = spec.verifier.limits.to_dict()
+    envloop["meta"] = json.dumps(dict(spec.meta), sort_keys=True)  # JSON: TOML has no null
+    metadata = tomlkit.table()
+    metadata["source"] = "envloop"
+    metadata["dataset"] = dataset.name
+    metadata["dataset_version"] = dataset.version
+    metadata["verifier"] = spec.verifier.kind
+    metadata.add("envloop", envloop)
+    doc["metadata"] = metadata
+    verifier = tomlkit.table()
+    verifier["timeout_sec"] = float(spec.verifier.limits.wall_s)
+    verifier["environment_mode"] = "separate"
+    doc["verifier"] = verifier
+    agent = tomlkit.table()
+    agent["timeout_sec"] = AGENT_TIMEOUT_S
+    doc["agent"] = agent
+    environment = tomlkit.table()
+    environment["cpus"] = 1
+    environment["memory_mb"] = int(spec.limits.mem_mb)
+    environment["network_mode"] = "no-network"
+    environment["workdir"] = workdir
+    doc["environment"] = environment
+    return tomlkit.dumps(doc)
+
+
+def _write(path: Path, text: str, executable: bool = False) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    if executable:
+        path.chmod(0o755)
+
+
+def export_task(dataset: EnvironmentDataset, spec: EnvironmentSpec, folder: Path) -> Path:
+    """Write one terminal environment as a Harbor task folder (which must not exist yet)."""
+    if spec.kind != "terminal":
+        raise ValueError(f"{spec.id}: only terminal environments have a Harbor form, not {spec.kind!r}")
+    workdir = str(spec.verifier.params.get("workdir", WORKDIR)) if spec.verifier.kind == "tests" else WORKDIR
+    folder.mkdir(parents=True)
+    _write(folder / "task.toml", _task_toml(dataset, spec, folder.name, workdir))
+    _write(folder / "instruction.md", spec.instruction + "\n")
+    lines = [f"FROM {BASE_IMAGE}", f"WORKDIR {workdir}"]
+    if spec.files:
+        lines.append(f"COPY files/ {workdir}/")
+        for rel, text in spec.files.items():
+            _write(folder / "environment" / "files" / rel, text)
+    _write(folder / "environment" / "Dockerfile", "\n".join(lines) + "\n")
+    if spec.verifier.kind == "terminal":
+        _write(folder / "tests" / "test.sh", TEST_SH.format(workdir=workdir), executable=True)
+        _write(folder / "tests" / "check.py", EXPECT_FILES.lstrip("\n"))
+        _write(folder / "tests" / "params.json", json.dumps(dict(spec.verifier.params), indent=2, sort_keys=True) + "\n")
+    else:
+        for rel, text in spec.verifier.files.items():
+            if not rel.startswith("tests/"):
+                raise ValueError(f"{spec.id}: verifier file {rel!r} is not under tests/")
+            _write(folder / rel, text, executable=rel.endswith(".sh"))
+    if spec.solution is not None:
+        _write(folder / "solution" / "solve.sh", SOLUTION_HEADER.format(workdir=workdir) + spec.solution,
+               executable=True)
+    return folder
+
+
+def export_harbor(dataset: EnvironmentDataset, out: str | Path) -> HarborExport:
+    """Export every terminal environment of ``dataset`` as a Harbor task folder under ``out``.
+
+    Raises:
+        FileExistsError: ``out`` exists and is not an empty folder (an export never overwrites).
+    """
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"{out} exists and is not an empty folder; export into a new one")
+    out.mkdir(parents=True, exist_ok=True)
+    taken: set[str] = set()
+    tasks: dict[str, Path] = {}
+    skipped = []
+    for spec in dataset.environments:
+        if spec.kind != "terminal":
+            skipped.append(spec.id)
+            continue
+        tasks[spec.id] = export_task(dataset, spec, out / _folder_name(spec.id, taken))
+    return HarborExport(out=out, tasks=tasks, skipped=tuple(skipped))
+
+
+# --------------------------------------------------------------------------- import
+
+
+def _fail(path: Path, field: str, message: str) -> SpecError:
+    return SpecError(f"{path}: field {field!r}: {message}")
+
+
+def _text(path: Path, field: str) -> str:
+    data = path.read_bytes()
+    if len(data) > MAX_FILE_BYTES:
+        raise _fail(path, field, f"{len(data)} bytes, more than {MAX_FILE_BYTES}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _fail(path, field, "not UTF-8 text (binary files are not supported)") from None
+
+
+def _number(toml: Path, raw: Mapping[str, Any], table: str, key: str, *, integer: bool = False) -> float | None:
+    value = raw.get(table, {}).get(key)
+    if value is None:
+        return None
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or value <= 0:
+        raise _fail(toml, f"{table}.{key}", f"must be a positive {'integer' if integer else 'number'}, got {value!r}")
+    return value
+
+
+def _logical_lines(text: str) -> Iterable[tuple[int, str]]:
+    pending, start = "", 0
+    for n, raw in enumerate(text.splitlines(), 1):
+        if not pending and (not raw.strip() or raw.lstrip().startswith("#")):
+            continue
+        if not pending:
+            start = n
+        stripped = raw.rstrip()
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        yield start, pending + raw
+        pending = ""
+    if pending:
+        yield start, pending
+
+
+def _starting_files(env_dir: Path, workdir_setting: str | None) -> tuple[dict[str, str], str, list[str]]:
+    """The files the Dockerfile copies into the working directory, the working directory, what is not reproduced."""
+    dockerfile = env_dir / "Dockerfile"
+    notes: list[str] = []
+    placed: list[tuple[str, Path]] = []  # (absolute target in the image, host source file)
+    cwd = "/"
+    if dockerfile.is_file():
+        for line, text in _logical_lines(_text(dockerfile, "environment/Dockerfile")):
+            instruction, _, rest = text.strip().partition(" ")
+            op = instruction.upper()
+            if op == "WORKDIR":
+                cwd = str(PurePosixPath(cwd, rest.strip().strip("\"'")))
+            elif op in ("COPY", "ADD"):
+                placed += _copy(env_dir, dockerfile, line, op, rest.strip(), cwd, notes)
+            elif op == "RUN":
+                notes.append(f"Dockerfile:{line}: RUN is not run here")
+            elif op == "FROM":
+                notes.append(f"Dockerfile:{line}: the base image's own files and programs ({rest.split()[0] if rest.split() else ''})")
+    workdir = workdir_setting or (cwd if cwd != "/" else WORKDIR)
+    files: dict[str, str] = {}
+    for target, source in placed:
+        rel = PurePosixPath(target).relative_to(workdir) if PurePosixPath(target).is_relative_to(workdir) else None
+        if rel is None or str(rel) == ".":
+            notes.append(f"{source.relative_to(env_dir)} -> {target}: outside the working directory {workdir}")
+            continue
+        files[str(rel)] = _text(source, f"environment/{source.relative_to(env_dir)}")
+    return files, workdir, notes
+
+
+def _copy(env_dir: Path, dockerfile: Path, line: int, op: str, rest: str, cwd: str, notes: list[str]) -> list[tuple[str, Path]]:
+    try:
+        args = json.loads(rest) if rest.startswith("[") else shlex.split(rest)
+    except (ValueError, json.JSONDecodeError):
+        raise SpecError(f"{dockerfile}:{line}: field '{op}': cannot parse {rest!r}") from None
+    flags = [a for a in args if a.startswith("--")]
+    args = [a for a in args if not a.startswith("--")]
+    if any(f.startswith("--from") for f in flags):
+        notes.append(f"Dockerfile:{line}: {op} --from (another image's files)")
+        return []
+    if len(args) < 2:
+        raise SpecError(f"{dockerfile}:{line}: field '{op}': needs a source and a destination, got {rest!r}")
+    *sources, dest = args
+    dest_abs = str(PurePosixPath(cwd, dest))
+    out: list[tuple[str, Path]] = []
+    root = env_dir.resolve()
+    matched: list[Path] = []
+    for src in sources:
+        if "://" in src or (op == "ADD" and re.search(r"\.(tar|tgz|gz|bz2|xz|zip)$", src)):
+            notes.append(f"Dockerfile:{line}: {op} {src} (a URL or an archive)")
+            continue
+        hits = sorted(Path(p) for p in glob.glob(str(env_dir / src))) if any(c in src for c in "*?[") else [env_dir / src]
+        for hit in hits:
+            if not hit.resolve().is_relative_to(root):
+                raise SpecError(f"{dockerfile}:{line}: field '{op}': {src!r} is outside environment/")
+            if not hit.exists():
+                raise SpecError(f"{dockerfile}:{line}: field '{op}': {src!r} is not in {env_dir}")
+            matched.append(hit)
+    into_dir = dest.endswith("/") or dest in (".", "./") or len(matched) > 1
+    for hit in matched:
+        if hit.is_dir():  # a folder's contents go into the destination
+            for f in sorted(p for p in hit.rglob("*") if p.is_file()):
+                out.append((str(PurePosixPath(dest_abs, f.relative_to(hit).as_posix())), f))
+        else:
+            out.append((str(PurePosixPath(dest_abs, hit.name)) if into_dir else dest_abs, hit))
+    return out
+
+
+def _tests_files(task_dir: Path) -> dict[str, str]:
+    tests = task_dir / "tests"
+    if not (tests / "test.sh").is_file():
+        raise _fail(task_dir / "tests" / "test.sh", "tests/test.sh", "missing: a task needs tests/test.sh (other OS "
+                                                                       "scripts are not supported)")
+    out = {}
+    for path in sorted(p for p in tests.rglob("*") if p.is_file()):
+        rel = path.relative_to(task_dir).as_posix()
+        out[rel] = _text(path, rel)
+    return out
+
+
+def _strip_canary(text: str) -> str:
+    lines = text.split("\n")
+    i = 0
+    while i < len(lines) and CANARY.match(lines[i].strip()):
+        i += 1
+    while i < len(lines) and i > 0 and not lines[i].strip():
+        i += 1
+    return "\n".join(lines[i:])
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def _envloop_limits(toml: Path, raw: Any, field: str, default: SandboxLimits) -> SandboxLimits:
+    if not isinstance(raw, Mapping):
+        raise _fail(toml, field, "must be a table of sandbox limits")
+    try:
+        return SandboxLimits.from_dict({**default.to_dict(), **raw})
+    except (TypeError, ValueError) as exc:
+        raise _fail(toml, field, str(exc)) from None
+
+
+def read_task(task_dir: str | Path) -> EnvironmentSpec:
+    """One Harbor task folder as a terminal environment with a ``tests`` verifier.
+
+    Raises:
+        SpecError: a missing or malformed file, naming the file and the field.
+    """
+    task_dir = Path(task_dir)
+    toml = task_dir / "task.toml"
+    try:
+        raw = tomllib.loads(_text(toml, "task.toml"))
+    except FileNotFoundError:
+        raise SpecError(f"{toml}: missing (a Harbor task folder has task.toml)") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"{toml}: not TOML ({exc})") from None
+    version = raw.get("schema_version", raw.get("version", HARBOR_SCHEMA_VERSION))
+    if not isinstance(version, str) or not version.startswith("1."):
+        raise _fail(toml, "schema_version", f"this importer reads schema 1.x, got {version!r}")
+    for table in ("task", "metadata", "verifier", "agent", "environment", "solution"):
+        if table in raw and not isinstance(raw[table], dict):
+            raise _fail(toml, table, f"must be a table, got {type(raw[table]).__name__}")
+    if raw.get("steps"):
+        raise _fail(toml, "steps", "multi-step tasks are not supported")
+    env_cfg = raw.get("environment", {})
+    workdir = env_cfg.get("workdir")
+    if workdir is not None and (not isinstance(workdir, str) or not workdir.startswith("/")):
+        raise _fail(toml, "environment.workdir", f"must be an absolute path, got {workdir!r}")
+    env_dir = task_dir / "environment"
+    if (env_dir / "docker-compose.yaml").is_file():
+        raise _fail(env_dir / "docker-compose.yaml", "environment", "Compose environments are not supported")
+    if not env_dir.is_dir() and not env_cfg.get("docker_image"):
+        raise _fail(toml, "environment.docker_image", f"no environment/ folder and no image: {env_dir} is missing")
+    files, workdir, notes = _starting_files(env_dir, workdir)
+    if env_cfg.get("docker_image"):
+        notes.append(f"environment.docker_image {env_cfg['docker_image']}: the image's own files and programs")
+    network = env_cfg.get("network_mode", "public" if env_cfg.get("allow_internet", True) else "no-network")
+    if network != "no-network":
+        notes.append(f"environment.network_mode {network!r}: environments here run without a network")
+    instruction_path = task_dir / "instruction.md"
+    if not instruction_path.is_file():
+        raise _fail(instruction_path, "instruction.md", "missing")
+    instruction = _strip_canary(_text(instruction_path, "instruction.md"))
+    instruction = instruction[:-1] if instruction.endswith("\n") else instruction
+    if not instruction.strip():
+        raise _fail(instruction_path, "instruction.md", "empty")
+    tests = _tests_files(task_dir)
+    solution = None
+    solve = task_dir / "solution" / "solve.sh"
+    if solve.is_file():
+        text = _text(solve, "solution/solve.sh")
+        header = SOLUTION_HEADER.format(workdir=workdir)
+        # Our own export's header comes off; any other script's absolute working directory becomes '.', where
+        # an attempt's commands run.
+        solution = text[len(header):] if text.startswith(header) else map_paths(text, {workdir: Path(".")})
+    metadata = raw.get("metadata", {})
+    mine = metadata.get("envloop") if isinstance(metadata.get("envloop"), dict) else None
+    verifier_timeout = _number(toml, raw, "verifier", "timeout_sec")
+    agent_timeout = _number(toml, raw, "agent", "timeout_sec")
+    memory_mb = _number(toml, raw, "environment", "memory_mb", integer=True)
+    if mine is not None:  # our own export: the agent view as it was
+        field = "metadata.envloop"
+        try:
+            meta = json.loads(mine.get("meta", "{}"))
+        except (TypeError, json.JSONDecodeError):
+            raise _fail(toml, f"{field}.meta", "must be a JSON object (text)") from None
+        limits = _envloop_limits(toml, mine.get("limits", {}), f"{field}.limits", DEFAULT_COMMAND_LIMITS)
+        verifier_limits = _envloop_limits(toml, mine.get("verifier_limits", {}), f"{field}.verifier_limits",
+                                          DEFAULT_VERIFY_LIMITS)
+        env_id, seed, split = mine.get("id"), mine.get("seed", 0), mine.get("split", "train")
+    else:
+        wall = min(DEFAULT_COMMAND_LIMITS.wall_s, agent_timeout or DEFAULT_COMMAND_LIMITS.wall_s)
+        limits = SandboxLimits.from_dict({**DEFAULT_COMMAND_LIMITS.to_dict(), "wall_s": wall,
+                                          **({"mem_mb": int(memory_mb)} if memory_mb else {})})
+        vt = verifier_timeout or DEFAULT_VERIFY_LIMITS.wall_s
+        verifier_limits = SandboxLimits.from_dict({**DEFAULT_VERIFY_LIMITS.to_dict(), "wall_s": float(vt),
+                                                   "cpu_s": float(vt)})
+        name = raw.get("task", {}).get("name") or task_dir.name
+        env_id = re.sub(r"[^A-Za-z0-9._/#-]", "-", str(name)).strip("/")[:200] or "task"
+        seed, split = 0, "train"
+        meta = {"harbor": _jsonable({
+            "task": name, "metadata": metadata, "agent_timeout_sec": agent_timeout,
+            "verifier_timeout_sec": verifier_timeout, "cpus": env_cfg.get("cpus"), "memory_mb": memory_mb,
+            "network_mode": network, "workdir": workdir, "not_reproduced": notes})}
+    try:
+        return EnvironmentSpec(id=env_id, kind="terminal", instruction=instruction, files=files,
+                               verifier=VerifierSpec("tests", {"workdir": workdir}, tests, verifier_limits),
+                               limits=limits, seed=seed, split=split, solution=solution, meta=meta)
+    except SpecError as exc:
+        raise SpecError(f"{toml}: {exc}") from None
+
+
+def task_folders(path: str | Path) -> list[Path]:
+    """``path`` itself when it is a task folder (it has task.toml), else its sub-folders that are.
+
+    Raises:
+        FileNotFoundError: no task folder there.
+    """
+    path = Path(path)
+    if (path / "task.toml").is_file():
+        return [path]
+    found = sorted(p for p in path.iterdir() if p.is_dir() and (p / "task.toml").is_file()) if path.is_dir() else []
+    if not found:
+        raise FileNotFoundError(f"{path}: no Harbor task here (a task folder has task.toml; a folder of tasks "
+                                f"holds such folders)")
+    return found
+
+
+def import_harbor(path: str | Path, *, name: str | None = None, home: str | Path | None = None) -> EnvironmentDataset:
+    """Import one Harbor task folder, or a folder of them, as an environment dataset.
+
+    Args:
+        path: a task folder or a folder of task folders.
+        name: the dataset's name (default: the folder's name, made a valid name).
+        home: the EnvLoop home.
+
+    Raises:
+        FileNotFoundError: no task folder at ``path``.
+        SpecError: a malformed task, naming the file and the field.
+        ValueError: two tasks with the same environment id.
+    """
+    path = Path(path).resolve()
+    folders = task_folders(path)
+    specs = [read_task(f) for f in folders]
+    seen: dict[str, Path] = {}
+    for spec, folder in zip(specs, folders):
+        if spec.id in seen:
+            raise ValueError(f"{folder} and {seen[spec.id]} are both environment {spec.id!r}")
+        seen[spec.id] = folder
+    if name is None:
+        name = re.sub(r"[^A-Za-z0-9._-]", "-", path.name).strip(".-") or "harbor"
+    check_name(name)
+    return store_dataset(name, specs, source={"import": "harbor", "path": str(path), "tasks": len(specs)}, home=home)
+
+
+__all__ = ["AGENT_TIMEOUT_S", "BASE_IMAGE", "HARBOR_SCHEMA_VERSION", "HarborExport", "WORKDIR", "export_harbor",
+           "export_task", "import_harbor", "read_task", "task_folders"]
