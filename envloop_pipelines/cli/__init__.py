@@ -20,7 +20,7 @@ def main(verbose: bool) -> None:
 def _register_subcommands() -> None:
     from envloop_pipelines.cli import round as cli_round
     from envloop_pipelines.cli.data import data
-    from envloop_pipelines.cli.env import env
+    from envloop_pipelines.cli.env import env, export_command, generate, import_command, list_command, show_command
     from envloop_pipelines.cli.env_eval import compare_command, eval_command
     from envloop_pipelines.cli.model import evaluate, train
     from envloop_pipelines.cli.sandbox import sandbox
@@ -28,6 +28,11 @@ def _register_subcommands() -> None:
 
     main.add_command(data)
     main.add_command(env)
+    env.add_command(list_command)
+    env.add_command(show_command)
+    env.add_command(generate)
+    env.add_command(export_command)
+    env.add_command(import_command)
     env.add_command(eval_command)
     env.add_command(compare_command)
     main.add_command(sandbox)

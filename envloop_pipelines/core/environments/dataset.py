@@ -322,8 +322,11 @@ def open_dataset(ref: str, *, home: str | Path | None = None) -> EnvironmentData
         extra = sorted(set(hrow) - {"id", "verifier", "solution"})
         if extra:
             raise SpecError(f"{hidden_path}:{hn}: field {extra[0]!r}: unknown; allowed: id, verifier, solution")
-        envs.append(EnvironmentSpec.from_dict({**row, "verifier": hrow.get("verifier"), "solution": hrow.get("solution")},
-                                              where))
+        try:
+            envs.append(EnvironmentSpec.from_dict({**row, "verifier": hrow.get("verifier"),
+                                                   "solution": hrow.get("solution")}, where))
+        except SpecError as exc:  # the spec's own checks name the environment, not the file
+            raise SpecError(str(exc) if str(exc).startswith(where) else f"{where}: {exc}") from None
     if hidden:
         raise SpecError(f"{hidden_path}: field 'id': {sorted(hidden)[0]!r} is not in {public_path}")
     if len(envs) != manifest["counts"]["environments"]:

@@ -161,6 +161,11 @@ def decision_environments(task: str, *, split: str = "dev", n: int | None = None
         meta={"generator": "decision", "task": task, "snapshot_id": snapshot.snapshot_id, "question_split": split})
 
 
+def synthesis_dataset_name(task: str, round_key: str) -> str:
+    """The dataset a round's synthesized rows are stored as: ``<task>-<round>`` (``personal_agent-r0001``)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "-", f"{task}-{round_key}").strip(".-")[:100]
+
+
 def synthesis_environments(table: pa.Table, *, task: str, round_key: str) -> list[EnvironmentSpec]:
     """A round's synthesized training rows (``SNAPSHOT_SCHEMA``: with ``provenance``) as decision environments."""
     return decision_environments_from_table(
@@ -192,4 +197,4 @@ def generate_dataset(generator: str, name: str, *, home: str | Path | None = Non
 
 
 __all__ = ["GENERATORS", "decision_environments", "decision_environments_from_table", "generate_dataset",
-           "heldout_indices", "shell_environments", "synthesis_environments"]
+           "heldout_indices", "shell_environments", "synthesis_dataset_name", "synthesis_environments"]

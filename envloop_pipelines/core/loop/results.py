@@ -112,7 +112,11 @@ class FailureMining(Record):
 
 @dataclass(frozen=True)
 class EnvironmentSynthesis(Record):
-    """``environment_synthesis``: the rows written for the top clusters."""
+    """``environment_synthesis``: the rows written for the top clusters, and the same rows as an environment dataset.
+
+    ``environment_dataset`` is ``<name>@<version>`` of the decision environments made of the rows
+    (``envloop env show``); None when no row was synthesized, and in records stored before it existed.
+    """
 
     round: str
     generator: str
@@ -121,6 +125,7 @@ class EnvironmentSynthesis(Record):
     clusters: tuple[str, ...]
     path: str
     sha256: str
+    environment_dataset: str | None = None
 
 
 @dataclass(frozen=True)

@@ -113,9 +113,30 @@ def synthesize_environments(config: LoopConfig, mined: FailureMining) -> Environ
     for p in table.column("provenance").to_pylist():
         name = json.loads(p)["cluster"]
         per_cluster[name] = per_cluster.get(name, 0) + 1
-    return EnvironmentSynthesis(round=key, generator=getattr(generator, "name", config.generator), n_rows=table.num_rows,
+    generator_name = getattr(generator, "name", config.generator)
+    digest = sha256_file(path)
+    return EnvironmentSynthesis(round=key, generator=generator_name, n_rows=table.num_rows,
                                 per_cluster=per_cluster, clusters=tuple(c.name for c in clusters), path=str(path),
-                                sha256=sha256_file(path))
+                                sha256=digest, environment_dataset=_store_synthesized(config, key, table, generator_name,
+                                                                                      digest))
+
+
+def _store_synthesized(config: LoopConfig, key: str, table: pa.Table, generator: str, digest: str) -> str | None:
+    """The synthesized rows as a decision-environment dataset ``<task>-<round>``; its ``name@version`` (None if empty).
+
+    The training rows stay the Parquet file above (the training snapshot reads that, so its hash does not move);
+    the dataset is the same questions as environments with ``rule`` verifiers, for agents and RL rounds.
+    """
+    from envloop_pipelines.core.environments.dataset import store_dataset
+    from envloop_pipelines.core.environments.generators import synthesis_dataset_name, synthesis_environments
+
+    specs = synthesis_environments(table, task=config.task, round_key=key)
+    if not specs:
+        return None
+    stored = store_dataset(synthesis_dataset_name(config.task, key), specs, home=config.home,
+                           source={"generator": "environment_synthesis", "task": config.task, "round": key,
+                                   "synthesis_generator": generator, "synthesis_sha256": digest})
+    return stored.ref
 
 
 def proposal_errors(proposal: Mapping[str, Any]) -> list[str]:

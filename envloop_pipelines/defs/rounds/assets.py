@@ -118,13 +118,15 @@ def failure_mining(loop: LoopResource, baseline_eval: BaselineEval) -> dg.Output
 
 @dg.asset(partitions_def=rounds, group_name=ROUND_GROUP)
 def environment_synthesis(loop: LoopResource, failure_mining: FailureMining) -> dg.Output[EnvironmentSynthesis]:
-    """New training examples aimed at the top failure clusters, each with provenance to its cluster."""
+    """New training examples aimed at the top failure clusters, each with provenance to its cluster, also stored as
+    an environment dataset."""
     result = steps.synthesize_environments(loop.config(), failure_mining)
     return dg.Output(result, metadata={
         "generator": result.generator,
         "n_rows": result.n_rows,
         "per_cluster": dg.MetadataValue.json(dict(result.per_cluster)),
         "sha256": result.sha256,
+        **({"environment_dataset": result.environment_dataset} if result.environment_dataset else {}),
     })
 
 
