@@ -252,6 +252,40 @@ def test_synthesized_rows_become_decision_environments(task_home: Path) -> None:
     assert synthesis_dataset_name("my task/x", "r0001") == "my-task-x-r0001"
 
 
+def test_the_synthesis_step_stores_its_rows_as_a_dataset(task_home: Path, tmp_path: Path) -> None:
+    """synthesize_environments keeps its Parquet rows and records the same rows as a dataset in its result."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from envloop_pipelines.core.loop.config import LoopConfig
+    from envloop_pipelines.core.loop.results import EnvironmentSynthesis, FailureMining
+    from envloop_pipelines.core.loop.steps import synthesize_environments
+
+    home = tmp_path / "home"
+    shutil.copytree(task_home, home)
+    family = open_task("tickets", home=home).table("train").column("family")[0].as_py()
+    mined = FailureMining(round="r0002", n_questions=10, n_errors=4, n_confident_errors=1, error_rate=0.4,
+                          threshold=None, by_family={},
+                          clusters=({"name": f"family={family}", "key": {"family": family}, "n": 10, "errors": 4,
+                                     "confident_errors": 1, "error_rate": 0.4, "excess_errors": 2.0,
+                                     "example_ids": []},))
+    config = LoopConfig(task="tickets", home=str(home), generator="label_preserving_variants", n_synthesized=6)
+    result = synthesize_environments(config, mined)
+    rows = pq.read_table(result.path)
+    assert result.n_rows == rows.num_rows == 6
+    dataset = open_dataset(result.environment_dataset, home=home)
+    assert result.environment_dataset == f"tickets-r0002@{dataset.version}"
+    assert dataset.manifest["source"]["synthesis_sha256"] == result.sha256
+    assert [e.instruction for e in dataset.environments] == [
+        e.instruction for e in sorted(synthesis_environments(rows, task="tickets", round_key="r0002"), key=lambda e: e.id)]
+    again = synthesize_environments(config, mined)  # a retry: the same rows, the same version
+    assert again.environment_dataset == result.environment_dataset and again.sha256 == result.sha256
+    assert EnvironmentSynthesis.from_dict(result.to_dict()) == result
+    old = {k: v for k, v in result.to_dict().items() if k != "environment_dataset"}  # a record stored before
+    assert EnvironmentSynthesis.from_dict(old).environment_dataset is None
+
+
 # --------------------------------------------------------------------------- agents on a stored dataset
 
 
