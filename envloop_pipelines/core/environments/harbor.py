@@ -373,6 +373,9 @@ def read_task(task_dir: str | Path) -> EnvironmentSpec:
             raise _fail(toml, table, f"must be a table, got {type(raw[table]).__name__}")
     if raw.get("steps"):
         raise _fail(toml, "steps", "multi-step tasks are not supported")
+    verifier_timeout = _number(toml, raw, "verifier", "timeout_sec")
+    agent_timeout = _number(toml, raw, "agent", "timeout_sec")
+    memory_mb = _number(toml, raw, "environment", "memory_mb", integer=True)
     env_cfg = raw.get("environment", {})
     workdir = env_cfg.get("workdir")
     if workdir is not None and (not isinstance(workdir, str) or not workdir.startswith("/")):
@@ -406,9 +409,6 @@ def read_task(task_dir: str | Path) -> EnvironmentSpec:
         solution = text[len(header):] if text.startswith(header) else map_paths(text, {workdir: Path(".")})
     metadata = raw.get("metadata", {})
     mine = metadata.get("envloop") if isinstance(metadata.get("envloop"), dict) else None
-    verifier_timeout = _number(toml, raw, "verifier", "timeout_sec")
-    agent_timeout = _number(toml, raw, "agent", "timeout_sec")
-    memory_mb = _number(toml, raw, "environment", "memory_mb", integer=True)
     if mine is not None:  # our own export: the agent view as it was
         field = "metadata.envloop"
         try:
