@@ -128,10 +128,12 @@ def write_task(folder: Path, *, toml: str | None = None, dockerfile: str | None 
             WORKDIR /app
             COPY data/ /app/data/
             COPY ["notes.md", "./"]
+            COPY readme.txt /app
             COPY secret.cfg /etc/acme/secret.cfg
             """),
         "environment/data/prices.csv": "item,price\napple,3\npear,4\nplum,5\n",
         "environment/notes.md": "The prices are in euros.\n",
+        "environment/readme.txt": "Read me.\n",
         "environment/secret.cfg": "token=not-for-agents\n",
         "tests/test.sh": test_sh if test_sh is not None else textwrap.dedent("""\
             #!/bin/bash
@@ -163,7 +165,7 @@ def test_an_imported_harbor_task_runs_and_verifies_here(tmp_path: Path) -> None:
     assert spec.instruction.startswith("Sum the second column")  # the canary line is dropped, as harbor does
     # The starting files are what the Dockerfile copies into the working directory; tests stay hidden.
     assert spec.files == {"data/prices.csv": "item,price\napple,3\npear,4\nplum,5\n",
-                          "notes.md": "The prices are in euros.\n"}
+                          "notes.md": "The prices are in euros.\n", "readme.txt": "Read me.\n"}
     assert sorted(spec.verifier.files) == ["tests/expected.txt", "tests/test.sh"]
     assert "expected" not in json.dumps(spec.agent_view()) and "12" not in json.dumps(spec.files)
     assert spec.verifier.params == {"workdir": "/app"} and spec.verifier.limits.wall_s == 120.0

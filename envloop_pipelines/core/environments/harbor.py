@@ -255,14 +255,16 @@ def _starting_files(env_dir: Path, workdir_setting: str | None) -> tuple[dict[st
     notes: list[str] = []
     placed: list[tuple[str, Path]] = []  # (absolute target in the image, host source file)
     cwd = "/"
+    folders = {"/", *([workdir_setting] if workdir_setting else [])}  # destinations known to be folders
     if dockerfile.is_file():
         for line, text in _logical_lines(_text(dockerfile, "environment/Dockerfile")):
             instruction, _, rest = text.strip().partition(" ")
             op = instruction.upper()
             if op == "WORKDIR":
                 cwd = str(PurePosixPath(cwd, rest.strip().strip("\"'")))
+                folders.add(cwd)
             elif op in ("COPY", "ADD"):
-                placed += _copy(env_dir, dockerfile, line, op, rest.strip(), cwd, notes)
+                placed += _copy(env_dir, dockerfile, line, op, rest.strip(), cwd, folders, notes)
             elif op == "RUN":
                 notes.append(f"Dockerfile:{line}: RUN is not run here")
             elif op == "FROM":
@@ -278,7 +280,8 @@ def _starting_files(env_dir: Path, workdir_setting: str | None) -> tuple[dict[st
     return files, workdir, notes
 
 
-def _copy(env_dir: Path, dockerfile: Path, line: int, op: str, rest: str, cwd: str, notes: list[str]) -> list[tuple[str, Path]]:
+def _copy(env_dir: Path, dockerfile: Path, line: int, op: str, rest: str, cwd: str, folders: set[str],
+          notes: list[str]) -> list[tuple[str, Path]]:
     try:
         args = json.loads(rest) if rest.startswith("[") else shlex.split(rest)
     except (ValueError, json.JSONDecodeError):
@@ -306,7 +309,8 @@ def _copy(env_dir: Path, dockerfile: Path, line: int, op: str, rest: str, cwd: s
             if not hit.exists():
                 raise SpecError(f"{dockerfile}:{line}: field '{op}': {src!r} is not in {env_dir}")
             matched.append(hit)
-    into_dir = dest.endswith("/") or dest in (".", "./") or len(matched) > 1
+    # Docker copies a file into the destination when it names a folder: a trailing '/', '.', a WORKDIR.
+    into_dir = dest.endswith("/") or dest in (".", "./") or len(matched) > 1 or dest_abs in folders
     for hit in matched:
         if hit.is_dir():  # a folder's contents go into the destination
             for f in sorted(p for p in hit.rglob("*") if p.is_file()):
