@@ -268,6 +268,25 @@ def test_the_card_shows_safety_fnr_beside_tfidf_with_the_deferral_rate_and_the_p
             "(se 0.0068); **underpowered**") in text
 
 
+def test_the_card_puts_tfidf_beside_the_release_on_the_holdout_with_the_paired_delta() -> None:
+    from envloop_pipelines.core.loop.cards import render_card
+
+    base = {"release": 1, "task": "t", "round": "bootstrap", "parent_release": None, "benchmark_version": "b",
+            "data_snapshot": "d", "recipe_hash": "r", "checkpoint_sha256": "c", "test": {}, "gate": {},
+            "noise_floor": 0.01}
+    card = {**base, "holdout": {"family_macro_accuracy": 0.55, "brier": 0.42, "acc/route": 0.7},
+            "holdout_tfidf": {"family_macro_accuracy": 0.52, "brier": 0.47},
+            "holdout_vs_tfidf": {"family_macro_accuracy": {"delta": 0.03, "ci_low": 0.011, "ci_high": 0.049}}}
+    text = render_card(card)
+    holdout = text[text.index("## Holdout"):text.index("## Test")]
+    assert "| metric | release | TF-IDF + LR | release − TF-IDF (95% CI) |" in holdout
+    assert "| family_macro_accuracy | 0.5500 | 0.5200 | +0.0300 [+0.0110, +0.0490] |" in holdout
+    assert "| brier | 0.4200 | 0.4700 | — |" in holdout and "acc/route" not in holdout
+    # A card written before the classical column keeps its one-column table.
+    old = render_card({**base, "holdout": {"brier": 0.42}})
+    assert "| metric | value |" in old and "| brier | 0.4200 |" in old
+
+
 def test_a_checkpoints_safety_thresholds_are_read_from_its_calibration(tmp_path: Path) -> None:
     import math
 

@@ -200,6 +200,18 @@ def test_release_card_holdout_first_and_baseline_beside(loop_env: dict[str, Any]
     assert "TF-IDF + LR" in markdown and "## Paired deltas" in markdown
     assert card["paired_deltas"]["family_macro_accuracy"]["ci_low"] is not None
     assert card["amendments"] == [] and card["gate"]["min_delta"] == 0.0
+    # Every release, the bootstrap one included, has TF-IDF + LR beside it on test and on the holdout,
+    # the holdout's from the same one read (paired release − TF-IDF).
+    reads = list(ledger.events("holdout_read"))
+    for release in ledger.releases():
+        assert release["tfidf_baseline_test"]["family_macro_accuracy"] is not None, release["release"]
+        assert 0 <= release["holdout_tfidf"]["family_macro_accuracy"] <= 1
+        paired = release["holdout_vs_tfidf"]["family_macro_accuracy"]
+        assert paired["delta"] == pytest.approx(release["holdout"]["family_macro_accuracy"]
+                                                - release["holdout_tfidf"]["family_macro_accuracy"], abs=1e-9)
+        assert paired["ci_low"] <= paired["delta"] <= paired["ci_high"]
+        assert sum(1 for e in reads if e.get("release") == release["release"]) == 1
+    assert "release − TF-IDF (95% CI)" in markdown
 
 
 def test_reeval_ran_the_verifier_in_another_process(loop_env: dict[str, Any]) -> None:

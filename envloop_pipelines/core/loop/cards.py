@@ -89,17 +89,36 @@ def _safety_section(card: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _holdout_table(card: Mapping[str, Any]) -> list[str]:
+    """The holdout beside TF-IDF + LR scored in the same read, with the paired delta release − TF-IDF.
+
+    Cards written before the classical column existed have the release's column only."""
+    holdout, tfidf = card.get("holdout") or {}, card.get("holdout_tfidf")
+    if tfidf is None:
+        return ["| metric | value |", "|---|---|"] + [f"| {k} | {_fmt(v)} |" for k, v in holdout.items()
+                                                      if not k.startswith("acc/")]
+    deltas = card.get("holdout_vs_tfidf") or {}
+    lines = ["| metric | release | TF-IDF + LR | release − TF-IDF (95% CI) |", "|---|---|---|---|"]
+    for k, v in holdout.items():
+        if k.startswith("acc/"):
+            continue
+        d = deltas.get(k) or {}
+        ci = (f"{d['delta']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]"
+              if all(isinstance(d.get(x), float) for x in ("delta", "ci_low", "ci_high")) else "—")
+        lines.append(f"| {k} | {_fmt(v)} | {_fmt(tfidf.get(k))} | {ci} |")
+    return lines
+
+
 def render_card(card: Mapping[str, Any]) -> str:
     """The release card as Markdown: holdout first, then test beside the parent and the classical baseline."""
     lines = [f"# Release {card['release']} — {card['task']}", "",
              f"- round: `{card['round']}`  parent release: {_fmt(card.get('parent_release'))}",
              f"- benchmark: `{card['benchmark_version']}`  data snapshot: `{str(card['data_snapshot'])[:16]}`",
-             f"- recipe: `{str(card['recipe_hash'])[:16]}`  checkpoint: `{str(card['checkpoint_sha256'])[:16]}`",
-             f"- MLflow model version: {card.get('model_version')}", "", "## Holdout (read once)", "",
-             "| metric | value |", "|---|---|"]
-    for k, v in (card.get("holdout") or {}).items():
-        if not k.startswith("acc/"):
-            lines.append(f"| {k} | {_fmt(v)} |")
+             f"- recipe: `{str(card['recipe_hash'])[:16]}`  checkpoint: `{str(card['checkpoint_sha256'])[:16]}`"
+             + (f"  inference: {card['inference_precision']} (verifier and `envloop serve` alike)"
+                if card.get("inference_precision") else ""),
+             f"- MLflow model version: {card.get('model_version')}", "", "## Holdout (read once)", ""]
+    lines += _holdout_table(card)
     lines += ["", "## Test", "", "| metric | release | parent | TF-IDF + LR |", "|---|---|---|---|"]
     parent, tfidf = card.get("parent_test") or {}, card.get("tfidf_baseline_test") or {}
     for k, v in (card.get("test") or {}).items():

@@ -49,19 +49,47 @@ def champion(config: LoopConfig) -> dict[str, Any]:
     return releases[-1]
 
 
+@dataclass(frozen=True)
+class HoldoutRead:
+    """What a release's one holdout read gives: the release's metrics, TF-IDF + LR's beside them, and
+    the paired deltas release − TF-IDF (record-clustered bootstrap, 95%), all from one verifier run."""
+
+    metrics: Mapping[str, Any]
+    tfidf: Mapping[str, Any]
+    vs_tfidf: Mapping[str, Any]
+
+
+def tfidf_baseline(config: LoopConfig, snapshot: TaskSnapshot) -> Any:
+    """TF-IDF + LR fitted on the task's train split and calibrated on val (safety thresholds included):
+    the classical model a user would build from the same data, printed beside every release."""
+    from envloop_pipelines.core.baseline import TfidfBaseline
+
+    return TfidfBaseline(safety_families=config.safety_families,
+                         safety_fnr_target=config.safety_fnr_target).fit(snapshot.table("train"), snapshot.table("val"))
+
+
 def holdout_metrics(config: LoopConfig, checkpoint: Path, snapshot: TaskSnapshot, out: Path, *, ledger: Ledger,
-                    release: int) -> dict[str, Any]:
+                    release: int) -> HoldoutRead:
     """The checkpoint's holdout metrics from the verifier, as the release's one holdout read.
 
     The verifier takes the ledger's slot for ``release`` (``Ledger.read_holdout_once``) around the
-    run, so this is the read, and a second one for the release is refused.
+    run, so this is the read, and a second one for the release is refused. TF-IDF + LR's predictions
+    are scored in the same run as its baseline, so the classical figure costs no second read.
 
     Raises:
         HoldoutAlreadyReadError: the release already read the holdout.
     """
-    preds = write_predictions(out, checkpoint, snapshot.table("holdout"))
-    return dict(verify_predictions(config, "holdout", preds, holdout_slot=ledger, release=release,
-                                   checkpoint=checkpoint).report.metrics)
+    holdout = snapshot.table("holdout")
+    preds = write_predictions(out, checkpoint, holdout)
+    tfidf = tfidf_baseline(config, snapshot)
+    from envloop_pipelines.core.storage import atomic_write_parquet
+
+    tfidf_preds = atomic_write_parquet(out.with_name(f"{out.stem}-tfidf.parquet"), tfidf.predict_table(holdout),
+                                       overwrite=True)
+    run = verify_predictions(config, "holdout", preds, baseline=tfidf_preds, holdout_slot=ledger, release=release,
+                             checkpoint=checkpoint, baseline_safety_thresholds=tfidf.calibration.safety_thresholds)
+    return HoldoutRead(metrics=dict(run.report.metrics), tfidf=dict(run.baseline_report.metrics),
+                       vs_tfidf=dict((run.paired or {}).get("deltas") or {}))
 
 
 def publish_release(config: LoopConfig, tracker: Tracker, *, checkpoint: Path, snapshot: TaskSnapshot,
@@ -83,7 +111,8 @@ def publish_release(config: LoopConfig, tracker: Tracker, *, checkpoint: Path, s
     """
     ledger = Ledger(config.task, config.home)
     release = ledger.next_release_number()
-    holdout = holdout_metrics(config, checkpoint, snapshot, holdout_out, ledger=ledger, release=release)
+    read = holdout_metrics(config, checkpoint, snapshot, holdout_out, ledger=ledger, release=release)
+    holdout = dict(read.metrics)
     tags = {TAG_RELEASE: str(release), TAG_CHECKPOINT: checkpoint.name}
     if round_key is not None:
         mrun = child_run(tracker, config, round_key, KIND_RELEASE, {**(run_tags or {}), **tags})
@@ -91,16 +120,21 @@ def publish_release(config: LoopConfig, tracker: Tracker, *, checkpoint: Path, s
     else:
         mrun = tracker.start_run(config.task, f"release {release} (bootstrap)",
                                  tags={TAG_KIND: KIND_RELEASE, **(run_tags or {}), **tags})
-    tracker.log_metrics(mrun.run_id, flat_metrics(holdout, HOLDOUT_PREFIX))
+    tracker.log_metrics(mrun.run_id, {**flat_metrics(holdout, HOLDOUT_PREFIX),
+                                      **flat_metrics(read.tfidf, f"{HOLDOUT_PREFIX}tfidf.")})
     tracker.log_artifact(mrun.run_id, checkpoint, "checkpoint")
     version = tracker.register_version(config.model_name, f"{tracker.artifact_uri(mrun.run_id)}/checkpoint",
                                        mrun.run_id, tags=tags)
     tracker.set_champion(config.model_name, version)
     tracker.end_run(mrun.run_id)
-    body = {**card(release, holdout), "release": release, "holdout": holdout, "model_version": version,
+    from envloop_pipelines.core.model.checkpoint import read_recipe
+
+    body = {**card(release, holdout), "inference_precision": read_recipe(checkpoint).inference_precision,
+            "release": release, "holdout": holdout, "holdout_tfidf": dict(read.tfidf),
+            "holdout_vs_tfidf": dict(read.vs_tfidf), "model_version": version,
             "mlflow_run_id": mrun.run_id}
     ledger.write_release_card(release, body, render_card(body))
     return Release(release=release, model_version=version, card=body)
 
 
-__all__ = ["Release", "champion", "holdout_metrics", "publish_release"]
+__all__ = ["HoldoutRead", "Release", "champion", "holdout_metrics", "publish_release", "tfidf_baseline"]

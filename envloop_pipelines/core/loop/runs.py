@@ -77,7 +77,8 @@ PREDICTIONS_CACHE = "artifacts/predictions"
 def verify_predictions(config: LoopConfig, split: str, predictions: Path, baseline: Path | None = None,
                        seed: int = 0, *, holdout_slot: Any = None, release: int | None = None,
                        checkpoint: str | Path | None = None, baseline_checkpoint: str | Path | None = None,
-                       safety_thresholds: Mapping[str, float] | None = None) -> Any:
+                       safety_thresholds: Mapping[str, float] | None = None,
+                       baseline_safety_thresholds: Mapping[str, float] | None = None) -> Any:
     """Score predictions on a hidden split in the sandboxed verifier (a separate process), aggregate scores only.
 
     Args:
@@ -86,7 +87,8 @@ def verify_predictions(config: LoopConfig, split: str, predictions: Path, baseli
         checkpoint: the checkpoint that made ``predictions``: its safety thresholds (calibration) are
             scored too, so the verifier reports the defer rate and automated FNR that ``envloop serve``
             would give. ``baseline_checkpoint``: the same for ``baseline``.
-        safety_thresholds: thresholds given directly (a model that is no checkpoint, such as TF-IDF).
+        safety_thresholds: thresholds given directly (a model that is no checkpoint, such as TF-IDF);
+            ``baseline_safety_thresholds``: the same for ``baseline``.
 
     Raises:
         RuntimeError: the verifier failed; the message carries its status and the worker's stderr.
@@ -96,7 +98,8 @@ def verify_predictions(config: LoopConfig, split: str, predictions: Path, baseli
 
     if checkpoint is not None:
         safety_thresholds = checkpoint_safety_thresholds(checkpoint)
-    baseline_safety = checkpoint_safety_thresholds(baseline_checkpoint) if baseline_checkpoint is not None else None
+    baseline_safety = (checkpoint_safety_thresholds(baseline_checkpoint) if baseline_checkpoint is not None
+                       else baseline_safety_thresholds)
     run = verify_task(config.task, split, predictions, home=config.home, safety_families=config.safety_families,
                       baseline_predictions=baseline, seed=seed, holdout_slot=holdout_slot, release=release,
                       safety_thresholds=safety_thresholds, baseline_safety_thresholds=baseline_safety)

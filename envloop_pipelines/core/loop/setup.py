@@ -131,7 +131,16 @@ def _release_control_arm(config: LoopConfig, tracker: Tracker, measured: Measure
     """Release 1: the control arm of the floor (the recipe's own seed), which passed no gate."""
     from pathlib import Path
 
+    from envloop_pipelines.core.loop.release import tfidf_baseline
+    from envloop_pipelines.core.storage import atomic_write_parquet
+
     control = measured.floor.arms[0]
+    # TF-IDF + LR on the same test split, so release 1's card says what the classical model gives too.
+    tfidf = tfidf_baseline(config, snapshot)
+    tfidf_preds = atomic_write_parquet(store.noise / "tfidf-test.parquet", tfidf.predict_table(snapshot.table("test")),
+                                       overwrite=True)
+    tfidf_test = dict(verify_predictions(config, "test", tfidf_preds,
+                                         safety_thresholds=tfidf.calibration.safety_thresholds).report.metrics)
     limitations = ["The first champion is the control recipe on the base data; it passed no gate.",
                    *benchmark_limitations(snapshot)]
 
@@ -141,6 +150,7 @@ def _release_control_arm(config: LoopConfig, tracker: Tracker, measured: Measure
             "benchmark_version": snapshot.benchmark_version, "data_snapshot": snapshot.snapshot_id,
             "recipe_hash": measured.recipe_hash, "checkpoint_dir": control["checkpoint"],
             "checkpoint_sha256": control["checkpoint_sha256"], "test": control["metrics"],
+            "tfidf_baseline_test": tfidf_test,
             "gate": "bootstrap: the control arm of the noise floor; no parent to beat",
             "noise_floor": measured.floor.floor, "paired_deltas": None, "guards": None, "amendments": [],
             "limitations": limitations,
