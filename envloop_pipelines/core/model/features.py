@@ -246,9 +246,15 @@ def run_lower(encoder: nn.Module, frozen_layers: int, input_ids: Sequence[int],
     modes = [m.training for m in modules]
     for m in modules:
         m.eval()
-    # A normal tensor even when called under inference_mode (prediction): training may read it later.
-    with torch.inference_mode(False):
+    # A normal tensor even when called under inference_mode (prediction): training may read it later; and
+    # fp32 even under a bf16 autocast (FORMAT): a cached feature is the same bits whoever computed it.
+    with torch.inference_mode(False), torch.autocast(device_type=hidden_device(encoder), enabled=False):
         return _lower(base, modules, modes, frozen_layers, input_ids, token_type_ids)
+
+
+def hidden_device(encoder: nn.Module) -> str:
+    """The device type (``cpu``, ``cuda``) the encoder's weights are on."""
+    return next(encoder.parameters()).device.type
 
 
 def _lower(base: nn.Module, modules: list, modes: list, frozen_layers: int, input_ids: Sequence[int],

@@ -101,25 +101,39 @@ class DecisionModel:
     """
 
     def __init__(self, model: ReadoutModel, calibration: Calibration | None = None, *, batch_size: int = 32,
-                 lexical: LexicalModel | None = None) -> None:
-        """Wrap an in-memory readout (put in eval mode); ``calibration=None`` means temperature 1."""
+                 lexical: LexicalModel | None = None, precision: str = "fp32") -> None:
+        """Wrap an in-memory readout (put in eval mode); ``calibration=None`` means temperature 1.
+
+        ``precision``: the numeric format of the forward passes (the recipe's ``inference_precision``):
+        ``bf16`` runs them under bf16 autocast, so matrix products take the CPU's bf16 units.
+        """
+        if precision not in ("fp32", "bf16"):
+            raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
         self.model = model.eval()
         self.calibration = calibration if calibration is not None else Calibration()
         self.batch_size = batch_size
         self.lexical = lexical
+        self.precision = precision
         self.recipe: Recipe | None = None
         self.checkpoint_hash: str | None = None
 
     @classmethod
     def load(cls, ckpt_dir: str | Path, *, batch_size: int | None = None, device: str | torch.device | None = None) -> "DecisionModel":
-        """Load a checkpoint (manifest verified first) for prediction."""
+        """Load a checkpoint (manifest verified first) for prediction, in its recipe's inference precision."""
         from envloop_pipelines.core.model.checkpoint import load_checkpoint
 
-        ckpt = load_checkpoint(ckpt_dir)
+        return cls.from_checkpoint(load_checkpoint(ckpt_dir), batch_size=batch_size, device=device)
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: Any, *, batch_size: int | None = None,
+                        device: str | torch.device | None = None) -> "DecisionModel":
+        """A loaded checkpoint (``checkpoint.LoadedCheckpoint``) for prediction: its calibration, lexical
+        part and inference precision."""
         model = ckpt.model
         if device is not None:
             model = model.to(device)
-        dm = cls(model, ckpt.calibration, batch_size=batch_size or ckpt.recipe.eval_batch_size, lexical=ckpt.lexical)
+        dm = cls(model, ckpt.calibration, batch_size=batch_size or ckpt.recipe.eval_batch_size, lexical=ckpt.lexical,
+                 precision=ckpt.recipe.inference_precision)
         dm.recipe = ckpt.recipe
         dm.checkpoint_hash = ckpt.checkpoint_hash
         return dm
@@ -140,8 +154,9 @@ class DecisionModel:
         device = self.device
         was_training = self.model.training
         self.model.eval()
+        autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), autocast:
                 for start in track(range(0, len(order), bs), "predict", unit="q", total=len(order),
                                    weight=lambda s: min(bs, len(order) - s)):
                     idx = order[start : start + bs]
@@ -320,8 +335,7 @@ def evaluate_checkpoint(
     from envloop_pipelines.core.model.checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(ckpt_dir)
-    model = ckpt.model if device is None else ckpt.model.to(device)
-    dm = DecisionModel(model, ckpt.calibration, batch_size=batch_size or ckpt.recipe.eval_batch_size)
+    dm = DecisionModel.from_checkpoint(ckpt, batch_size=batch_size, device=device)
     questions = as_questions(table)
     preds = dm.predict(questions)
     out = score_predictions(

@@ -131,6 +131,9 @@ class Recipe:
         seed: Seed of every random choice (weights of head and LoRA, data order, dropout).
         error_budget: Val error rate the automation threshold is fitted for.
         precision: ``fp32`` or ``bf16`` (bf16 is used on a GPU only).
+        inference_precision: ``fp32`` or ``bf16``: the numeric format every prediction of a checkpoint
+            runs in (bf16 autocast of the encoder and head, on CPU too): the val pass its calibration is
+            fitted on, the verifier's predictions and ``envloop serve``, so all three see the same numbers.
         gradient_checkpointing: Trade compute for memory on the base model (GPU recipes).
         deepspeed: Optional DeepSpeed config (``packaged:<file>`` or a path); used on a GPU only.
     """
@@ -159,6 +162,7 @@ class Recipe:
     seed: int = 0
     error_budget: float = 0.05
     precision: str = "fp32"
+    inference_precision: str = "fp32"
     gradient_checkpointing: bool = False
     deepspeed: str | None = None
 
@@ -211,6 +215,8 @@ class Recipe:
         _check_float("error_budget", self.error_budget, 0.0, 1.0, low_open=True, high_open=True)
         if self.precision not in PRECISIONS:
             _fail("precision", f"one of {', '.join(PRECISIONS)}", self.precision)
+        if self.inference_precision not in PRECISIONS:
+            _fail("inference_precision", f"one of {', '.join(PRECISIONS)}", self.inference_precision)
         if not isinstance(self.gradient_checkpointing, bool):
             _fail("gradient_checkpointing", "true or false", self.gradient_checkpointing)
         if self.deepspeed is not None:
@@ -286,7 +292,7 @@ def load_recipe(path: str | Path) -> Recipe:
 #: Fields added after recipes were first hashed, with the value that keeps an older recipe's meaning: left
 #: out of the dict (and so of the hash) at that value, so existing checkpoints and noise floors keep their hashes.
 _ADDED_FIELDS: dict[str, Any] = {"state_attention": False, "head_warmup_epochs": 0, "frozen_layers": 0,
-                                 "length_grouped": False, "lexical": False}
+                                 "length_grouped": False, "lexical": False, "inference_precision": "fp32"}
 
 
 def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:

@@ -570,7 +570,7 @@ def train_checkpoint(
     model = _as_loaded(run.model, recipe)
 
     # Calibration on val: raw logits → per-type temperature and automation threshold.
-    dm = DecisionModel(model, None, batch_size=recipe.eval_batch_size)
+    dm = DecisionModel(model, None, batch_size=recipe.eval_batch_size, precision=recipe.inference_precision)
     val_raw = dm.predict(val_q)
     lexical, lexical_fit = _fit_lexical(recipe, train_q, val_q, val_raw) if recipe.lexical else (None, None)
     if lexical is not None:
