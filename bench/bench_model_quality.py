@@ -100,15 +100,20 @@ def report(title: str, results: dict[str, dict], timings: dict[str, float] | Non
             and t["brier"] < min(u["brier"], b["brier"]) and t["ece"] <= 0.05)
 
 
-def paired_line(task: str, home: Path) -> dict | None:
-    """Paired trained - TF-IDF deltas with record-clustered bootstrap CIs, computed in the sandboxed verifier."""
-    paired = verify_task(task, "test", home / f"trained-{task}-test.parquet", home=home,
-                         safety_families=SAFETY_FAMILIES, baseline_predictions=home / f"tfidf-{task}-test.parquet")
+def paired_line(task: str, home: Path, candidate: str = "trained", baseline: str = "tfidf",
+                label: str = "trained - TF-IDF", keys: tuple[str, ...] = ("family_macro_accuracy", "brier", "ece"),
+                ) -> dict | None:
+    """Paired candidate - baseline deltas with record-clustered bootstrap CIs, computed in the sandboxed verifier.
+
+    ``candidate`` and ``baseline`` name predictions :func:`score` wrote for ``task``.
+    """
+    paired = verify_task(task, "test", home / f"{candidate}-{task}-test.parquet", home=home,
+                         safety_families=SAFETY_FAMILIES, baseline_predictions=home / f"{baseline}-{task}-test.parquet")
     if not (paired.ok and paired.paired):
         return None
-    print("paired trained - TF-IDF (95% record-clustered bootstrap CI): " + "; ".join(
+    print(f"paired {label} (95% record-clustered bootstrap CI): " + "; ".join(
         f"{k} {v['delta']:+.4f} [{v['ci_low']:+.4f}, {v['ci_high']:+.4f}]"
-        for k, v in paired.paired["deltas"].items() if k in ("family_macro_accuracy", "brier", "ece")))
+        for k, v in paired.paired["deltas"].items() if k in keys))
     return paired.paired
 
 
