@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from envloop_pipelines.core.data.snapshots import open_task, require_same_benchmark
+from envloop_pipelines.core.loop.candidate import snapshot_rows
 from envloop_pipelines.core.loop.cards import benchmark_limitations
 from envloop_pipelines.core.loop.ledger import (
     EVENT_CANDIDATE_REJECTED,
@@ -78,6 +79,7 @@ def decide_round(config: LoopConfig, hypothesis: RegisteredHypothesis, snapshot:
             }
 
         release = publish_release(config, tracker, checkpoint=Path(candidate.checkpoint), snapshot=task_snapshot,
+                                  tfidf_train=snapshot_rows(snapshot),
                                   holdout_out=store.round_dir(key) / "candidate_holdout_predictions.parquet",
                                   card=card, round_key=key, run_tags=run_tags)
         decision = _with_release(decision, release.release, release.model_version)

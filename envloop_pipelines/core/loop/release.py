@@ -59,29 +59,32 @@ class HoldoutRead:
     vs_tfidf: Mapping[str, Any]
 
 
-def tfidf_baseline(config: LoopConfig, snapshot: TaskSnapshot) -> Any:
-    """TF-IDF + LR fitted on the task's train split and calibrated on val (safety thresholds included):
-    the classical model a user would build from the same data, printed beside every release."""
+def tfidf_baseline(config: LoopConfig, snapshot: TaskSnapshot, train: Any = None) -> Any:
+    """TF-IDF + LR calibrated on val (safety thresholds included): the classical model a user would build
+    from the same data, printed beside every release. ``train``: the rows the release trained on (a round's
+    snapshot, synthesized rows included), default the task's train split."""
     from envloop_pipelines.core.baseline import TfidfBaseline
 
+    rows = snapshot.table("train") if train is None else train
     return TfidfBaseline(safety_families=config.safety_families,
-                         safety_fnr_target=config.safety_fnr_target).fit(snapshot.table("train"), snapshot.table("val"))
+                         safety_fnr_target=config.safety_fnr_target).fit(rows, snapshot.table("val"))
 
 
 def holdout_metrics(config: LoopConfig, checkpoint: Path, snapshot: TaskSnapshot, out: Path, *, ledger: Ledger,
-                    release: int) -> HoldoutRead:
+                    release: int, tfidf_train: Any = None) -> HoldoutRead:
     """The checkpoint's holdout metrics from the verifier, as the release's one holdout read.
 
     The verifier takes the ledger's slot for ``release`` (``Ledger.read_holdout_once``) around the
     run, so this is the read, and a second one for the release is refused. TF-IDF + LR's predictions
-    are scored in the same run as its baseline, so the classical figure costs no second read.
+    are scored in the same run as its baseline, so the classical figure costs no second read; it is
+    fitted on ``tfidf_train`` (the release's training rows) when given, as the round's test column was.
 
     Raises:
         HoldoutAlreadyReadError: the release already read the holdout.
     """
     holdout = snapshot.table("holdout")
     preds = write_predictions(out, checkpoint, holdout)
-    tfidf = tfidf_baseline(config, snapshot)
+    tfidf = tfidf_baseline(config, snapshot, tfidf_train)
     from envloop_pipelines.core.storage import atomic_write_parquet
 
     tfidf_preds = atomic_write_parquet(out.with_name(f"{out.stem}-tfidf.parquet"), tfidf.predict_table(holdout),
@@ -94,7 +97,8 @@ def holdout_metrics(config: LoopConfig, checkpoint: Path, snapshot: TaskSnapshot
 
 def publish_release(config: LoopConfig, tracker: Tracker, *, checkpoint: Path, snapshot: TaskSnapshot,
                     holdout_out: Path, card: Callable[[int, dict[str, Any]], dict[str, Any]],
-                    round_key: str | None = None, run_tags: Mapping[str, str] | None = None) -> Release:
+                    round_key: str | None = None, run_tags: Mapping[str, str] | None = None,
+                    tfidf_train: Any = None) -> Release:
     """Read the holdout once, register the checkpoint, move the champion alias and write the card.
 
     Args:
@@ -105,13 +109,15 @@ def publish_release(config: LoopConfig, tracker: Tracker, *, checkpoint: Path, s
         holdout_out: where the holdout predictions are written.
         card: builds the card's body from ``(release number, holdout metrics)``; the model version
             and the MLflow run are added here.
+        tfidf_train: the rows TF-IDF + LR is fitted on for the holdout column (default the task's train split).
         round_key: the round that promoted the checkpoint (its release run is a child of the round's
             run); ``None`` for the bootstrap release.
         run_tags: extra tags of the release run (the Dagster run).
     """
     ledger = Ledger(config.task, config.home)
     release = ledger.next_release_number()
-    read = holdout_metrics(config, checkpoint, snapshot, holdout_out, ledger=ledger, release=release)
+    read = holdout_metrics(config, checkpoint, snapshot, holdout_out, ledger=ledger, release=release,
+                           tfidf_train=tfidf_train)
     holdout = dict(read.metrics)
     tags = {TAG_RELEASE: str(release), TAG_CHECKPOINT: checkpoint.name}
     if round_key is not None:
