@@ -90,6 +90,11 @@ def test_errors_name_what_is_wrong(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     nothing = run(["import", str(tmp_path / "empty")], home)
     assert nothing.exit_code == 1 and "no Harbor task here" in nothing.output
+    eval_args = ["eval", "--dataset", "nope", "--agent-url", "http://127.0.0.1:9/v1", "--model", "m"]
+    image = run([*eval_args, "--image", "alpine"], home)
+    assert image.exit_code == 2 and "--image applies to the docker and k8s backends" in image.output
+    backend = run([*eval_args, "--backend", "vm"], home)
+    assert backend.exit_code == 2 and "'vm' is not one of 'local', 'docker', 'k8s'" in backend.output
 
 
 def test_eval_runs_an_agent_on_a_generated_dataset(tmp_path: Path) -> None:

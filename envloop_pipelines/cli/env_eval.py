@@ -19,6 +19,8 @@ from typing import Any, Mapping, Sequence
 
 import click
 
+from envloop_pipelines.core.sandbox.base import BACKENDS
+
 
 def _pct(x: float) -> str:
     return f"{x:.3f}"
@@ -113,12 +115,16 @@ def _load_dataset(ref: str, home: Path | None) -> Any:
 @click.option("--wall-s", type=click.FloatRange(min=0, min_open=True), default=300.0, show_default=True,
               help="Seconds per attempt.")
 @click.option("--workers", type=click.IntRange(min=1), default=4, show_default=True, help="Attempts run side by side.")
+@click.option("--backend", type=click.Choice(BACKENDS), default="local", show_default=True,
+              help="Where each attempt's commands and verifier run (envloop sandbox exec's backends).")
+@click.option("--image", default=None, help="Container image of the docker and k8s backends.")
 @click.option("--home", type=click.Path(file_okay=False, path_type=Path), default=None, help="The EnvLoop home.")
 @click.option("--no-mlflow", is_flag=True, help="Do not log the run to MLflow.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summaries as JSON.")
 def eval_command(dataset_ref: str, agent_urls: tuple[str, ...], models: tuple[str, ...], api_key_env: str | None,
                  agent_kind: str, attempts: int, split: str | None, max_turns: int, max_tokens: int, wall_s: float,
-                 workers: int, home: Path | None, no_mlflow: bool, as_json: bool) -> None:
+                 workers: int, backend: str, image: str | None, home: Path | None, no_mlflow: bool,
+                 as_json: bool) -> None:
     """Evaluate agents on a dataset's environments: pass@1 and pass@k with CIs, per environment, cost."""
     from envloop_pipelines.core.agents.client import AgentSpec
     from envloop_pipelines.core.agents.evaluate import evaluate_agent, track_evaluation
@@ -134,6 +140,11 @@ def eval_command(dataset_ref: str, agent_urls: tuple[str, ...], models: tuple[st
                                request_timeout_s=min(60.0, wall_s))
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+    from envloop_pipelines.cli.sandbox import backend_options
+    from envloop_pipelines.core.sandbox import make_sandbox
+
+    options = backend_options(backend, image)
+    sandbox = None if backend == "local" else make_sandbox(backend, **options)  # None: a local sandbox per episode
     dataset = _load_dataset(dataset_ref, home)
     tracker = None
     if not no_mlflow:
@@ -144,7 +155,7 @@ def eval_command(dataset_ref: str, agent_urls: tuple[str, ...], models: tuple[st
     for agent in agents:
         try:
             result = evaluate_agent(dataset, agent, attempts=attempts, split=split, limits=limits, workers=workers,
-                                    home=home)
+                                    sandbox=sandbox, home=home)
         except ValueError as exc:
             raise click.ClickException(str(exc)) from None
         summary = result.summary()

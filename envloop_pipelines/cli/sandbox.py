@@ -42,7 +42,8 @@ def _limits(base: SandboxLimits, **given: Any) -> SandboxLimits:
         raise click.BadParameter(str(exc)) from None
 
 
-def _backend_options(backend: str, image: str | None) -> dict[str, Any]:
+def backend_options(backend: str, image: str | None) -> dict[str, Any]:
+    """The sandbox backend's options from ``--image`` (docker and k8s only)."""
     if image is None:
         return {}
     if backend == "local":
@@ -76,7 +77,7 @@ def sandbox_exec(backend: str, cpu_s: float | None, mem_mb: int | None, wall_s: 
     from envloop_pipelines.core.sandbox import make_sandbox
 
     limits = _limits(SandboxLimits(), cpu_s=cpu_s, mem_mb=mem_mb, wall_s=wall_s, fsize_mb=fsize_mb, nproc=nproc, nofile=nofile)
-    box = make_sandbox(backend, limits=limits, **_backend_options(backend, image))
+    box = make_sandbox(backend, limits=limits, **backend_options(backend, image))
     result = box.run(list(command), stdin=stdin_path.read_bytes() if stdin_path else None, workdir=workdir)
     _echo_json(result.to_dict(include_channel=False))
     sys.exit(0 if result.ok else 1)
@@ -123,7 +124,7 @@ def sandbox_verify(task: str, split: str, predictions: Path, kind: str, grader: 
             raise click.UsageError(f"--release {release}: release {release} of {task!r} is not published; the release "
                                    f"step reads its holdout when it publishes it")
     limits = _limits(DEFAULT_WORKER_LIMITS, wall_s=wall_s, mem_mb=mem_mb)
-    runner = VerifierRunner(make_sandbox(backend, limits=limits, **_backend_options(backend, image)), limits=limits)
+    runner = VerifierRunner(make_sandbox(backend, limits=limits, **backend_options(backend, image)), limits=limits)
     try:
         run = verify_task(task, split, predictions, kind=kind, snapshot_id=snapshot_id, home=home, runner=runner,
                           grader=grader, holdout_slot=slot, release=release)
