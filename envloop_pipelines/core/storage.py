@@ -44,6 +44,24 @@ def canonical_json(value: Any) -> bytes:
     return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
+def read_jsonl(path: str | Path, error: type[Exception] = ValueError) -> list[tuple[int, Any]]:
+    """The values of a JSON-lines file with their 1-based line numbers (blank lines skipped).
+
+    Raises:
+        error: a line that is not JSON, naming the file, the line and the column.
+    """
+    rows = []
+    with open(path, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append((n, json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise error(f"{path}:{n}: not JSON ({exc.msg} at column {exc.colno})") from None
+    return rows
+
+
 def atomic_write_bytes(path: str | Path, data: bytes, *, overwrite: bool = False) -> Path:
     """Write ``data`` to ``path`` through a temp file and a rename.
 

@@ -13,12 +13,11 @@ reads them back with errors that name the file, the line and the field.
 
 from __future__ import annotations
 
-import json
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
-from envloop_pipelines.core.storage import atomic_write_bytes, canonical_json, sha256_bytes
+from envloop_pipelines.core.storage import atomic_write_bytes, canonical_json, read_jsonl, sha256_bytes
 
 AttemptStatus = Literal["passed", "failed", "error"]
 ATTEMPT_STATUSES: tuple[str, ...] = ("passed", "failed", "error")
@@ -150,17 +149,7 @@ def read_attempts(path: str | Path) -> list[Attempt]:
     path = Path(path)
     if path.is_dir():
         path = path / ATTEMPTS_FILE
-    out: list[Attempt] = []
-    with open(path, encoding="utf-8") as fh:
-        for n, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                raw = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{n}: not JSON ({exc.msg} at column {exc.colno})") from None
-            out.append(Attempt.from_dict(raw, where=f"{path}:{n}"))
-    return out
+    return [Attempt.from_dict(raw, where=f"{path}:{n}") for n, raw in read_jsonl(path)]
 
 
 __all__ = ["ATTEMPTS_FILE", "ATTEMPT_STATUSES", "Attempt", "AttemptStatus", "attempts_jsonl", "read_attempts", "write_attempts"]

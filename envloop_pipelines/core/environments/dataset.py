@@ -40,6 +40,7 @@ from envloop_pipelines.core.storage import (
     canonical_json,
     envloop_home,
     publish_dir,
+    read_jsonl,
     sha256_bytes,
     sha256_file,
     staging_dir,
@@ -276,17 +277,10 @@ def read_manifest(folder: Path) -> dict[str, Any]:
 
 
 def _read_jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
-    rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise SpecError(f"{path}:{n}: not JSON ({exc.msg})") from None
+    rows = read_jsonl(path, SpecError)
+    for n, row in rows:
         if not isinstance(row, dict):
             raise SpecError(f"{path}:{n}: an environment must be a JSON object, got {type(row).__name__}")
-        rows.append((n, row))
     return rows
 
 
