@@ -266,6 +266,7 @@ def echo_releases(task: str, releases: list[dict[str, Any]], as_json: bool = Fal
 
 def echo_champion_vs_tfidf(task: str) -> None:
     """One line: the champion's holdout family-macro accuracy beside TF-IDF + LR's, paired, from its one read."""
+    from envloop_pipelines.core.loop.cards import paired_text
     from envloop_pipelines.core.loop.ledger import Ledger
 
     releases = Ledger(task).releases()
@@ -276,9 +277,8 @@ def echo_champion_vs_tfidf(task: str) -> None:
     mine, theirs = (card.get("holdout") or {}).get(metric), (card.get("holdout_tfidf") or {}).get(metric)
     if mine is None or theirs is None:
         return
-    d = (card.get("holdout_vs_tfidf") or {}).get(metric) or {}
-    paired = (f", paired {d['delta']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]"
-              if all(isinstance(d.get(x), float) for x in ("delta", "ci_low", "ci_high")) else "")
+    text = paired_text((card.get("holdout_vs_tfidf") or {}).get(metric))
+    paired = f", paired {text}" if text else ""
     verdict = "at or above" if mine >= theirs else "BELOW"
     click.echo(f"champion (release {card['release']}) on the holdout: {metric} {mine:.4f}, TF-IDF + LR {theirs:.4f}"
                f"{paired}: {verdict} the classical baseline")
@@ -332,10 +332,10 @@ def decision_lines(key: str, decision: Any, seconds: float | None = None) -> lis
     """A round's verdict in words: the paired delta with its CI, the floor, and every reason of a refusal."""
     verdict = f"promoted as release {decision.release}" if decision.promote else "rejected"
     took = f"; {seconds:.0f}s" if seconds is not None else ""
-    d = decision.delta
-    ci = (f" [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]"
-          if isinstance(d.get("ci_low"), float) and isinstance(d.get("ci_high"), float) else "")
-    return [f"round {key}: {verdict} (delta {d['delta']:+.4f}{ci}, floor {decision.noise_floor:.4f}{took})",
+    from envloop_pipelines.core.loop.cards import paired_text
+
+    delta = paired_text(decision.delta) or f"{decision.delta['delta']:+.4f}"
+    return [f"round {key}: {verdict} (delta {delta}, floor {decision.noise_floor:.4f}{took})",
             *(f"  - {reason}" for reason in decision.reasons)]
 
 

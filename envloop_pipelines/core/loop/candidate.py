@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from envloop_pipelines.core.data.snapshots import open_task, require_same_benchmark
 from envloop_pipelines.core.loop.config import LoopConfig, round_number
 from envloop_pipelines.core.loop.ledger import EVENT_CHECKPOINT_TRAINED, Ledger, LedgerError
-from envloop_pipelines.core.loop.release import champion
+from envloop_pipelines.core.loop.release import champion, tfidf_baseline
 from envloop_pipelines.core.loop.results import Reevaluation, RegisteredHypothesis, TrainedCheckpoint, TrainingSnapshot
 from envloop_pipelines.core.storage import envloop_home
 from envloop_pipelines.core.loop.runs import child_run, flat_metrics, verify_predictions, write_predictions
@@ -124,8 +124,6 @@ def train_candidate(config: LoopConfig, hypothesis: RegisteredHypothesis, snapsh
 def reevaluate(config: LoopConfig, candidate: TrainedCheckpoint, snapshot: TrainingSnapshot, tracker: Tracker, *,
                run_tags: Mapping[str, str] | None = None) -> Reevaluation:
     """Candidate vs champion on the hidden test set through the sandboxed verifier, with the TF-IDF baseline."""
-    from envloop_pipelines.core.baseline import TfidfBaseline
-
     key = candidate.round
     d = RoundStore(config.task, config.home).round_dir(key)
     task = open_task(config.task, home=envloop_home(config.home))
@@ -138,8 +136,7 @@ def reevaluate(config: LoopConfig, candidate: TrainedCheckpoint, snapshot: Train
                                     home=envloop_home(config.home))
     run = verify_predictions(config, "test", cand_preds, baseline=champ_preds, seed=round_number(key),
                              checkpoint=candidate.checkpoint, baseline_checkpoint=champ["checkpoint_dir"])
-    tfidf = TfidfBaseline(safety_families=config.safety_families,
-                          safety_fnr_target=config.safety_fnr_target).fit(snapshot_rows(snapshot), task.table("val"))
+    tfidf = tfidf_baseline(config, task, snapshot_rows(snapshot))
     tfidf_preds = atomic_write_parquet(d / "tfidf_test_predictions.parquet", tfidf.predict_table(test), overwrite=True)
     tfidf_run = verify_predictions(config, "test", tfidf_preds, safety_thresholds=tfidf.calibration.safety_thresholds)
     mrun = child_run(tracker, config, key, KIND_REEVAL, run_tags)

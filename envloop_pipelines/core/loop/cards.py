@@ -89,6 +89,13 @@ def _safety_section(card: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def paired_text(d: Mapping[str, Any] | None) -> str | None:
+    """A paired delta with its CI as ``+0.0300 [+0.0110, +0.0490]``; None when a part is missing."""
+    if not d or not all(isinstance(d.get(x), float) for x in ("delta", "ci_low", "ci_high")):
+        return None
+    return f"{d['delta']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]"
+
+
 def _holdout_table(card: Mapping[str, Any]) -> list[str]:
     """The holdout beside TF-IDF + LR scored in the same read, with the paired delta release − TF-IDF.
 
@@ -102,10 +109,7 @@ def _holdout_table(card: Mapping[str, Any]) -> list[str]:
     for k, v in holdout.items():
         if k.startswith("acc/"):
             continue
-        d = deltas.get(k) or {}
-        ci = (f"{d['delta']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]"
-              if all(isinstance(d.get(x), float) for x in ("delta", "ci_low", "ci_high")) else "—")
-        lines.append(f"| {k} | {_fmt(v)} | {_fmt(tfidf.get(k))} | {ci} |")
+        lines.append(f"| {k} | {_fmt(v)} | {_fmt(tfidf.get(k))} | {paired_text(deltas.get(k)) or '—'} |")
     return lines
 
 
@@ -144,4 +148,4 @@ def render_card(card: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["benchmark_limitations", "render_card"]
+__all__ = ["benchmark_limitations", "paired_text", "render_card"]

@@ -22,7 +22,7 @@ from envloop_pipelines.core.loop.ledger import (
 )
 from envloop_pipelines.core.loop.config import LoopConfig
 from envloop_pipelines.core.loop.promotion import decide_promotion
-from envloop_pipelines.core.loop.release import champion, publish_release
+from envloop_pipelines.core.loop.release import champion, publish_release, tfidf_baseline
 from envloop_pipelines.core.loop.results import (
     MeasuredNoiseFloor,
     Reevaluation,
@@ -79,7 +79,7 @@ def decide_round(config: LoopConfig, hypothesis: RegisteredHypothesis, snapshot:
             }
 
         release = publish_release(config, tracker, checkpoint=Path(candidate.checkpoint), snapshot=task_snapshot,
-                                  tfidf_train=snapshot_rows(snapshot),
+                                  tfidf=tfidf_baseline(config, task_snapshot, snapshot_rows(snapshot)),
                                   holdout_out=store.round_dir(key) / "candidate_holdout_predictions.parquet",
                                   card=card, round_key=key, run_tags=run_tags)
         decision = _with_release(decision, release.release, release.model_version)

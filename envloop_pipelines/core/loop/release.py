@@ -17,6 +17,7 @@ from envloop_pipelines.core.loop.cards import render_card
 from envloop_pipelines.core.loop.config import LoopConfig
 from envloop_pipelines.core.loop.ledger import Ledger, LedgerError
 from envloop_pipelines.core.loop.runs import child_run, flat_metrics, verify_predictions, write_predictions
+from envloop_pipelines.core.storage import atomic_write_parquet
 from envloop_pipelines.core.tracking import (
     HOLDOUT_PREFIX,
     KIND_RELEASE,
@@ -71,22 +72,20 @@ def tfidf_baseline(config: LoopConfig, snapshot: TaskSnapshot, train: Any = None
 
 
 def holdout_metrics(config: LoopConfig, checkpoint: Path, snapshot: TaskSnapshot, out: Path, *, ledger: Ledger,
-                    release: int, tfidf_train: Any = None) -> HoldoutRead:
+                    release: int, tfidf: Any = None) -> HoldoutRead:
     """The checkpoint's holdout metrics from the verifier, as the release's one holdout read.
 
     The verifier takes the ledger's slot for ``release`` (``Ledger.read_holdout_once``) around the
     run, so this is the read, and a second one for the release is refused. TF-IDF + LR's predictions
-    are scored in the same run as its baseline, so the classical figure costs no second read; it is
-    fitted on ``tfidf_train`` (the release's training rows) when given, as the round's test column was.
+    are scored in the same run as its baseline, so the classical figure costs no second read. ``tfidf``:
+    the fitted baseline whose test column the card shows (default: :func:`tfidf_baseline` on train).
 
     Raises:
         HoldoutAlreadyReadError: the release already read the holdout.
     """
     holdout = snapshot.table("holdout")
     preds = write_predictions(out, checkpoint, holdout)
-    tfidf = tfidf_baseline(config, snapshot, tfidf_train)
-    from envloop_pipelines.core.storage import atomic_write_parquet
-
+    tfidf = tfidf if tfidf is not None else tfidf_baseline(config, snapshot)
     tfidf_preds = atomic_write_parquet(out.with_name(f"{out.stem}-tfidf.parquet"), tfidf.predict_table(holdout),
                                        overwrite=True)
     run = verify_predictions(config, "holdout", preds, baseline=tfidf_preds, holdout_slot=ledger, release=release,
@@ -98,7 +97,7 @@ def holdout_metrics(config: LoopConfig, checkpoint: Path, snapshot: TaskSnapshot
 def publish_release(config: LoopConfig, tracker: Tracker, *, checkpoint: Path, snapshot: TaskSnapshot,
                     holdout_out: Path, card: Callable[[int, dict[str, Any]], dict[str, Any]],
                     round_key: str | None = None, run_tags: Mapping[str, str] | None = None,
-                    tfidf_train: Any = None) -> Release:
+                    tfidf: Any = None) -> Release:
     """Read the holdout once, register the checkpoint, move the champion alias and write the card.
 
     Args:
@@ -109,7 +108,7 @@ def publish_release(config: LoopConfig, tracker: Tracker, *, checkpoint: Path, s
         holdout_out: where the holdout predictions are written.
         card: builds the card's body from ``(release number, holdout metrics)``; the model version
             and the MLflow run are added here.
-        tfidf_train: the rows TF-IDF + LR is fitted on for the holdout column (default the task's train split).
+        tfidf: the fitted TF-IDF + LR whose holdout column the card shows (default: fitted on the task's train split).
         round_key: the round that promoted the checkpoint (its release run is a child of the round's
             run); ``None`` for the bootstrap release.
         run_tags: extra tags of the release run (the Dagster run).
@@ -117,7 +116,7 @@ def publish_release(config: LoopConfig, tracker: Tracker, *, checkpoint: Path, s
     ledger = Ledger(config.task, config.home)
     release = ledger.next_release_number()
     read = holdout_metrics(config, checkpoint, snapshot, holdout_out, ledger=ledger, release=release,
-                           tfidf_train=tfidf_train)
+                           tfidf=tfidf)
     holdout = dict(read.metrics)
     tags = {TAG_RELEASE: str(release), TAG_CHECKPOINT: checkpoint.name}
     if round_key is not None:

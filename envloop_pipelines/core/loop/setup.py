@@ -16,13 +16,13 @@ from envloop_pipelines.core.loop.cards import benchmark_limitations
 from envloop_pipelines.core.loop.config import LoopConfig
 from envloop_pipelines.core.loop.ledger import EVENT_NULL_ARM, Ledger, LedgerError
 from envloop_pipelines.core.loop.promotion import check_arm_identity, noise_floor_from_arms
-from envloop_pipelines.core.loop.release import publish_release
+from envloop_pipelines.core.loop.release import publish_release, tfidf_baseline
 from envloop_pipelines.core.loop.results import Benchmark, MeasuredNoiseFloor
 from envloop_pipelines.core.storage import envloop_home
 from envloop_pipelines.core.loop.runs import verify_predictions, write_predictions
 from envloop_pipelines.core.loop.store import RoundStore
 from envloop_pipelines.core.loop.candidate import train_into_store
-from envloop_pipelines.core.storage import atomic_write_json, canonical_json, sha256_bytes
+from envloop_pipelines.core.storage import atomic_write_json, atomic_write_parquet, canonical_json, sha256_bytes
 from envloop_pipelines.core.tracking import (
     KIND_NOISE_FLOOR,
     KIND_NULL_ARM,
@@ -131,9 +131,6 @@ def _release_control_arm(config: LoopConfig, tracker: Tracker, measured: Measure
     """Release 1: the control arm of the floor (the recipe's own seed), which passed no gate."""
     from pathlib import Path
 
-    from envloop_pipelines.core.loop.release import tfidf_baseline
-    from envloop_pipelines.core.storage import atomic_write_parquet
-
     control = measured.floor.arms[0]
     # TF-IDF + LR on the same test split, so release 1's card says what the classical model gives too.
     tfidf = tfidf_baseline(config, snapshot)
@@ -158,7 +155,8 @@ def _release_control_arm(config: LoopConfig, tracker: Tracker, measured: Measure
 
     release = Ledger(config.task, config.home).next_release_number()
     publish_release(config, tracker, checkpoint=Path(control["checkpoint"]), snapshot=snapshot,
-                    holdout_out=store.noise / f"release{release}-holdout.parquet", card=card, run_tags=run_tags)
+                    holdout_out=store.noise / f"release{release}-holdout.parquet", card=card, run_tags=run_tags,
+                    tfidf=tfidf)
 
 
 def current_noise_floor(config: LoopConfig) -> MeasuredNoiseFloor:
