@@ -1,7 +1,11 @@
 """A/A bench: how often the real gate promotes a candidate that is no better than its champion.
 
-    .venv/bin/python bench/bench_aa.py                                   # 20 rounds, the demo's training budget
+    .venv/bin/python bench/bench_aa.py                                   # 20 rounds, the demo's recipe and benchmark
     .venv/bin/python bench/bench_aa.py --rounds 4 --users 40 --records-per-user 3 --steps 4   # a smoke run
+
+The default is what ``make run`` gates with: the demo's recipe overrides
+(``cli.round.DEMO_OVERRIDES``: 24 steps, 256 tokens, the hybrid readout) and
+its benchmark (``DEMO_BUILTIN_USERS`` = 240 users, test 314 questions).
 
 Each round registers a person's hypothesis whose change is nothing but the
 seed (``{"kind": "seed_only"}``, a fresh seed, the default gate), trains that
@@ -11,6 +15,8 @@ registered gate with the measured noise floor (``decide_promotion``, the
 function the round's decision calls). Every promotion is a false one. It prints
 each round, then the false-promotion count with its exact (Clopper-Pearson)
 binomial 95% CI (``scipy.stats.binomtest``); the target is at most 1 in 20.
+Beside it, on the same candidates, the count of the gate before the seed bound
+(bar = the spread alone, CI above zero), which promoted 3 of 20 at 8 steps.
 
 Why the candidate is a fresh null arm and not a loop round with zero
 synthesized rows: a loop round trains its candidate *from the champion*, so
@@ -42,12 +48,13 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from scipy import stats  # noqa: E402
 
 from envloop_pipelines.cli.options import parse_recipe_overrides  # noqa: E402
+from envloop_pipelines.cli.round import DEMO_BUILTIN_USERS, DEMO_OVERRIDES  # noqa: E402
 from envloop_pipelines.core.data.snapshots import open_task  # noqa: E402
 from envloop_pipelines.core.loop import setup  # noqa: E402
 from envloop_pipelines.core.loop.candidate import train_into_store  # noqa: E402
 from envloop_pipelines.core.loop.config import LoopConfig, round_key  # noqa: E402
 from envloop_pipelines.core.loop.ledger import Gate, Hypothesis, Ledger  # noqa: E402
-from envloop_pipelines.core.loop.promotion import decide_promotion  # noqa: E402
+from envloop_pipelines.core.loop.promotion import SEED_BOUND_LEVEL, decide_promotion  # noqa: E402
 from envloop_pipelines.core.loop.runs import verify_predictions, write_predictions  # noqa: E402
 from envloop_pipelines.core.loop.store import RoundStore  # noqa: E402
 from envloop_pipelines.core.tracking import MlflowTracker  # noqa: E402
@@ -69,12 +76,15 @@ def short_reason(reason: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=20, help="A/A rounds (candidates)")
-    parser.add_argument("--users", type=int, default=None, help="built-in benchmark users (default: the benchmark's 240)")
+    parser.add_argument("--users", type=int, default=DEMO_BUILTIN_USERS,
+                        help=f"built-in benchmark users (default: the demo's {DEMO_BUILTIN_USERS}); 0: the powered "
+                             "default benchmark (~11,200 test questions)")
     parser.add_argument("--records-per-user", type=int, default=None, help="built-in benchmark records per user (default 8)")
     parser.add_argument("--steps", type=int, default=24, help="max_steps of every arm (the demo's budget: 24)")
     parser.add_argument("--noise-arms", type=int, default=3, help="K null arms of the floor (the loop's default: 3)")
-    parser.add_argument("--override", action="append", default=["max_length=256"],
-                        help="more recipe overrides KEY=VALUE, for every arm (default: the demo's max_length=256)")
+    demo = [o for o in DEMO_OVERRIDES if not o.startswith("max_steps=")]
+    parser.add_argument("--override", action="append", default=None,
+                        help=f"recipe overrides KEY=VALUE, for every arm (default: the demo's {' '.join(demo)})")
     parser.add_argument("--home", type=Path, default=None, help="EnvLoop home (default: a fresh temporary one)")
     args = parser.parse_args()
     if args.rounds < 1:
@@ -82,8 +92,9 @@ def main() -> None:
 
     home = args.home or Path(tempfile.mkdtemp(prefix="bench-aa-"))
     os.environ["ENVLOOP_HOME"] = str(home)
-    overrides = {**parse_recipe_overrides(tuple(args.override)), "max_steps": args.steps}
-    config = LoopConfig(recipe_overrides=overrides, noise_arms=args.noise_arms, builtin_users=args.users,
+    overrides = {**parse_recipe_overrides(tuple(demo if args.override is None else args.override)),
+                 "max_steps": args.steps}
+    config = LoopConfig(recipe_overrides=overrides, noise_arms=args.noise_arms, builtin_users=args.users or None,
                         builtin_records_per_user=args.records_per_user, home=str(home))
     tracker = MlflowTracker(home=home)
 
@@ -101,12 +112,13 @@ def main() -> None:
     print(f"benchmark {snapshot.benchmark_version}: test {test.num_rows} questions "
           f"({snapshot.manifest.splits['test']['records']} records); recipe overrides {overrides}")
     print(f"noise floor over {len(floor.values)} null arms: {floor.floor:.4f} on {floor.metric} "
-          f"(arms {', '.join(f'{v:.4f}' for v in floor.values)}); champion = release 1, the control arm "
-          f"(seed {control['seed']}); setup {setup_s:.0f}s")
-    print(f"{'round':<7}{'seed':>7}{'candidate':>11}{'champion':>10}{'gain':>9}{'bar':>8}{'CI low':>9}"
-          f"{'bar+CI':>8}{'promoted':>10}  refused by")
+          f"(arms {', '.join(f'{v:.4f}' for v in floor.values)}); {SEED_BOUND_LEVEL:.0%} seed bound "
+          f"{floor.seed_bound():.4f}; champion = release 1, the control arm (seed {control['seed']}); "
+          f"setup {setup_s:.0f}s")
+    print(f"{'round':<7}{'seed':>7}{'candidate':>11}{'champion':>10}{'gain':>9}{'floor':>8}{'bar':>8}{'CI low':>9}"
+          f"{'floor+CI':>10}{'bar+CI':>8}{'promoted':>10}  refused by")
 
-    promoted = cleared = 0
+    promoted = cleared = spread_only = 0
     for i in range(1, args.rounds + 1):
         key = round_key(i)
         seed = recipe.seed + SEED_OFFSET + i
@@ -125,16 +137,22 @@ def main() -> None:
         verdict = decide_promotion(gate, delta, floor, run.report.metrics, run.baseline_report.metrics,
                                    config.safety_families, paired=run.paired)
         gain_and_ci = verdict.checks["gain"] > verdict.checks["bar"] and verdict.checks["ci_low"] > 0
+        # The gate before the seed bound: the bar was the spread (x the gate's multiplier, or min_delta).
+        old_bar = max(gate.min_delta, verdict.checks["floor_multiplier"] * floor.floor)
+        old = verdict.checks["gain"] > old_bar and verdict.checks["ci_low"] > 0
         promoted += verdict.promote
         cleared += gain_and_ci
+        spread_only += old
         refused = "" if verdict.promote else ", ".join(short_reason(r) for r in verdict.reasons)
         print(f"{key:<7}{seed:>7}{run.report.metrics[gate.primary_metric]:>11.4f}"
               f"{run.baseline_report.metrics[gate.primary_metric]:>10.4f}{verdict.checks['gain']:>+9.4f}"
-              f"{verdict.checks['bar']:>8.4f}{verdict.checks['ci_low']:>+9.4f}{'yes' if gain_and_ci else 'no':>8}"
+              f"{old_bar:>8.4f}{verdict.checks['bar']:>8.4f}{verdict.checks['ci_low']:>+9.4f}"
+              f"{'yes' if old else 'no':>10}{'yes' if gain_and_ci else 'no':>8}"
               f"{'YES' if verdict.promote else 'no':>10}  {refused}  ({time.perf_counter() - started:.0f}s)")
 
     n = args.rounds
-    for label, k in (("false promotions (the full gate)", promoted), ("cleared the bar and the CI alone", cleared)):
+    for label, k in (("false promotions (the full gate)", promoted), ("cleared the bar and the CI alone", cleared),
+                     ("the gate before the seed bound (spread + CI)", spread_only)):
         ci = stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
         print(f"{label}: {k} / {n} = {k / n:.3f}, 95% Clopper-Pearson CI [{ci.low:.3f}, {ci.high:.3f}]")
     verdict_line = "met" if promoted / n <= TARGET_RATE else "NOT met"

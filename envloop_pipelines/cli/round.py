@@ -335,7 +335,9 @@ def decision_lines(key: str, decision: Any, seconds: float | None = None) -> lis
     from envloop_pipelines.core.loop.cards import paired_text
 
     delta = paired_text(decision.delta) or f"{decision.delta['delta']:+.4f}"
-    return [f"round {key}: {verdict} (delta {delta}, floor {decision.noise_floor:.4f}{took})",
+    bar = (decision.checks or {}).get("bar")
+    bar_text = f", bar {bar:.4f}" if isinstance(bar, (int, float)) else ""
+    return [f"round {key}: {verdict} (delta {delta}, floor {decision.noise_floor:.4f}{bar_text}{took})",
             *(f"  - {reason}" for reason in decision.reasons)]
 
 

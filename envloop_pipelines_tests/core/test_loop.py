@@ -171,6 +171,40 @@ def test_noise_floor_and_promotion_gate() -> None:
     assert any("family guard: a" in r for r in reasons)
 
 
+def test_seed_bound_refuses_a_null_candidate_that_clears_the_spread_over_a_low_champion() -> None:
+    # Three null arms; the champion is the lowest (release 1 is the control arm, here an unlucky seed).
+    floor = noise_floor_from_arms("k", "family_macro_accuracy",
+                                  [{"family_macro_accuracy": v} for v in (0.60, 0.63, 0.66)])
+    # mean 0.63, sd 0.03, t(0.95, 2) = 2.919986, sqrt(1 + 1/3): the bound a fresh seed stays under 95% of the time.
+    assert floor.seed_bound() == pytest.approx(0.63 + 2.919986 * 0.03 * (4 / 3) ** 0.5, abs=1e-6)
+    assert floor.seed_bound("decrease") == pytest.approx(0.63 - 2.919986 * 0.03 * (4 / 3) ** 0.5, abs=1e-6)
+    gate = Gate()
+    low_champion = {"family_macro_accuracy": 0.60}
+    # +0.08 clears the spread (0.06) with a CI above zero: the old gate promoted this, but a fresh seed of the
+    # champion's own recipe reaches 0.68 often; the bar is the bound minus the champion.
+    lucky = decide_promotion(gate, {"delta": 0.08, "ci_low": 0.02, "ci_high": 0.14}, floor,
+                             {"family_macro_accuracy": 0.68}, low_champion)
+    assert not lucky.promote
+    assert lucky.checks["bar"] == pytest.approx(floor.seed_bound() - 0.60) and lucky.checks["noise_floor"] == pytest.approx(0.06)
+    assert "seed bound 0.7312 minus the champion's 0.6000" in lucky.reasons[0]
+    real = decide_promotion(gate, {"delta": 0.15, "ci_low": 0.09, "ci_high": 0.21}, floor,
+                            {"family_macro_accuracy": 0.75}, low_champion)
+    assert real.promote, real.reasons
+    # A champion already above the bound (a real promotion): the bound adds nothing, the spread decides.
+    high = decide_promotion(gate, {"delta": 0.07, "ci_low": 0.02, "ci_high": 0.12}, floor,
+                            {"family_macro_accuracy": 0.87}, {"family_macro_accuracy": 0.80})
+    assert high.promote and high.checks["bar"] == pytest.approx(0.06) and high.checks["seed_gap"] < 0
+    # No hypothesis loosens it: a stricter multiplier only raises the larger of the two.
+    assert decide_promotion(Gate(floor_multiplier=3.0), {"delta": 0.15, "ci_low": 0.09, "ci_high": 0.21}, floor,
+                            {}, low_champion).checks["bar"] == pytest.approx(0.18)
+    # A gate on another metric than the arms measured, or a floor of the candidate's own seeds: no bound.
+    assert decide_promotion(gate, {"delta": 0.08, "ci_low": 0.02, "ci_high": 0.14}, floor, {}, low_champion,
+                            apply_seed_bound=False).promote
+    other = decide_promotion(Gate(primary_metric="accuracy"), {"delta": 0.08, "ci_low": 0.02, "ci_high": 0.14},
+                             floor, {}, {"accuracy": 0.6})
+    assert other.promote and other.checks["seed_bound"] is None
+
+
 def _ci(delta: float, low: float, high: float, level: float = 0.95) -> dict[str, float]:
     return {"delta": delta, "ci_low": low, "ci_high": high, "confidence_level": level}
 

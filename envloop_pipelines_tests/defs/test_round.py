@@ -175,11 +175,13 @@ def test_alias_moves_only_on_promotion(loop_env: dict[str, Any]) -> None:
     d1, d2 = decision(loop_env, "r0001"), decision(loop_env, "r0002")
     promoted = [d for d in (d1, d2) if d["promote"]]
     assert d2["promote"], d2["reasons"]
-    # Through the real gate: the registered gate is the default one, and the gain cleared the measured floor
-    # (x 1) with the paired CI above zero; the guards held.
+    # Through the real gate: the registered gate is the default one, and the gain cleared the bar (the measured
+    # floor x 1, or the arms' seed bound minus the champion, whichever is larger) with the paired CI above zero;
+    # the guards held.
     assert ledger.hypothesis("r0002").gate == Gate() and ledger.effective_gate("r0002") == Gate()
     checks = d2["checks"]
-    assert checks["noise_floor"] > 0 and checks["bar"] == pytest.approx(checks["noise_floor"])
+    assert checks["noise_floor"] > 0 and checks["seed_bound"] is not None
+    assert checks["bar"] == pytest.approx(max(checks["noise_floor"], checks["seed_gap"]))
     assert checks["gain"] > checks["bar"] and checks["ci_low"] > 0, checks
     assert len(releases) == 1 + len(promoted)  # the bootstrap champion plus each promotion
     champion = releases[-1]
@@ -198,6 +200,7 @@ def test_release_card_holdout_first_and_baseline_beside(loop_env: dict[str, Any]
     markdown = (ledger.release_dir(card["release"]) / "card.md").read_text()
     assert markdown.index("## Holdout") < markdown.index("## Test")
     assert "TF-IDF + LR" in markdown and "## Paired deltas" in markdown
+    assert "- bar: " in markdown and "seed bound" in markdown  # the bar the gain cleared, and what set it
     assert card["paired_deltas"]["family_macro_accuracy"]["ci_low"] is not None
     assert card["amendments"] == [] and card["gate"]["min_delta"] == 0.0
     # Every release, the bootstrap one included, has TF-IDF + LR beside it on test and on the holdout,

@@ -135,6 +135,13 @@ def render_card(card: Mapping[str, Any]) -> str:
             lines.append(f"| {k} | {_fmt(v['delta'])} | [{_fmt(v['ci_low'])}, {_fmt(v['ci_high'])}] |")
     lines += ["", "## Gate", "", f"- registered: `{json.dumps(card.get('gate'), default=str)}`",
               f"- noise floor: {_fmt(card.get('noise_floor'))}"]
+    guards = card.get("guards") or {}
+    if guards.get("bar") is not None:
+        bound = ("" if guards.get("seed_bound") is None else
+                 f", the arms' {guards.get('seed_bound_level', 0.95):.0%} seed bound {_fmt(guards['seed_bound'])} "
+                 f"minus the parent's score ({_fmt(guards.get('seed_gap'))})")
+        lines.append(f"- bar: {_fmt(guards['bar'])}, the largest of min_delta {_fmt(guards.get('min_delta'))}, "
+                     f"the floor x {guards.get('floor_multiplier', 1):g}{bound}; gain {_fmt(guards.get('gain'))}")
     power = card.get("power")
     if power and power.get("mde") is not None:
         lines.append(f"- power: predicted {_fmt(card.get('predicted_delta'))} on {power.get('metric')}; minimum "

@@ -4,8 +4,22 @@ A difference smaller than the measured floor is not a result, however it
 looks. The floor is the spread (max − min) of the primary metric over K null
 arms identical to the control but for the seed; each family gets its own
 floor. A candidate is promoted only when its paired delta against the
-champion clears the registered gate *and* the floor, its CI is above zero,
-and every guard holds. No gate can waive the floor or the CI (rule 2).
+champion clears the registered gate *and* the floor *and* the seed bound, its
+CI is above zero, and every guard holds. No gate can waive the floor, the
+seed bound or the CI (rule 2).
+
+The **seed bound** is the arms' one-sided 95% upper prediction bound, ``mean
++ t(0.95, K−1) · sd · sqrt(1 + 1/K)``: the score a fresh seed of the control
+recipe stays under 95 times in 100 (exact for normally distributed arm
+scores). The bar is at least this bound minus the champion's score. The
+spread alone is not enough: the paired CI counts only the test questions'
+sampling noise, not the seed's, and when the champion is itself a low seed
+draw (release 1 is the control arm), a candidate that differs only in its
+seed clears "champion + spread" far more often than 1 in 20 (measured: 3 of
+20 in ``bench/bench_aa.py`` at 8 steps, floor 0.0847, champion the lowest but
+one of the three arms). With the bound, a null candidate clears the bar at
+most 5% of the time whatever the champion drew; once a champion is well above
+the arms (a real promotion), the bound adds nothing and the spread decides.
 
 The family and safety guards are tests, not point comparisons: a family guard
 trips when the upper end of the paired 95% CI of the family's accuracy change
@@ -23,9 +37,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
+from scipy import stats
+
 from envloop_pipelines.core.loop.ledger import MIN_FLOOR_MULTIPLIER, Gate
 from envloop_pipelines.core.metrics import DEFAULT_POWER, minimum_detectable_effect
 from envloop_pipelines.core.storage import canonical_json, sha256_bytes
+
+
+#: Confidence of the seed bound: a null candidate clears it at most 1 − this often (the A/A target: 1 in 20).
+SEED_BOUND_LEVEL = 0.95
 
 
 class ArmIdentityError(ValueError):
@@ -59,6 +79,20 @@ class NoiseFloor:
     floor: float
     family_floors: Mapping[str, float]
     arms: tuple[Mapping[str, Any], ...] = ()
+
+    def seed_bound(self, direction: str = "increase", level: float = SEED_BOUND_LEVEL) -> float:
+        """The one-sided upper (``"increase"``) or lower (``"decrease"``) prediction bound of a new arm.
+
+        ``mean ± t(level, K−1) · sd · sqrt(1 + 1/K)`` over the arms' values of :attr:`metric`, the
+        sample ``sd`` with ``K − 1`` degrees of freedom: a fresh seed of the control recipe scores
+        beyond it with probability ``1 − level`` when arm scores are normal.
+        """
+        values = [float(v) for v in self.values]
+        k = len(values)
+        mean = sum(values) / k
+        sd = (sum((v - mean) ** 2 for v in values) / (k - 1)) ** 0.5
+        half = float(stats.t.ppf(level, k - 1)) * sd * (1 + 1 / k) ** 0.5
+        return mean + half if direction == "increase" else mean - half
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -136,6 +170,8 @@ def decide_promotion(
     champion: Mapping[str, Any],
     safety_families: Sequence[str] = (),
     paired: Mapping[str, Any] | None = None,
+    *,
+    apply_seed_bound: bool = True,
 ) -> PromotionDecision:
     """Apply the registered gate, the noise floor and the guards.
 
@@ -152,6 +188,11 @@ def decide_promotion(
         paired: the verifier's paired comparison (``Reevaluation.paired``): its ``families`` (each
             family's accuracy delta with a 95% CI) and ``safety`` (each safety family's FNR delta with
             a 90% CI) decide the guards; without them the guards compare point values.
+        apply_seed_bound: apply the seed bound (the bar is at least the arms' upper prediction bound minus
+            the champion's score). It holds where the arms are seeds of the recipe the champion
+            descends from (the loop's floor: release 1 is its control arm); a floor whose arms are
+            seeds of the *candidate's* recipe (the RL round's) passes ``False``: a bound on the
+            candidate's own seeds says nothing about where the parent sits.
     """
     sign = 1.0 if gate.direction == "increase" else -1.0
     gain = sign * float(delta["delta"])
@@ -159,13 +200,23 @@ def decide_promotion(
     # Rule 2 holds here too, for a gate written before it was enforced at registration: the bar is
     # never under the floor itself and the CI must always clear zero.
     multiplier = gate.floor_multiplier if gate.floor_multiplier >= MIN_FLOOR_MULTIPLIER else MIN_FLOOR_MULTIPLIER  # NaN too
-    bar = max(gate.min_delta, multiplier * floor.floor)
+    # The seed bound applies where the arms measured the gate's metric and the champion's score on it is known.
+    seed_bound = seed_gap = None
+    held = champion.get(gate.primary_metric)
+    if apply_seed_bound and floor.metric == gate.primary_metric and held is not None:
+        seed_bound = floor.seed_bound(gate.direction)
+        seed_gap = sign * (seed_bound - float(held))
+    bar = max(gate.min_delta, multiplier * floor.floor, seed_gap if seed_gap is not None else 0.0)
     checks: dict[str, Any] = {"gain": gain, "bar": bar, "noise_floor": floor.floor, "min_delta": gate.min_delta,
-                              "floor_multiplier": multiplier, "ci_low": ci_low}
+                              "floor_multiplier": multiplier, "seed_bound": seed_bound, "seed_gap": seed_gap,
+                              "seed_bound_level": SEED_BOUND_LEVEL, "ci_low": ci_low}
     reasons: list[str] = []
     if not gain > bar:
+        bound = ("" if seed_bound is None else
+                 f", and the arms' {SEED_BOUND_LEVEL:.0%} seed bound {seed_bound:.4f} minus the champion's "
+                 f"{float(held):.4f}")
         reasons.append(f"gain {gain:+.4f} on {gate.primary_metric} does not exceed the bar {bar:.4f} "
-                       f"(max of gate {gate.min_delta:.4f} and noise floor {floor.floor:.4f} x {multiplier:g})")
+                       f"(max of gate {gate.min_delta:.4f}, noise floor {floor.floor:.4f} x {multiplier:g}{bound})")
     if not ci_low > 0:
         reasons.append(f"the {gate.primary_metric} CI lower end {ci_low:+.4f} is not above zero")
     ece = candidate.get("ece")

@@ -503,8 +503,10 @@ def decide_rl_round(config: RlRoundConfig, tracker: Tracker, result: RlRoundResu
     ledger = Ledger(config.task, config.home)
     hypothesis = ledger.require_hypothesis(key)
     gate = ledger.effective_gate(key)
+    # The arms are seeds of the candidate's recipe, not draws of the parent: the spread is the floor, and
+    # the seed bound (arms' prediction bound minus the parent) does not apply.
     verdict = decide_promotion(gate, comparison.delta, floor, {PRIMARY_METRIC: comparison.candidate.pass_at_1},
-                               {PRIMARY_METRIC: comparison.parent.pass_at_1})
+                               {PRIMARY_METRIC: comparison.parent.pass_at_1}, apply_seed_bound=False)
     result = replace(result, promoted=verdict.promote, reasons=tuple(verdict.reasons), comparison=comparison.to_dict(),
                      noise_floor=floor.to_dict(), checks=dict(verdict.checks))
     parent_run_id = parent_run_id or round_run(tracker, config.loop_config(), key).run_id
