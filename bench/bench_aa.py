@@ -58,6 +58,7 @@ from envloop_pipelines.core.loop.promotion import SEED_BOUND_LEVEL, decide_promo
 from envloop_pipelines.core.loop.runs import verify_predictions, write_predictions  # noqa: E402
 from envloop_pipelines.core.loop.store import RoundStore  # noqa: E402
 from envloop_pipelines.core.tracking import MlflowTracker  # noqa: E402
+from envloop_pipelines.core.progress import configure_command_line  # noqa: E402
 
 #: Seeds of the A/A candidates start here: far from the floor's arms (the recipe's seed, +1, +2, ...).
 SEED_OFFSET = 10_000
@@ -87,6 +88,7 @@ def main() -> None:
                         help=f"recipe overrides KEY=VALUE, for every arm (default: the demo's {' '.join(demo)})")
     parser.add_argument("--home", type=Path, default=None, help="EnvLoop home (default: a fresh temporary one)")
     args = parser.parse_args()
+    configure_command_line()  # progress: a bar on a terminal, lines elsewhere (ENVLOOP_PROGRESS)
     if args.rounds < 1:
         parser.error("--rounds must be ≥ 1")
 

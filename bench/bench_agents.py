@@ -47,6 +47,7 @@ from envloop_pipelines.core.sandbox import SandboxResult, probe_host  # noqa: E4
 from envloop_pipelines.core.verify.terminal import EXPECT_FILES  # noqa: E402
 from envloop_pipelines_tests.core.agents.envs import shell_env  # noqa: E402
 from envloop_pipelines_tests.core.agents.scripted import scripted_server, solution  # noqa: E402
+from envloop_pipelines.core.progress import configure_command_line  # noqa: E402
 
 _BASH = ["/bin/bash", "--noprofile", "--norc", "-c"]
 
@@ -136,6 +137,7 @@ def main() -> None:
     parser.add_argument("--workers", default="1,4", help="attempts side by side, comma-separated")
     parser.add_argument("--calls", type=int, default=20, help="repeats of each per-command and per-verify timing")
     args = parser.parse_args()
+    configure_command_line()  # progress: a bar on a terminal, lines elsewhere (ENVLOOP_PROGRESS)
     workers = [int(w) for w in args.workers.split(",")]
 
     support = probe_host()

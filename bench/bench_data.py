@@ -16,9 +16,11 @@ from pathlib import Path
 from envloop_pipelines.core.benchmark import BenchmarkConfig
 from envloop_pipelines.core.data.datasets import generate_builtin_task
 from envloop_pipelines.core.data.records import load_jsonl
+from envloop_pipelines.core.progress import configure_command_line
 
 
 def main() -> None:
+    configure_command_line()  # progress: a bar on a terminal, lines elsewhere (ENVLOOP_PROGRESS)
     with tempfile.TemporaryDirectory() as tmp:
         for label, scale in (("default", 1), ("x4", 4)):
             cfg = BenchmarkConfig().scaled(scale)

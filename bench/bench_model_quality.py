@@ -47,6 +47,7 @@ from envloop_pipelines.core.model.training import build_trainable_model, train_c
 from envloop_pipelines.core.data.snapshots import open_task  # noqa: E402
 from envloop_pipelines.core.storage import atomic_write_parquet  # noqa: E402
 from envloop_pipelines.core.verify.runner import verify_task  # noqa: E402
+from envloop_pipelines.core.progress import configure_command_line  # noqa: E402
 
 KEYS = ("family_macro_accuracy", "brier", "ece", "coverage_at_5pct", "nll", "fnr/needs_approval")
 
@@ -126,6 +127,7 @@ def main() -> None:
                         help="users of the generator whose unseen test users form the wide test (0: skip it)")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args()
+    configure_command_line()  # progress: a bar on a terminal, lines elsewhere (ENVLOOP_PROGRESS)
 
     home = Path(tempfile.mkdtemp(prefix="bench-quality-"))
     gen = generate_builtin_task(task="personal_agent", n_users=args.users, home=home)

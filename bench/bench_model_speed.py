@@ -28,6 +28,7 @@ from envloop_pipelines.core.model.readout import Encoded, QuestionInput, fit_sta
 from envloop_pipelines.core.model.recipe import DEFAULT_RECIPE, load_recipe_spec  # noqa: E402
 from envloop_pipelines.core.model.training import build_trainable_model, train_checkpoint  # noqa: E402
 from envloop_pipelines.core.data.records import records_from_objects, render_value  # noqa: E402
+from envloop_pipelines.core.progress import configure_command_line  # noqa: E402
 
 OPTION_NAMES = ("calendar", "email", "bank", "travel", "shopping", "notes", "photos", "ask_user", "music", "maps",
                 "weather", "health")
@@ -83,6 +84,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--train-questions", type=int, default=160)
     args = parser.parse_args()
+    configure_command_line()  # progress: a bar on a terminal, lines elsewhere (ENVLOOP_PROGRESS)
     recipe = load_recipe_spec(DEFAULT_RECIPE)
     model, _ = build_trainable_model(recipe)
     model.eval()

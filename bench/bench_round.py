@@ -35,6 +35,7 @@ from envloop_pipelines.defs.rounds.assets import ROUND_ASSETS, noise_floor, task
 from envloop_pipelines.defs.rounds.checks import ROUND_CHECKS  # noqa: E402
 from envloop_pipelines.resources.loop import MlflowResource, loop_resource  # noqa: E402
 from envloop_pipelines.resources.round_store import RoundStoreIOManager  # noqa: E402
+from envloop_pipelines.core.progress import configure_command_line  # noqa: E402
 
 STEPS = ("baseline_eval", "failure_mining", "environment_synthesis", "registered_hypothesis",
          "training_dataset_snapshot", "lora_checkpoint", "independent_reeval", "promotion_decision")
@@ -49,6 +50,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--override", action="append", default=list(DEMO_OVERRIDES))
     args = parser.parse_args()
+    configure_command_line()  # progress: a bar on a terminal, lines elsewhere (ENVLOOP_PROGRESS)
     overrides = parse_recipe_overrides(tuple(args.override))
     root = Path(tempfile.mkdtemp(prefix="bench-round-"))
     base = root / "base"

@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from envloop_pipelines.sdk import Client  # noqa: E402
 from envloop_pipelines_tests import services  # noqa: E402
+from envloop_pipelines.core.progress import configure_command_line  # noqa: E402
 
 ENVLOOP = str(Path(sys.executable).with_name("envloop"))
 LOOP_ENV = {"ENVLOOP_BUILTIN_USERS": "30", "ENVLOOP_BUILTIN_RECORDS_PER_USER": "3", "ENVLOOP_NOISE_ARMS": "2",
@@ -100,6 +101,7 @@ def main() -> None:
     parser.add_argument("--executor", choices=("in_process", "multiprocess"), default="in_process",
                         help="ENVLOOP_EXECUTOR of the deployment")
     args = parser.parse_args()
+    configure_command_line()  # progress: a bar on a terminal, lines elsewhere (ENVLOOP_PROGRESS)
     root = Path(tempfile.mkdtemp(prefix="bench-sdk-"))
     far = remote(root / "remote", args.rounds, args.executor)
     near = local(root / "local", args.rounds)

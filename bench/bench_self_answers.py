@@ -46,6 +46,7 @@ from envloop_pipelines.core.loop.self_answers import verified_self_answers  # no
 from envloop_pipelines.core.model.predict import predict_table  # noqa: E402
 from envloop_pipelines.core.model.recipe import DEFAULT_RECIPE, load_recipe_spec  # noqa: E402
 from envloop_pipelines.core.model.training import train_checkpoint  # noqa: E402
+from envloop_pipelines.core.progress import configure_command_line  # noqa: E402
 
 KEYS = ("family_macro_accuracy", "brier", "ece", "nll")
 #: The demo's budget (bench_aa.py, the loop's demo): 24 optimizer steps at 256 tokens.
@@ -72,6 +73,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="the self-answers' sampling seed")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args()
+    configure_command_line()  # progress: a bar on a terminal, lines elsewhere (ENVLOOP_PROGRESS)
     if args.steps < 1:
         raise SystemExit(f"--steps must be >= 1, got {args.steps}")
 

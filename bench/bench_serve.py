@@ -32,6 +32,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from envloop_pipelines.core.progress import configure_command_line  # noqa: E402
 from envloop_pipelines_tests.serve.helpers import (  # noqa: E402 - after the path fix
     ServerProcess,
     benchmark_records,
@@ -127,6 +128,7 @@ def main() -> None:
     parser.add_argument("--requests", default="24,96,192", help="Requests sent at 1, 8 and 32 clients.")
     parser.add_argument("--threads", type=int, default=None, help="The server's torch threads (default: torch's).")
     args = parser.parse_args()
+    configure_command_line()  # progress: a bar on a terminal, lines elsewhere (ENVLOOP_PROGRESS)
     extra = ["--threads", str(args.threads)] if args.threads else []
     counts = dict(zip(CONCURRENCY, (int(x) for x in args.requests.split(","))))
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:

@@ -31,6 +31,7 @@ from envloop_pipelines.core.data.datasets import generate_builtin_task  # noqa: 
 from envloop_pipelines.core.data.snapshots import open_task  # noqa: E402
 from envloop_pipelines.core.model.recipe import DEFAULT_RECIPE, load_recipe_spec  # noqa: E402
 from envloop_pipelines.core.model.training import train_checkpoint  # noqa: E402
+from envloop_pipelines.core.progress import configure_command_line  # noqa: E402
 
 D, P_LAYER, N_LAYERS = 384, 1_774_464, 6
 
@@ -57,6 +58,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--frozen", type=int, default=5)
     args = parser.parse_args()
+    configure_command_line()  # progress: a bar on a terminal, lines elsewhere (ENVLOOP_PROGRESS)
     root = Path(tempfile.mkdtemp(prefix="bench-cost-"))
     os.environ["ENVLOOP_FEATURE_CACHE"] = str(root / "features")
     generate_builtin_task(task="bench", home=root)

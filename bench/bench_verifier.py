@@ -35,6 +35,7 @@ from envloop_pipelines.core.data.snapshots import HIDDEN_LABEL_COLUMNS
 from envloop_pipelines.core.verify.protocol import parse_predictions, write_predictions
 from envloop_pipelines.core.verify.rule import RuleVerifier
 from envloop_pipelines.core.verify.runner import VerifierRunner
+from envloop_pipelines.core.progress import configure_command_line
 
 
 def synthetic(n_items: int, seed: int = 0) -> tuple[pa.Table, list[dict]]:
@@ -80,6 +81,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--calls", type=int, default=20)
     args = parser.parse_args()
+    configure_command_line()  # progress: a bar on a terminal, lines elsewhere (ENVLOOP_PROGRESS)
 
     support = probe_host()
     print(f"host: root={support.root} netns={support.network_namespace} mountns={support.mount_namespace} "

@@ -596,3 +596,17 @@ def test_readme_points_to_docs_not_shared() -> None:
     assert "shared/" not in text
     for name in EXPECTED_DOCS:
         assert f"](docs/{name}" in text, f"README.md links docs/{name}"
+
+
+def test_every_bench_sets_up_progress_for_its_command_line() -> None:
+    """A bench is a command: ``ENVLOOP_PROGRESS=log`` must print its progress lines (a bench with no handler
+    printed none), so each ``main`` calls ``progress.configure_command_line`` as the CLI does."""
+    import ast
+
+    benches = sorted((ROOT / "bench").glob("bench_*.py"))
+    assert benches
+    for path in benches:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        [main] = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"]
+        calls = {c.func.id for c in ast.walk(main) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+        assert "configure_command_line" in calls, f"{path.name}: main() does not call configure_command_line()"
