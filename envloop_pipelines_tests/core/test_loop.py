@@ -197,12 +197,21 @@ def test_seed_bound_refuses_a_null_candidate_that_clears_the_spread_over_a_low_c
     # No hypothesis loosens it: a stricter multiplier only raises the larger of the two.
     assert decide_promotion(Gate(floor_multiplier=3.0), {"delta": 0.15, "ci_low": 0.09, "ci_high": 0.21}, floor,
                             {}, low_champion).checks["bar"] == pytest.approx(0.18)
-    # A gate on another metric than the arms measured, or a floor of the candidate's own seeds: no bound.
+    # A floor of the candidate's own seeds (the RL round's): no bound, the spread is the bar.
     assert decide_promotion(gate, {"delta": 0.08, "ci_low": 0.02, "ci_high": 0.14}, floor, {}, low_champion,
                             apply_seed_bound=False).promote
-    other = decide_promotion(Gate(primary_metric="accuracy"), {"delta": 0.08, "ci_low": 0.02, "ci_high": 0.14},
-                             floor, {}, {"accuracy": 0.6})
-    assert other.promote and other.checks["seed_bound"] is None
+    # A gate on a metric the arms did not measure has no floor in its units: never promoted, and refused at
+    # registration with the field named.
+    other = decide_promotion(Gate(primary_metric="nll", direction="decrease"),
+                             {"delta": -0.5, "ci_low": -0.7, "ci_high": -0.3}, floor, {}, {"nll": 1.2})
+    assert not other.promote and other.checks["seed_bound"] is None
+    assert other.reasons == ("no noise floor on nll: the null arms measured family_macro_accuracy",)
+    from envloop_pipelines.core.loop.steps import proposal_errors
+
+    assert proposal_errors({"gate": {"primary_metric": "nll", "direction": "decrease"}}) == [
+        "gate.primary_metric: the noise floor's null arms measure family_macro_accuracy only, so a gate on 'nll' "
+        "would have no floor in its own units; got 'nll'"]
+    assert proposal_errors({"gate": {"primary_metric": "family_macro_accuracy"}}) == []
 
 
 def _ci(delta: float, low: float, high: float, level: float = 0.95) -> dict[str, float]:

@@ -200,7 +200,8 @@ def decide_promotion(
     # Rule 2 holds here too, for a gate written before it was enforced at registration: the bar is
     # never under the floor itself and the CI must always clear zero.
     multiplier = gate.floor_multiplier if gate.floor_multiplier >= MIN_FLOOR_MULTIPLIER else MIN_FLOOR_MULTIPLIER  # NaN too
-    # The seed bound applies where the arms measured the gate's metric and the champion's score on it is known.
+    # The seed bound applies where the champion's score on the arms' metric is known (and the arms are the
+    # champion's recipe's seeds); a gate on another metric is refused below.
     seed_bound = seed_gap = None
     held = champion.get(gate.primary_metric)
     if apply_seed_bound and floor.metric == gate.primary_metric and held is not None:
@@ -211,6 +212,9 @@ def decide_promotion(
                               "floor_multiplier": multiplier, "seed_bound": seed_bound, "seed_gap": seed_gap,
                               "seed_bound_level": SEED_BOUND_LEVEL, "ci_low": ci_low}
     reasons: list[str] = []
+    if floor.metric != gate.primary_metric:
+        # The floor is in another metric's units: no bar in this one was measured, so nothing clears it.
+        reasons.append(f"no noise floor on {gate.primary_metric}: the null arms measured {floor.metric}")
     if not gain > bar:
         bound = ("" if seed_bound is None else
                  f", and the arms' {SEED_BOUND_LEVEL:.0%} seed bound {seed_bound:.4f} minus the champion's "

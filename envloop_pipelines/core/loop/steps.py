@@ -155,7 +155,19 @@ def proposal_errors(proposal: Mapping[str, Any]) -> list[str]:
                       "(recipe_overrides is the loop's override, set with --recipe-override)")
     if "gate" in proposal:
         errors += gate_errors(proposal["gate"])
+        errors += _unmeasured_metric(proposal["gate"])
     return errors
+
+
+def _unmeasured_metric(gate: Any) -> list[str]:
+    """A gate on a metric the noise floor does not measure would be held to a floor in another metric's units."""
+    from envloop_pipelines.core.loop.setup import PRIMARY_METRIC
+
+    metric = gate.get("primary_metric", PRIMARY_METRIC) if isinstance(gate, Mapping) else PRIMARY_METRIC
+    if metric == PRIMARY_METRIC:
+        return []
+    return [f"gate.primary_metric: the noise floor's null arms measure {PRIMARY_METRIC} only, so a gate on "
+            f"{metric!r} would have no floor in its own units; got {metric!r}"]
 
 
 def paired_noise(config: LoopConfig) -> dict[str, Any] | None:
