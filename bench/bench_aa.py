@@ -139,9 +139,11 @@ def main() -> None:
         verdict = decide_promotion(gate, delta, floor, run.report.metrics, run.baseline_report.metrics,
                                    config.safety_families, paired=run.paired)
         gain_and_ci = verdict.checks["gain"] > verdict.checks["bar"] and verdict.checks["ci_low"] > 0
-        # The gate before the seed bound: the bar was the spread (x the gate's multiplier, or min_delta).
-        old_bar = max(gate.min_delta, verdict.checks["floor_multiplier"] * floor.floor)
-        old = verdict.checks["gain"] > old_bar and verdict.checks["ci_low"] > 0
+        # The gate before the seed bound (the same decision without it): the bar was the spread.
+        before = decide_promotion(gate, delta, floor, run.report.metrics, run.baseline_report.metrics,
+                                  config.safety_families, paired=run.paired, apply_seed_bound=False).checks
+        old_bar = before["bar"]
+        old = before["gain"] > old_bar and before["ci_low"] > 0
         promoted += verdict.promote
         cleared += gain_and_ci
         spread_only += old

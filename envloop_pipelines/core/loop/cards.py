@@ -138,7 +138,7 @@ def render_card(card: Mapping[str, Any]) -> str:
     guards = card.get("guards") or {}
     if guards.get("bar") is not None:
         bound = ("" if guards.get("seed_bound") is None else
-                 f", the arms' {guards.get('seed_bound_level', 0.95):.0%} seed bound {_fmt(guards['seed_bound'])} "
+                 f", the arms' {guards['seed_bound_level']:.0%} seed bound {_fmt(guards['seed_bound'])} "
                  f"minus the parent's score ({_fmt(guards.get('seed_gap'))})")
         lines.append(f"- bar: {_fmt(guards['bar'])}, the largest of min_delta {_fmt(guards.get('min_delta'))}, "
                      f"the floor x {guards.get('floor_multiplier', 1):g}{bound}; gain {_fmt(guards.get('gain'))}")

@@ -34,6 +34,7 @@ back to the stricter point comparison, and says so.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -87,11 +88,9 @@ class NoiseFloor:
         sample ``sd`` with ``K − 1`` degrees of freedom: a fresh seed of the control recipe scores
         beyond it with probability ``1 − level`` when arm scores are normal.
         """
-        values = [float(v) for v in self.values]
-        k = len(values)
-        mean = sum(values) / k
-        sd = (sum((v - mean) ** 2 for v in values) / (k - 1)) ** 0.5
-        half = float(stats.t.ppf(level, k - 1)) * sd * (1 + 1 / k) ** 0.5
+        k = len(self.values)
+        mean = statistics.fmean(self.values)
+        half = float(stats.t.ppf(level, k - 1)) * statistics.stdev(self.values) * (1 + 1 / k) ** 0.5
         return mean + half if direction == "increase" else mean - half
 
     def to_dict(self) -> dict[str, Any]:
