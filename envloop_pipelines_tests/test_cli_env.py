@@ -19,7 +19,7 @@ def run(args: list[str], home: Path) -> Result:
 
 def test_every_dataset_command_is_on_the_env_group() -> None:
     assert sorted(main.commands["env"].commands) == ["compare", "eval", "export", "generate", "import", "list",  # type: ignore[attr-defined]
-                                                     "show"]
+                                                     "show", "traces"]
 
 
 def test_generate_list_show_export_import(tmp_path: Path) -> None:
@@ -49,10 +49,12 @@ def test_generate_list_show_export_import(tmp_path: Path) -> None:
             assert env.solution not in text and '"verifier"' not in text and '"expect"' not in text
     # export as Harbor tasks and import them back: the same agent views under another name.
     out = tmp_path / "tasks"
-    exported = run(["export", "shell-demo", "--format", "harbor", "--out", str(out)], home)
+    refused = run(["export", "shell-demo", "--format", "harbor", "--out", str(out)], home)
+    assert refused.exit_code == 1 and "2 held-out environment(s)" in refused.output and not out.exists()
+    exported = run(["export", "shell-demo", "--format", "harbor", "--out", str(out), "--include-heldout"], home)
     assert exported.exit_code == 0 and f"exported 6 environments of shell-demo@{stored.version[:12]}" in exported.output
     assert sorted(p.name for p in out.iterdir()) == [f"shell-{s:04d}" for s in range(6)]
-    again = run(["export", "shell-demo", "--out", str(out)], home)
+    again = run(["export", "shell-demo", "--out", str(out), "--include-heldout"], home)
     assert again.exit_code == 1 and "not an empty folder" in again.output
     imported = run(["import", str(out), "--name", "shell-back"], home)
     assert imported.exit_code == 0 and imported.output.startswith("imported shell-back@")

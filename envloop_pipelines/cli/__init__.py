@@ -21,7 +21,7 @@ def _register_subcommands() -> None:
     from envloop_pipelines.cli import round as cli_round
     from envloop_pipelines.cli.data import data
     from envloop_pipelines.cli.env import env, export_command, generate, import_command, list_command, show_command
-    from envloop_pipelines.cli.env_eval import compare_command, eval_command
+    from envloop_pipelines.cli.env_eval import compare_command, eval_command, traces
     from envloop_pipelines.cli.model import evaluate, train
     from envloop_pipelines.cli.sandbox import sandbox
     from envloop_pipelines.cli.serve import serve
@@ -35,6 +35,7 @@ def _register_subcommands() -> None:
     env.add_command(import_command)
     env.add_command(eval_command)
     env.add_command(compare_command)
+    env.add_command(traces)
     main.add_command(sandbox)
     main.add_command(serve)
     main.add_command(train)

@@ -123,20 +123,48 @@ def show_command(dataset_ref: str, environment_id: str | None, as_json: bool, ho
 @click.option("--format", "fmt", type=click.Choice(["harbor"]), default="harbor", show_default=True,
               help="The folder format.")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="A new (or empty) folder for the tasks.")
+@click.option("--include-heldout", is_flag=True,
+              help="Also export held-out environments (their tests and solutions are written owner-only).")
 @_home_option
-def export_command(dataset_ref: str, fmt: str, out: Path, home: Path | None) -> None:
-    """Write a dataset's terminal environments as Harbor task folders (one per environment) under --out."""
-    from envloop_pipelines.core.environments.harbor import export_harbor
+def export_command(dataset_ref: str, fmt: str, out: Path, include_heldout: bool, home: Path | None) -> None:
+    """Write a dataset's terminal environments as Harbor task folders (one per environment) under --out.
+
+    Held-out environments only with --include-heldout, and then never into the checkout or the EnvLoop home.
+    """
+    from envloop_pipelines.core.environments.harbor import HeldoutExportError, export_harbor
 
     dataset = _open(dataset_ref, home)
+    inside = _inside_shared(out, home)
+    if inside and include_heldout:
+        raise click.UsageError(f"--out {out} is inside {inside}: held-out tests and solutions go to a folder outside "
+                               f"it (a checkout gets committed and shared)")
     try:
-        done = export_harbor(dataset, out)
-    except FileExistsError as exc:
+        done = export_harbor(dataset, out, include_heldout=include_heldout)
+    except (FileExistsError, HeldoutExportError) as exc:
         raise click.ClickException(str(exc)) from None
+    if inside:
+        click.echo(f"note: {done.out} is inside {inside}; sandboxed agents do not see it (the checkout and the home "
+                   f"are concealed from their commands), but anyone with the checkout does", err=True)
     click.echo(f"exported {len(done.tasks)} environments of {dataset.name}@{dataset.version[:12]} as Harbor tasks "
                f"to {done.out}")
     if done.skipped:
         click.echo(f"skipped {len(done.skipped)} decision environments (Harbor tasks are terminal ones)")
+
+
+def _inside_shared(out: Path, home: Path | None) -> str | None:
+    """``the repository``/``the EnvLoop home`` when ``out`` lies inside it, else None."""
+    import envloop_pipelines
+    from envloop_pipelines.core.storage import envloop_home
+
+    target = out.resolve()
+    checkout = Path(envloop_pipelines.__file__).resolve().parent.parent
+    places = [(envloop_home(home), f"the EnvLoop home {envloop_home(home)}")]
+    if (checkout / "pyproject.toml").is_file():
+        places.append((checkout, f"the repository {checkout}"))
+    for root, name in places:
+        if target == root or root in target.parents:
+            return name
+    return None
 
 
 @click.command("import")

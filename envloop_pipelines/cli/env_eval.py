@@ -47,6 +47,8 @@ def summary_lines(summary: Mapping[str, Any]) -> list[str]:
     errors = ", ".join(f"{reason} x{n}" for reason, n in summary.get("errors", {}).items())
     lines.append(f"attempts {summary['n_attempts']}: {st['passed']} passed, {st['failed']} failed, {st['error']} errors"
                  + (f" ({errors})" if errors else ""))
+    for outcome, reason in (summary.get("why") or {}).items():
+        lines.append(f"why      {outcome}: {reason}")
     c = summary["cost"]
     lines.append(f"cost     {c['elapsed_s']:.1f} s elapsed, {c['mean_attempt_s']:.2f} s per attempt; "
                  f"{c['prompt_tokens']} prompt + {c['completion_tokens']} completion tokens "
@@ -66,10 +68,26 @@ def summary_lines(summary: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def all_errored(summary: Mapping[str, Any]) -> bool:
+    """Every attempt of the run ended in an error (a dead endpoint, a missing engine): it measured nothing."""
+    return summary["n_attempts"] > 0 and summary["statuses"].get("error", 0) == summary["n_attempts"]
+
+
 def comparison_lines(summaries: Sequence[Mapping[str, Any]]) -> list[str]:
-    """One table, one line per evaluation: pass@1 and the largest pass@k with CIs, errors and cost."""
+    """One table, one line per evaluation: pass@1 and the largest pass@k with CIs, errors and cost.
+
+    Runs whose every attempt errored measured nothing: they are listed apart, below the table, with why.
+    """
+    broken = [s for s in summaries if all_errored(s)]
+    summaries = [s for s in summaries if not all_errored(s)]
+    tail = []
+    if broken:
+        tail = ["", f"{len(broken)} run(s) where every attempt errored (no result; not in the table):"]
+        for s in broken:
+            reason = next(iter((s.get("why") or {}).values()), "") or ", ".join(s.get("errors") or {})
+            tail.append(f"  {s['agent']['model']} at {s['agent']['base_url']}: {s['n_attempts']} errors: {reason}")
     if not summaries:
-        return []
+        return tail[1:]
     ks = sorted({p["k"] for s in summaries for p in s["pass_at_k"]})
     top = ks[-1]
     names = [f"{s['agent']['model']} at {s['agent']['base_url']}" for s in summaries]
@@ -87,7 +105,7 @@ def comparison_lines(summaries: Sequence[Mapping[str, Any]]) -> list[str]:
         line += (f"  {s['n_environments']:>4}  {s['attempts_per_environment']}  {s['statuses']['error']:>6}  "
                  f"{s['cost']['mean_attempt_s']:>9.2f}  {s['cost']['tokens_per_attempt']:>14.0f}")
         lines.append(line)
-    return lines
+    return lines + tail
 
 
 def _load_dataset(ref: str, home: Path | None) -> Any:
@@ -101,9 +119,12 @@ def _load_dataset(ref: str, home: Path | None) -> Any:
 
 @click.command("eval")
 @click.option("--dataset", "dataset_ref", required=True, metavar="NAME[@VERSION]", help="The environment dataset.")
-@click.option("--agent-url", "agent_urls", required=True, multiple=True, metavar="URL",
+@click.option("--agent-url", "agent_urls", multiple=True, metavar="URL",
               help="The agent's API root (e.g. http://127.0.0.1:8000/v1); once, or once per --model.")
-@click.option("--model", "models", required=True, multiple=True, help="The model name; repeat to compare agents.")
+@click.option("--model", "models", multiple=True, help="The model name; repeat to compare agents.")
+@click.option("--agent", "builtin_agent", type=click.Choice(["oracle"]), default=None,
+              help="A built-in agent instead of an endpoint: oracle runs each task's own reference solution "
+                   "(solution/solve.sh), to check an import.")
 @click.option("--api-key-env", default=None, metavar="VAR", help="Environment variable holding the agent's bearer key.")
 @click.option("--agent-kind", type=click.Choice(["chat", "jev"]), default="chat", show_default=True,
               help="chat: OpenAI-compatible chat with tools; jev: a Jev /systemone endpoint (decision environments).")
@@ -121,7 +142,8 @@ def _load_dataset(ref: str, home: Path | None) -> Any:
 @click.option("--home", type=click.Path(file_okay=False, path_type=Path), default=None, help="The EnvLoop home.")
 @click.option("--no-mlflow", is_flag=True, help="Do not log the run to MLflow.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summaries as JSON.")
-def eval_command(dataset_ref: str, agent_urls: tuple[str, ...], models: tuple[str, ...], api_key_env: str | None,
+def eval_command(dataset_ref: str, agent_urls: tuple[str, ...], models: tuple[str, ...], builtin_agent: str | None,
+                 api_key_env: str | None,
                  agent_kind: str, attempts: int, split: str | None, max_turns: int, max_tokens: int, wall_s: float,
                  workers: int, backend: str, image: str | None, home: Path | None, no_mlflow: bool,
                  as_json: bool) -> None:
@@ -130,12 +152,18 @@ def eval_command(dataset_ref: str, agent_urls: tuple[str, ...], models: tuple[st
     from envloop_pipelines.core.agents.evaluate import evaluate_agent, track_evaluation
     from envloop_pipelines.core.agents.runner import AttemptLimits
 
-    if len(agent_urls) not in (1, len(models)):
+    if builtin_agent is not None and (agent_urls or models):
+        raise click.UsageError("--agent oracle runs the tasks' own solutions: give it without --agent-url and --model")
+    if builtin_agent is None and not (agent_urls and models):
+        raise click.UsageError("give the agent: --agent-url URL --model M (or --agent oracle)")
+    if len(agent_urls) not in (0, 1, len(models)):
         raise click.BadParameter(f"give --agent-url once, or once per --model ({len(models)}); got {len(agent_urls)}",
                                  param_hint="--agent-url")
     try:
         agents = [AgentSpec(url, model, api_key_env=api_key_env, kind=agent_kind)  # type: ignore[arg-type]
                   for url, model in zip(agent_urls * len(models) if len(agent_urls) == 1 else agent_urls, models)]
+        if builtin_agent == "oracle":
+            agents = [AgentSpec.oracle()]
         limits = AttemptLimits(max_turns=max_turns, max_tokens=max_tokens, wall_s=wall_s,
                                request_timeout_s=min(60.0, wall_s))
     except ValueError as exc:
@@ -145,6 +173,11 @@ def eval_command(dataset_ref: str, agent_urls: tuple[str, ...], models: tuple[st
 
     options = backend_options(backend, image)
     sandbox = None if backend == "local" else make_sandbox(backend, **options)  # None: a local sandbox per episode
+    if sandbox is not None and hasattr(sandbox, "available"):
+        ok, why = sandbox.available()
+        if not ok:
+            raise click.ClickException(f"--backend {backend}: no {backend} engine answers on this machine ({why}); "
+                                       f"start one, or use --backend local")
     dataset = _load_dataset(dataset_ref, home)
     tracker = None
     if not no_mlflow:
@@ -171,6 +204,12 @@ def eval_command(dataset_ref: str, agent_urls: tuple[str, ...], models: tuple[st
         click.echo(json.dumps(summaries if len(summaries) > 1 else summaries[0], indent=2, default=str))
     elif len(summaries) > 1:
         click.echo("\n".join(comparison_lines(summaries)))
+    broken = [s for s in summaries if all_errored(s)]
+    if broken:
+        names = ", ".join(f"{s['agent']['model']} at {s['agent']['base_url']}" for s in broken)
+        reason = next(iter((broken[0].get("why") or {}).values()), "")
+        raise click.ClickException(f"every attempt of {names} errored: the run measured nothing (stored, and marked so "
+                                   f"in envloop env compare): {reason}")
 
 
 @click.command("compare")
@@ -193,4 +232,46 @@ def compare_command(dataset_ref: str, split: str | None, home: Path | None) -> N
     click.echo("\n".join(comparison_lines(summaries)))
 
 
-__all__ = ["compare_command", "comparison_lines", "eval_command", "summary_lines"]
+@click.group("traces")
+def traces() -> None:
+    """Attempts' transcripts as chat JSONL (what harbor traces export gives; what SFT and RL snapshots read)."""
+
+
+@traces.command("export")
+@click.option("--dataset", "dataset_ref", required=True, metavar="NAME[@VERSION]",
+              help="The dataset (default version: the latest stored).")
+@click.option("--run", "run_ids", multiple=True, metavar="RUN_ID", help="Only these stored runs (default: every one).")
+@click.option("--status", "statuses", multiple=True, type=click.Choice(["passed", "failed", "error"]),
+              help="Only attempts with this verdict (repeatable; default: all).")
+@click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="A new JSONL file.")
+@click.option("--home", type=click.Path(file_okay=False, path_type=Path), default=None, help="The EnvLoop home.")
+def traces_export(dataset_ref: str, run_ids: tuple[str, ...], statuses: tuple[str, ...], out: Path,
+                  home: Path | None) -> None:
+    """Write the stored attempts of a dataset version as chat JSONL, one attempt a line, filtered by verdict.
+
+    Held-out evaluations stored no attempts and give none.
+    """
+    from envloop_pipelines.core.agents.attempts import attempt_json, chat_rows, read_attempts
+    from envloop_pipelines.core.agents.evaluate import stored_evaluations
+    from envloop_pipelines.core.storage import atomic_write_bytes
+
+    dataset = _load_dataset(dataset_ref, home)
+    summaries = [s for s in stored_evaluations(dataset.name, dataset.version, home=home)
+                 if not run_ids or s.get("run_id") in run_ids]
+    missing = sorted(set(run_ids) - {s.get("run_id") for s in summaries})
+    if missing:
+        raise click.BadParameter(f"no stored run {missing} of {dataset.name}@{dataset.version[:12]}", param_hint="--run")
+    if out.exists():
+        raise click.ClickException(f"{out} exists; traces go to a new file")
+    rows = []
+    for s in summaries:
+        if s.get("aggregate_only") or not s.get("run_dir") or not (Path(s["run_dir"]) / "attempts.jsonl").is_file():
+            continue
+        rows += [{**r, "metadata": {**r["metadata"], "run_id": s.get("run_id")}}
+                 for r in chat_rows(read_attempts(s["run_dir"]), statuses or None)]
+    atomic_write_bytes(out, b"".join(attempt_json(r) + b"\n" for r in rows))
+    click.echo(f"wrote {len(rows)} attempt(s) of {len(summaries)} run(s) of {dataset.name}@{dataset.version[:12]} to {out}"
+               + (f" (status {', '.join(statuses)})" if statuses else ""))
+
+
+__all__ = ["compare_command", "comparison_lines", "eval_command", "summary_lines", "traces", "traces_export"]

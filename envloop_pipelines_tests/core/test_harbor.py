@@ -46,7 +46,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict:
     home = root / "home"
     envs = shell_environments(6, heldout=2, seed=0)
     dataset = store_dataset("shell-six", [*envs, decision_env(0)], source={"generator": "test"}, home=home)
-    done = export_harbor(dataset, root / "tasks")
+    done = export_harbor(dataset, root / "tasks", include_heldout=True)
     return {"root": root, "home": home, "dataset": dataset, "export": done}
 
 
@@ -72,7 +72,7 @@ def test_export_writes_one_task_per_terminal_environment(exported: dict) -> None
     dockerfile = (folder / "environment" / "Dockerfile").read_text()
     assert "COPY files/ /app/" in dockerfile and "tests" not in dockerfile and "solution" not in dockerfile
     with pytest.raises(FileExistsError, match="not an empty folder"):
-        export_harbor(dataset, done.out)
+        export_harbor(dataset, done.out, include_heldout=True)
 
 
 def test_export_then_import_gives_the_same_agent_views_and_verdicts(exported: dict) -> None:

@@ -9,10 +9,18 @@ so the passed attempts of training environments are SFT rows as they stand.
 Attempts of one evaluation are stored together as ``attempts.jsonl`` in a
 content-addressed folder (:func:`write_attempts`); :func:`read_attempts`
 reads them back with errors that name the file, the line and the field.
+
+Every string is stored as it is, whatever an agent or its endpoint produced
+(:func:`attempt_json`): a line is UTF-8 JSON, and a line whose strings are not
+all valid Unicode (a lone surrogate from a reply's ``"\\ud800"`` escape, a file
+name that is not UTF-8, which ``os.fsdecode`` turns into surrogates
+U+DC80..U+DCFF) is written with ASCII escapes instead (``\\ud800``), which JSON
+allows and which read back to the same strings.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
@@ -88,7 +96,7 @@ class Attempt:
 
     def transcript_sha256(self) -> str:
         """sha256 of the canonical JSON of ``messages``: the transcript's identity (SFT rows cite it)."""
-        return sha256_bytes(canonical_json(list(self.messages)))
+        return sha256_bytes(attempt_json(list(self.messages)))
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -129,10 +137,37 @@ class Attempt:
             raise ValueError(f"{where}: {exc}") from None
 
 
+def attempt_json(value: Any) -> bytes:
+    """Canonical JSON bytes of ``value`` (sorted keys, no spaces, UTF-8); ASCII escapes where a string is not
+    valid Unicode (lone surrogates), so every string is stored and reads back the same."""
+    try:
+        return canonical_json(value)
+    except UnicodeEncodeError:
+        return json.dumps(value, sort_keys=True, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
 def attempts_jsonl(attempts: Sequence[Attempt]) -> bytes:
     """The JSONL bytes of ``attempts`` in (environment, attempt) order: one canonical JSON object per line."""
     ordered = sorted(attempts, key=lambda a: a.key)
-    return b"".join(canonical_json(a.to_dict()) + b"\n" for a in ordered)
+    return b"".join(attempt_json(a.to_dict()) + b"\n" for a in ordered)
+
+
+def chat_rows(attempts: Sequence[Attempt], statuses: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Attempts as chat-format training rows (``messages``, ``tools``, ``metadata``), those of ``statuses`` only.
+
+    What ``harbor traces export`` gives Harbor users, and what an SFT or RL snapshot reads: the transcript as
+    it went over the wire, and the verdict beside it.
+    """
+    wanted = None if statuses is None else set(statuses)
+    unknown = sorted((wanted or set()) - set(ATTEMPT_STATUSES))
+    if unknown:
+        raise ValueError(f"statuses {unknown} are not among {', '.join(ATTEMPT_STATUSES)}")
+    return [{"messages": [dict(m) for m in a.messages], "tools": [dict(t) for t in a.tools],
+             "metadata": {"dataset": a.dataset, "dataset_version": a.dataset_version, "environment_id": a.environment_id,
+                          "split": a.split, "attempt": a.attempt, "status": a.status, "passed": a.passed,
+                          "reward": None if a.score is None else a.score.get("value"), "error": a.error,
+                          "agent": dict(a.agent), "transcript_sha256": a.transcript_sha256()}}
+            for a in sorted(attempts, key=lambda x: x.key) if wanted is None or a.status in wanted]
 
 
 def write_attempts(directory: str | Path, attempts: Sequence[Attempt]) -> Path:
@@ -152,4 +187,4 @@ def read_attempts(path: str | Path) -> list[Attempt]:
     return [Attempt.from_dict(raw, where=f"{path}:{n}") for n, raw in read_jsonl(path)]
 
 
-__all__ = ["ATTEMPTS_FILE", "ATTEMPT_STATUSES", "Attempt", "AttemptStatus", "attempts_jsonl", "read_attempts", "write_attempts"]
+__all__ = ["ATTEMPTS_FILE", "ATTEMPT_STATUSES", "Attempt", "AttemptStatus", "attempt_json", "attempts_jsonl", "chat_rows", "read_attempts", "write_attempts"]

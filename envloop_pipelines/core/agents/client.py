@@ -24,8 +24,12 @@ import os
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping, Sequence
 
-AgentKind = Literal["chat", "jev"]
-AGENT_KINDS: tuple[str, ...] = ("chat", "jev")
+AgentKind = Literal["chat", "jev", "oracle"]
+AGENT_KINDS: tuple[str, ...] = ("chat", "jev", "oracle")
+#: The oracle agent (like Harbor's): no endpoint; it runs each task's own reference solution.
+ORACLE_URL = "oracle:"
+#: The most bytes one completion's body may have (a reply past it is that attempt's error, not stored).
+MAX_REPLY_BYTES = 1024 * 1024
 
 
 class AgentError(Exception):
@@ -40,7 +44,8 @@ class AgentSpec:
         base_url: the API root, e.g. ``http://127.0.0.1:8000/v1``.
         model: the model name sent with each request.
         api_key_env: the environment variable holding the bearer key (read at call time; None: no key).
-        kind: ``chat`` (OpenAI-compatible chat with tools) or ``jev`` (``/systemone``, decision environments).
+        kind: ``chat`` (OpenAI-compatible chat with tools), ``jev`` (``/systemone``, decision environments) or
+            ``oracle`` (:meth:`oracle`: no endpoint; it runs the task's reference solution).
     """
 
     base_url: str
@@ -49,12 +54,20 @@ class AgentSpec:
     kind: AgentKind = "chat"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.base_url, str) or not self.base_url.startswith(("http://", "https://")):
+        if self.kind == "oracle":
+            if self.base_url != ORACLE_URL:
+                raise ValueError(f"the oracle agent has no endpoint: its base_url is {ORACLE_URL!r}, got {self.base_url!r}")
+        elif not isinstance(self.base_url, str) or not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"AgentSpec.base_url must be an http(s) URL, got {self.base_url!r}")
         if not isinstance(self.model, str) or not self.model.strip():
             raise ValueError(f"AgentSpec.model must be a non-empty model name, got {self.model!r}")
         if self.kind not in AGENT_KINDS:
             raise ValueError(f"AgentSpec.kind must be one of {', '.join(AGENT_KINDS)}, got {self.kind!r}")
+
+    @classmethod
+    def oracle(cls) -> "AgentSpec":
+        """The oracle agent: one tool call per attempt, the task's own reference solution (``solution/solve.sh``)."""
+        return cls(ORACLE_URL, "oracle", kind="oracle")
 
     @property
     def label(self) -> str:
@@ -157,13 +170,20 @@ class ChatClient:
             # The raw body, not the SDK's object: the SDK builds objects without validating them, so a
             # body that is not a completion would surface later as an AttributeError deep in the runner.
             response = self._client.chat.completions.with_raw_response.create(**kwargs)
-            body = json.loads(response.http_response.text)
+            raw = response.http_response.content
+            if len(raw) > MAX_REPLY_BYTES:
+                raise AgentError(f"reply too large: {len(raw)} bytes from {self.agent.base_url}, over {MAX_REPLY_BYTES}")
+            body = json.loads(raw)
         except openai.APITimeoutError as exc:
             raise AgentError(f"timeout: no answer from {self.agent.base_url} in time ({exc})") from None
         except openai.APIConnectionError as exc:
             raise AgentError(f"connection failed: {self.agent.base_url}: {exc.__cause__ or exc}") from None
         except openai.APIStatusError as exc:
             raise AgentError(f"HTTP {exc.status_code} from {self.agent.base_url}: {exc.response.text[:300]}") from None
+        except UnicodeEncodeError as exc:
+            # Text the endpoint sent earlier (a lone surrogate from a "\\ud800" escape) cannot go back as UTF-8.
+            raise AgentError(f"the conversation cannot be sent: it holds text that is not valid Unicode ({exc.reason} "
+                             f"at {exc.start}, {exc.object[exc.start:exc.start + 1]!a})") from None
         except (ValueError, openai.APIError) as exc:
             raise AgentError(f"not a chat completion: {exc}") from None
         choices = body.get("choices") if isinstance(body, Mapping) else None
@@ -245,4 +265,5 @@ class JevClient:
         self._client.close()
 
 
-__all__ = ["AGENT_KINDS", "AgentError", "AgentKind", "AgentSpec", "ChatClient", "ChatTurn", "JevClient", "jev_question"]
+__all__ = ["AGENT_KINDS", "AgentError", "AgentKind", "AgentSpec", "ChatClient", "ChatTurn", "JevClient",
+           "MAX_REPLY_BYTES", "ORACLE_URL", "jev_question"]

@@ -104,6 +104,8 @@ class AgentEvaluation:
         limits: the attempts' limits.
         run_id: the stored run's id; ``run_dir`` its folder.
         errors: the distinct error reasons with their counts (open splits only).
+        why: one example in words per outcome that is not a pass (open splits only): ``failed`` (the
+            verifier's or the limit's reason) and ``error: <reason>`` (the whole error of the first such attempt).
     """
 
     dataset: str
@@ -123,10 +125,16 @@ class AgentEvaluation:
     errors: Mapping[str, int] = field(default_factory=dict)
     run_id: str = ""
     run_dir: str = ""
+    why: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def pass_at_1(self) -> PassAtK:
         return self.pass_at_k[0]
+
+    @property
+    def all_errored(self) -> bool:
+        """Every attempt ended in an error (a dead endpoint, a missing engine): the run measured nothing."""
+        return self.n_attempts > 0 and self.statuses.get("error", 0) == self.n_attempts
 
     def summary(self) -> dict[str, Any]:
         """Everything but the attempts, as JSON (what ``summary.json`` holds)."""
@@ -167,19 +175,30 @@ def _error_attempt(dataset: Any, spec: Any, agent: AgentSpec, attempt: int, erro
 
 def _attempt_once(dataset: Any, spec: Any, agent: AgentSpec, attempt: int, limits: AttemptLimits,
                   open_episode: Callable[..., Any], sandbox: Any, work_root: Path | None, home: str | Path | None) -> Attempt:
+    """One attempt, whatever happens: anything that goes wrong is this attempt's error, never the run's."""
     try:
         episode = open_episode(spec, sandbox=sandbox, work_root=work_root, home=home)
     except Exception as exc:
         log.exception("could not open an episode of %s", spec.id)
         return _error_attempt(dataset, spec, agent, attempt, f"episode: could not open: {type(exc).__name__}: {exc}")
     try:
-        return run_attempt(episode, agent, dataset=dataset.name, dataset_version=dataset.version, split=spec.split,
+        done = run_attempt(episode, agent, dataset=dataset.name, dataset_version=dataset.version, split=spec.split,
                            seed=spec.seed, attempt=attempt, limits=limits)
+    except Exception as exc:  # run_attempt records what the agent does; this is a fault of ours, kept to the attempt
+        log.exception("attempt %s/%d failed", spec.id, attempt)
+        done = _error_attempt(dataset, spec, agent, attempt, f"episode: {type(exc).__name__}: {exc}")
     finally:
         try:
             episode.close()
         except Exception:
             log.exception("closing the episode of %s failed", spec.id)
+    try:
+        attempts_jsonl([done])  # what store_evaluation writes: a line that cannot be written fails here, alone
+    except Exception as exc:
+        log.exception("attempt %s/%d cannot be stored", spec.id, attempt)
+        done = _error_attempt(dataset, spec, agent, attempt, f"storage: the attempt cannot be stored: {type(exc).__name__}: "
+                                                             f"{str(exc)[:300]!a}")
+    return done
 
 
 def _run(dataset: Any, envs: Sequence[Any], agent: AgentSpec, attempts: int, limits: AttemptLimits, workers: int,
@@ -263,9 +282,46 @@ def _error_reasons(attempts: Sequence[Attempt]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for a in attempts:
         if a.status == "error":
-            reason = a.error.split(":")[0] if a.error else "error"
+            reason = _printable(a.error.split(":")[0] if a.error else "error")
             counts[reason] = counts.get(reason, 0) + 1
     return dict(sorted(counts.items()))
+
+
+def _printable(text: str, limit: int = 400) -> str:
+    """``text`` as valid Unicode (a lone surrogate becomes its ``\\udcXX`` escape), at most ``limit`` characters."""
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def failure_reason(attempt: Attempt) -> str:
+    """Why an attempt did not pass, in a line: its error, the limit that ended it, or what the verifier said."""
+    if attempt.error:
+        return _printable(attempt.error)
+    score = attempt.score or {}
+    details = score.get("details") or {}
+    check = details.get("check") or {}
+    failing = [f"{c.get('name')}: {c.get('detail')}" for c in check.get("checks") or [] if not c.get("ok")]
+    if failing:
+        return _printable("the check failed: " + "; ".join(failing))
+    tests = details.get("tests")
+    if tests:
+        output = str(tests.get("stdout_tail") or "") + "\n" + str(tests.get("stderr_tail") or "")
+        lines = [ln for ln in output.splitlines() if ln.strip()]
+        return _printable(f"the tests gave reward {details.get('reward')}: " + " | ".join(lines[-3:]))
+    if details.get("error"):
+        return _printable(str(details["error"]))
+    return f"the verifier's score {score.get('value')}"
+
+
+def _why(attempts: Sequence[Attempt]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for a in sorted(attempts, key=lambda x: x.key):
+        if a.status == "failed":
+            out.setdefault("failed", failure_reason(a))
+        elif a.status == "error":
+            reason = _printable(a.error.split(":")[0] if a.error else "error")
+            out.setdefault(f"error: {reason}", failure_reason(a))
+    return dict(sorted(out.items()))
 
 
 def evaluation_run_id(config: Mapping[str, Any], attempts_bytes: bytes) -> str:
@@ -333,7 +389,7 @@ def evaluate_agent(
         attempts_per_environment=attempts, n_environments=len(envs), n_attempts=n, pass_at_k=tuple(rows),
         statuses=statuses, cost=cost, aggregate_only=aggregate_only, limits=limits.to_dict(),
         per_environment=() if aggregate_only else _table(done), attempts=() if aggregate_only else tuple(done),
-        errors={} if aggregate_only else _error_reasons(done))
+        errors={} if aggregate_only else _error_reasons(done), why={} if aggregate_only else _why(done))
     if store:
         result = store_evaluation(result, home=home)
     return result
@@ -440,6 +496,6 @@ def track_evaluation(result: AgentEvaluation, tracker: Any) -> Any:
     return run
 
 
-__all__ = ["AgentEvaluation", "Cost", "EVALS_DIR", "EnvironmentRow", "HELDOUT_SPLIT", "HeldoutAttemptsError",
+__all__ = ["AgentEvaluation", "Cost", "EVALS_DIR", "EnvironmentRow", "HELDOUT_SPLIT", "HeldoutAttemptsError", "failure_reason",
            "SUMMARY_FILE", "evaluate_agent", "evaluation_run_id", "experiment_name", "load_environments", "replay", "run_attempts", "store_evaluation", "stored_evaluations",
            "track_evaluation"]

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
@@ -109,9 +110,17 @@ def tool_result_text(result: SandboxResult, max_chars: int) -> str:
     head = f"exit_code: {result.exit_code}" if result.exit_code is not None else f"killed: {result.detail or result.status}"
     if result.status not in ("ok", "error"):
         head += f" ({result.status}: {result.detail})"
-    out = result.stdout_tail[-max_chars:]
-    err = result.stderr_tail[-max_chars:]
+    out = _compact_nul(result.stdout_tail[-max_chars:])
+    err = _compact_nul(result.stderr_tail[-max_chars:])
     return f"{head}\nstdout:\n{out}\nstderr:\n{err}"
+
+
+_NUL_RUN = re.compile("\x00+")
+
+
+def _compact_nul(text: str) -> str:
+    """NUL characters as ``\\x00`` (a run of them as ``\\x00*N``): JSON would store each as six bytes."""
+    return _NUL_RUN.sub(lambda m: "\\x00" if len(m.group()) == 1 else f"\\x00*{len(m.group())}", text)
 
 
 def question_text(question: Mapping[str, Any]) -> str:
@@ -208,6 +217,30 @@ def _drive_terminal(episode: Any, client: ChatClient, messages: list[dict[str, A
                              "content": tool_result_text(result, budget.limits.tool_output_chars)})
 
 
+ORACLE_DONE = "Done: ran the task's reference solution."
+
+
+def _drive_oracle(episode: Any, messages: list[dict[str, Any]], budget: _Budget) -> None:
+    """The oracle agent: one bash call with the task's own reference solution (Harbor's oracle agent)."""
+    spec = getattr(episode, "spec", None)
+    solution = getattr(spec, "solution", None)
+    if not episode.tools:
+        raise AgentError("the oracle agent acts in terminal environments (a decision environment has no solution script)")
+    if not solution:
+        raise AgentError(f"{episode.environment_id} has no reference solution (a Harbor task's solution/solve.sh)")
+    call = {"id": "call_oracle", "type": "function",
+            "function": {"name": "bash", "arguments": json.dumps({"command": solution}, ensure_ascii=False)}}
+    messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+    budget.turns += 1
+    result = episode.run(solution)
+    budget.tool_calls += 1
+    messages.append({"role": "tool", "tool_call_id": call["id"],
+                     "content": tool_result_text(result, budget.limits.tool_output_chars)})
+    messages.append({"role": "assistant", "content": ORACLE_DONE})
+    if result.status != "ok":
+        log.info("%s: the reference solution ended %s (%s)", episode.environment_id, result.status, result.detail)
+
+
 def _drive_decision(episode: Any, agent: AgentSpec, messages: list[dict[str, Any]], budget: _Budget, seed: int,
                     timeout_s: float) -> Any:
     """Ask the question once; submits the answer and returns it."""
@@ -280,7 +313,9 @@ def run_attempt(
     limit_note = ""
     answer: Any = None
     try:
-        if terminal:
+        if agent.kind == "oracle":
+            _drive_oracle(episode, messages, budget)
+        elif terminal:
             if agent.kind != "chat":
                 raise AgentError(f"a {agent.kind} agent cannot act in a terminal environment (it has no tools)")
             client = ChatClient(agent, timeout_s=limits.request_timeout_s)
@@ -312,6 +347,8 @@ def run_attempt(
         status = "error"
     else:
         status = "passed" if passed else "failed"
+    if score is not None and score.status == "error" and not verify_error:
+        verify_error = f"verifier: {score.details.get('error') or 'the verifier could not decide'}"
     errors = [e for e in (agent_error, verify_error, limit_note) if e]
     return Attempt(
         dataset=dataset, dataset_version=dataset_version, environment_id=episode.environment_id, split=split,

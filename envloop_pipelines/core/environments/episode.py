@@ -28,8 +28,13 @@ Threat model (the hostile agent of issue 17), on top of the sandbox's own
   uid is killed when it returns, so no background job outlives a ``run``, and
   the next command runs as another uid.
 * **Other attempts**: each episode has its own directory (0700, owned by the
-  running uid) and each command its own uid, so one attempt cannot read or
-  signal another's processes or files.
+  running uid) and each command its own uid and its own ``/tmp``, ``/var/tmp``,
+  ``/dev/shm`` and ``/run/lock``, so one attempt cannot read or signal another's
+  processes or files. The source checkout and the EnvLoop home are concealed
+  from commands (only the interpreter's files come back).
+* **Teardown** removes the episode folder through folder descriptors, without
+  recursion (:func:`~envloop_pipelines.core.sandbox.tree.remove_tree`): no tree an
+  agent can make (deep, wide, mode 000, immutable) keeps it on the host.
 
 Not covered: the tests of an imported Harbor task run the agent's code with
 the same uid that writes the reward file (as in Harbor itself), so a task
@@ -41,10 +46,11 @@ total (see the sandbox's threat model).
 
 from __future__ import annotations
 
+import base64
 import json
+import logging
 import os
 import re
-import shutil
 import stat
 import tempfile
 from pathlib import Path
@@ -52,7 +58,8 @@ from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from envloop_pipelines.core.environments.base import Score
 from envloop_pipelines.core.environments.spec import EnvironmentSpec
-from envloop_pipelines.core.sandbox import Sandbox, SandboxResult, make_sandbox, setup_error
+from envloop_pipelines.core.sandbox import LocalSandbox, Sandbox, SandboxResult, make_sandbox, probe_host, setup_error
+from envloop_pipelines.core.sandbox.tree import remove_tree, walk
 from envloop_pipelines.core.storage import envloop_home, sha256_bytes
 from envloop_pipelines.core.verify.terminal import TerminalStateCheck
 
@@ -64,7 +71,11 @@ MAX_COMMAND_BYTES = 64 * 1024
 FINAL_STATE_FILES = 200
 FINAL_STATE_FILE_BYTES = 16 * 1024
 FINAL_STATE_TOTAL_BYTES = 512 * 1024
+#: The snapshot stops listing after this many folders and files (a tree of millions is cut, not walked).
+FINAL_STATE_MAX_ENTRIES = 20_000
 _BASH = ("/bin/bash", "--noprofile", "--norc", "-c")
+
+log = logging.getLogger(__name__)
 
 
 class EpisodeClosedError(RuntimeError):
@@ -110,56 +121,96 @@ class Episode(Protocol):
 
 
 def _strip_rewards(root: Path) -> list[str]:
-    """Delete every planted reward file under ``root`` (never following links); returns their paths."""
+    """Delete every planted reward file under ``root`` (never following links, no recursion); returns their paths."""
     removed = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+    for dirpath, dirnames, filenames in walk(root):
         for name in [*filenames, *dirnames]:
             if name in REWARD_FILES:
                 path = Path(dirpath) / name
-                if path.is_dir() and not path.is_symlink():
-                    shutil.rmtree(path, ignore_errors=True)
-                else:
-                    path.unlink(missing_ok=True)
-                removed.append(str(path.relative_to(root)))
+                try:
+                    remove_tree(path)
+                except OSError:
+                    log.warning("could not remove the planted %s", path)
+                removed.append(os.path.relpath(path, root))
+        dirnames[:] = [d for d in dirnames if d not in REWARD_FILES]
     return sorted(removed)
 
 
+def _json_size(value: Any) -> int:
+    """Bytes ``value`` takes in ``attempts.jsonl`` (escapes included: a NUL is six bytes there)."""
+    return len(json.dumps(value, ensure_ascii=True, separators=(",", ":")))
+
+
 def snapshot_files(root: Path) -> dict[str, Any]:
-    """The bounded final state of a working directory: text files inline, the rest by size and hash."""
+    """The bounded final state of a working directory (see ``docs/agents.md``, "What an attempt is").
+
+    Files in walk order (sorted, top-down, never following links, no recursion), at most
+    :data:`FINAL_STATE_FILES` of them and :data:`FINAL_STATE_TOTAL_BYTES` of JSON in all (names, escapes and
+    all: the cap holds for what is stored). Each file: ``bytes`` (its size) and its first
+    :data:`FINAL_STATE_FILE_BYTES` bytes as ``text`` (UTF-8 without NUL) or ``base64`` (anything else), with
+    ``truncated`` when the file is longer; past the total, ``sha256_head`` alone. A name that is not UTF-8 is
+    kept as Python's ``os.fsdecode`` gives it (each undecodable byte 0xXY as the lone surrogate U+DCXY,
+    stored as the JSON escape ``\\udcXY``; ``os.fsencode`` gives the bytes back). Symlinks give their
+    target, other special files ``special``.
+    """
     files: dict[str, Any] = {}
-    total = 0
+    used = 0
     truncated = False
-    for dirpath, dirnames, filenames in sorted(os.walk(root, followlinks=False)):
-        dirnames.sort()
-        for name in sorted(filenames):
-            path = Path(dirpath) / name
-            rel = str(path.relative_to(root))
-            if len(files) >= FINAL_STATE_FILES:
+    visited = 0
+    for dirpath, dirnames, filenames in walk(root):
+        visited += 1 + len(filenames)
+        if visited > FINAL_STATE_MAX_ENTRIES or len(files) >= FINAL_STATE_FILES:
+            truncated = True
+            break
+        for name in filenames:
+            if len(files) >= FINAL_STATE_FILES or used >= FINAL_STATE_TOTAL_BYTES:
                 truncated = True
                 break
-            st = path.lstat()
-            if stat.S_ISLNK(st.st_mode):
-                files[rel] = {"symlink": os.readlink(path)}
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                files[rel] = {"special": True}
-                continue
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-            with os.fdopen(fd, "rb") as fh:
-                head = fh.read(FINAL_STATE_FILE_BYTES + 1)
-            entry: dict[str, Any] = {"bytes": st.st_size}
-            try:
-                text = head[:FINAL_STATE_FILE_BYTES].decode("utf-8")
-                if total + len(text) <= FINAL_STATE_TOTAL_BYTES:
-                    entry["text"] = text
-                    entry["truncated"] = st.st_size > FINAL_STATE_FILE_BYTES
-                    total += len(text)
-                else:
-                    truncated = True
-            except UnicodeDecodeError:
-                entry["sha256_head"] = sha256_bytes(head[:FINAL_STATE_FILE_BYTES])
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, root)
+            entry = _file_entry(path)
+            sha = entry.pop("_sha", None)
+            cost = _json_size({rel: entry})
+            if used + cost > FINAL_STATE_TOTAL_BYTES:
+                truncated = True
+                if sha is None:
+                    break
+                entry = {"bytes": entry["bytes"], "truncated": entry["truncated"], "sha256_head": sha}
+                cost = _json_size({rel: entry})
+                if used + cost > FINAL_STATE_TOTAL_BYTES:
+                    break
             files[rel] = entry
+            used += cost
     return {"files": files, "truncated": truncated}
+
+
+def _file_entry(path: str) -> dict[str, Any]:
+    try:
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            return {"symlink": os.readlink(path)[:1024]}
+        if not stat.S_ISREG(st.st_mode):
+            return {"special": True}
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as fh:
+            head = fh.read(FINAL_STATE_FILE_BYTES)
+    except OSError as exc:
+        return {"unreadable": exc.strerror or type(exc).__name__}
+    entry: dict[str, Any] = {"bytes": st.st_size, "truncated": st.st_size > len(head),
+                             "_sha": sha256_bytes(head)}
+    text = None
+    if b"\0" not in head:
+        try:
+            text = head.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            # A multi-byte character cut at the cap is still text.
+            if len(head) == FINAL_STATE_FILE_BYTES and exc.start >= len(head) - 3 and exc.reason == "unexpected end of data":
+                text = head[: exc.start].decode("utf-8")
+    if text is not None:
+        entry["text"] = text
+    else:
+        entry["base64"] = base64.b64encode(head).decode("ascii")
+    return entry
 
 
 class _BaseEpisode:
@@ -206,6 +257,13 @@ class TerminalEpisode(_BaseEpisode):
         super().__init__(spec)
         self.sandbox = sandbox or make_sandbox("local")
         self.hidden_paths = [envloop_home(home) / "environments", *(Path(p) for p in hidden_paths)]
+        # The local sandbox also conceals the checkout and the home, and shows a Harbor task's working
+        # directory where its instruction says (/app); other backends run in their own image.
+        self._local = isinstance(self.sandbox, LocalSandbox)
+        self._conceal = [envloop_home(home), *([_checkout()] if _checkout() else [])]
+        self.task_workdir = (str(spec.verifier.params.get("workdir") or "/app").rstrip("/") or "/app"
+                             if spec.verifier.kind == "tests" else None)
+        self._at_task_workdir = bool(self.task_workdir and self._local and probe_host().mount_namespace)
         self._root = Path(tempfile.mkdtemp(prefix="envloop-episode-", dir=work_root))
         self.workdir = self._root / "work"
         self.workdir.mkdir(mode=0o700)
@@ -224,10 +282,27 @@ class TerminalEpisode(_BaseEpisode):
             return setup_error(self.sandbox.backend, "the episode was verified; no more commands", limits)
         if not isinstance(command, str) or not command.strip():
             return setup_error(self.sandbox.backend, "a command is a non-empty bash script (a string)", limits)
-        if len(command.encode("utf-8")) > MAX_COMMAND_BYTES:
+        try:
+            # surrogateescape: a lone surrogate U+DCXY (how a file name that is not UTF-8 is stored) is the byte 0xXY.
+            size = len(command.encode("utf-8", "surrogateescape"))
+        except UnicodeEncodeError as exc:
+            return setup_error(self.sandbox.backend, f"the command is not text: {exc.reason} at character {exc.start} "
+                                                     f"({command[exc.start]!a})", limits)
+        if "\0" in command:
+            return setup_error(self.sandbox.backend, "the command holds a NUL character (bash cannot take it)", limits)
+        if size > MAX_COMMAND_BYTES:
             return setup_error(self.sandbox.backend, f"the command is over {MAX_COMMAND_BYTES} bytes", limits)
         self.commands += 1
-        return self.sandbox.run([*_BASH, command], limits=limits, workdir=self.workdir, hidden_paths=self.hidden_paths)
+        return self.sandbox.run([*_BASH, command], limits=limits, workdir=self.workdir, hidden_paths=self.hidden_paths,
+                                **self._local_options(self.workdir))
+
+    def _local_options(self, app: Path) -> dict[str, Any]:
+        if not self._local:
+            return {}
+        options: dict[str, Any] = {"conceal": self._conceal}
+        if self._at_task_workdir:
+            options.update(binds={self.task_workdir: app}, cwd=self.task_workdir)
+        return options
 
     def verify(self) -> Score:
         """Strip planted rewards, then run the spec's verifier in a fresh sandbox process (once)."""
@@ -261,25 +336,33 @@ class TerminalEpisode(_BaseEpisode):
         self.workdir = app
         logs = verify_root / "logs" / "verifier"
         logs.mkdir(parents=True)
-        workdir_name = str(self.spec.verifier.params.get("workdir", "/app")).rstrip("/") or "/app"
+        workdir_name = self.task_workdir or "/app"
+        # Every file of the task's tests (test.sh, test_outputs.py, ...) gets /tests and /logs mapped; the
+        # working directory is mapped too where the sandbox cannot show it at its own path.
+        mapping = {"/tests": verify_root / "tests", "/logs": verify_root / "logs"}
+        if not self._at_task_workdir:
+            mapping[workdir_name] = app
         for rel, text in self.spec.verifier.files.items():
             path = verify_root / rel
             path.parent.mkdir(parents=True, exist_ok=True)
-            if rel.endswith(".sh"):
-                text = map_paths(text, {"/tests": verify_root / "tests", "/logs": verify_root / "logs",
-                                        workdir_name: app})
-            path.write_text(text, encoding="utf-8")
-        script = f"cd {_quote(app)} && exec /bin/bash {_quote(verify_root / 'tests' / 'test.sh')}"
+            path.write_text(map_paths(text, mapping), encoding="utf-8")
+        start = workdir_name if self._at_task_workdir else str(app)
+        script = f"cd {_quote(start)} && exec /bin/bash {_quote(verify_root / 'tests' / 'test.sh')}"
+        options = self._local_options(app)
         ran = self.sandbox.run([*_BASH, script], limits=self.spec.verifier.limits, workdir=verify_root,
-                               hidden_paths=self.hidden_paths)
+                               hidden_paths=self.hidden_paths, **options)
         details: dict[str, Any] = {"tests": {"status": ran.status, "exit_code": ran.exit_code, "detail": ran.detail,
                                              "stdout_tail": ran.stdout_tail[-2000:], "stderr_tail": ran.stderr_tail[-2000:]}}
         try:
             reward = read_reward(logs)
         except ValueError as exc:
-            return Score(0.0, False, "error", "tests", {**details, "error": str(exc)}, sandbox=ran)
+            return Score(0.0, False, "error", "tests", {**details, "error": f"{exc} ({ran.status}: {ran.detail})"},
+                         sandbox=ran)
         details["reward"] = reward
         value = max(0.0, min(1.0, reward))
+        broke = verifier_breakage(ran.stdout_tail + "\n" + ran.stderr_tail) if reward < 1.0 else None
+        if broke:
+            return Score(0.0, False, "error", "tests", {**details, "error": broke}, sandbox=ran)
         return Score(value, reward >= 1.0, "scored", "tests", details, sandbox=ran)
 
     def final_state(self) -> Mapping[str, Any]:
@@ -288,12 +371,28 @@ class TerminalEpisode(_BaseEpisode):
         return {**state, "answer": self.answer}
 
     def close(self) -> None:
-        """Remove the working directory (each command's processes were killed when it returned)."""
+        """Remove the episode's folder, whatever the agent left in it (each command's processes were killed when
+        it returned); a removal that fails is logged, and the episode is closed all the same."""
         if not self._closed:
-            if self._state is None and self.workdir.exists():
-                self._state = snapshot_files(self.workdir)
-            shutil.rmtree(self._root, ignore_errors=True)
             self._closed = True
+            try:
+                if self._state is None and self.workdir.exists():
+                    self._state = snapshot_files(self.workdir)
+            except Exception:  # the snapshot never keeps the folder on the host
+                log.exception("the final state of %s could not be read", self.environment_id)
+                self._state = {"files": {}, "truncated": True}
+            try:
+                remove_tree(self._root)
+            except OSError:
+                log.exception("could not remove the episode folder %s", self._root)
+
+
+def _checkout() -> Path | None:
+    """The source checkout this package runs from (a folder with ``pyproject.toml``), or None when installed."""
+    import envloop_pipelines
+
+    root = Path(envloop_pipelines.__file__).resolve().parent.parent
+    return root if (root / "pyproject.toml").is_file() else None
 
 
 def _quote(path: Path | str) -> str:
@@ -312,6 +411,32 @@ def map_paths(script: str, mapping: Mapping[str, Path]) -> str:
         pattern = re.compile(r"(?<![\w./-])" + re.escape(prefix) + r"(?=/|[\s\"'`;:)|&<>]|$)", re.MULTILINE)
         script = pattern.sub(lambda _m, p=str(mapping[prefix]): p, script)
     return script
+
+
+#: What a test run prints when the tests themselves could not run (the verifier broke, not the agent's work).
+_BREAKAGE = (
+    (re.compile(r"(?m)^(?:pytest|[\w./-]*pytest[\w.-]*): error: (.*)$"), "pytest refused its command line: {0}"),
+    (re.compile(r"(?m)^ERROR: usage: .*$"), "pytest refused its command line"),
+    (re.compile(r"(?m)^ERROR: file or directory not found: (.*)$"), "the tests are not where test.sh looks: {0}"),
+    (re.compile(r"(?m)^INTERNALERROR>.*$"), "pytest crashed (INTERNALERROR)"),
+    (re.compile(r"(?m)^ImportError while importing test module '([^']*)'"),
+     "the test module {0} could not be imported (a package the tests need is not installed here)"),
+    (re.compile(r"(?m)^(?:.*: )?(pytest|py\.test|uvx|uv|pip3?|python3?|apt-get|curl): (?:command )?not found$"),
+     "{0} is not installed here"),
+    (re.compile(r"(?m)^=+ no tests ran in .*$"), "pytest found no tests"),
+)
+
+
+def verifier_breakage(output: str) -> str | None:
+    """Why the tests could not run, from their output (pytest's usage errors, a missing program), or None.
+
+    A reward of 0 with one of these is the verifier's error, not the agent's failure.
+    """
+    for pattern, message in _BREAKAGE:
+        m = pattern.search(output)
+        if m:
+            return "the tests could not run: " + message.format(*(g.strip() for g in m.groups()))
+    return None
 
 
 def read_reward(logs: Path) -> float:
@@ -411,4 +536,4 @@ def open_episode(spec: EnvironmentSpec, *, sandbox: Sandbox | None = None, work_
 
 
 __all__ = ["DecisionEpisode", "Episode", "EpisodeClosedError", "REWARD_FILES", "TerminalEpisode", "map_paths",
-           "open_episode", "read_reward", "snapshot_files"]
+           "open_episode", "read_reward", "snapshot_files", "verifier_breakage"]

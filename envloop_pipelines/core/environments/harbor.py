@@ -38,8 +38,10 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 import re
 import shlex
+import stat
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -58,9 +60,12 @@ from envloop_pipelines.core.environments.spec import (
     VerifierSpec,
 )
 from envloop_pipelines.core.sandbox import SandboxLimits
+from envloop_pipelines.core.sandbox.tree import walk
 from envloop_pipelines.core.verify.terminal import EXPECT_FILES
 
 HARBOR_SCHEMA_VERSION = "1.4"
+#: The split whose environments a loop holds out (core.agents.evaluate's HELDOUT_SPLIT).
+HELDOUT_SPLIT = "heldout"
 #: The working directory of exported tasks (Harbor's convention).
 WORKDIR = "/app"
 #: python3 for the terminal-state check; the agent's tools are coreutils and bash.
@@ -148,15 +153,28 @@ def _task_toml(dataset: EnvironmentDataset, spec: EnvironmentSpec, folder: str, 
     return tomlkit.dumps(doc)
 
 
-def _write(path: Path, text: str, executable: bool = False) -> None:
+def _write(path: Path, text: str, executable: bool = False, private: bool = False) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    if private:  # owner-only from the first byte: the folder 0700, the file created 0600 (0700 if a program)
+        path.parent.chmod(0o700)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o700 if executable else 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        return
     path.write_text(text, encoding="utf-8")
     if executable:
         path.chmod(0o755)
 
 
+class HeldoutExportError(ValueError):
+    """An export would publish held-out environments without being asked to."""
+
+
 def export_task(dataset: EnvironmentDataset, spec: EnvironmentSpec, folder: Path) -> Path:
-    """Write one terminal environment as a Harbor task folder (which must not exist yet)."""
+    """Write one terminal environment as a Harbor task folder (which must not exist yet).
+
+    A held-out environment's verifier material (``tests/``, ``solution/``) is written owner-only.
+    """
     if spec.kind != "terminal":
         raise ValueError(f"{spec.id}: only terminal environments have a Harbor form, not {spec.kind!r}")
     workdir = str(spec.verifier.params.get("workdir", WORKDIR)) if spec.verifier.kind == "tests" else WORKDIR
@@ -169,28 +187,41 @@ def export_task(dataset: EnvironmentDataset, spec: EnvironmentSpec, folder: Path
         for rel, text in spec.files.items():
             _write(folder / "environment" / "files" / rel, text)
     _write(folder / "environment" / "Dockerfile", "\n".join(lines) + "\n")
+    private = spec.split == HELDOUT_SPLIT
     if spec.verifier.kind == "terminal":
-        _write(folder / "tests" / "test.sh", TEST_SH.format(workdir=workdir), executable=True)
-        _write(folder / "tests" / "check.py", EXPECT_FILES.lstrip("\n"))
-        _write(folder / "tests" / "params.json", json.dumps(dict(spec.verifier.params), indent=2, sort_keys=True) + "\n")
+        _write(folder / "tests" / "test.sh", TEST_SH.format(workdir=workdir), executable=True, private=private)
+        _write(folder / "tests" / "check.py", EXPECT_FILES.lstrip("\n"), private=private)
+        _write(folder / "tests" / "params.json", json.dumps(dict(spec.verifier.params), indent=2, sort_keys=True) + "\n",
+               private=private)
     else:
         for rel, text in spec.verifier.files.items():
             if not rel.startswith("tests/"):
                 raise ValueError(f"{spec.id}: verifier file {rel!r} is not under tests/")
-            _write(folder / rel, text, executable=rel.endswith(".sh"))
+            _write(folder / rel, text, executable=rel.endswith(".sh"), private=private)
     if spec.solution is not None:
         _write(folder / "solution" / "solve.sh", SOLUTION_HEADER.format(workdir=workdir) + spec.solution,
-               executable=True)
+               executable=True, private=private)
     return folder
 
 
-def export_harbor(dataset: EnvironmentDataset, out: str | Path) -> HarborExport:
+def export_harbor(dataset: EnvironmentDataset, out: str | Path, *, include_heldout: bool = False) -> HarborExport:
     """Export every terminal environment of ``dataset`` as a Harbor task folder under ``out``.
+
+    Held-out environments (split ``heldout``) are exported only with ``include_heldout``; their tests and
+    solutions are then written owner-only (folders 0700, files 0600 or 0700).
 
     Raises:
         FileExistsError: ``out`` exists and is not an empty folder (an export never overwrites).
+        HeldoutExportError: the dataset has held-out terminal environments and ``include_heldout`` is off;
+            nothing is written.
     """
     out = Path(out)
+    held = [e.id for e in dataset.environments if e.kind == "terminal" and e.split == HELDOUT_SPLIT]
+    if held and not include_heldout:
+        raise HeldoutExportError(
+            f"{dataset.name}@{dataset.version[:12]} holds {len(held)} held-out environment(s) ({', '.join(held[:3])}"
+            f"{', ...' if len(held) > 3 else ''}): an export publishes their tests and solutions. Export them only on "
+            f"purpose (include_heldout, --include-heldout; written owner-only), or export a dataset without them")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out} exists and is not an empty folder; export into a new one")
     out.mkdir(parents=True, exist_ok=True)
@@ -320,14 +351,46 @@ def _copy(env_dir: Path, dockerfile: Path, line: int, op: str, rest: str, cwd: s
     return out
 
 
+#: The parts of a task folder import reads; nothing in them may lead outside the folder.
+READ_PARTS = ("task.toml", "instruction.md", "environment", "tests", "solution")
+
+
+def _refuse_links(task_dir: Path) -> None:
+    """Refuse a symlink or special file among the parts import reads, by name: import never reads outside the task.
+
+    Raises:
+        SpecError: naming the path, where it points and how to fix it.
+    """
+    for part in READ_PARTS:
+        top = task_dir / part
+        paths = [top]
+        if top.is_dir() and not top.is_symlink():
+            paths += [Path(d) / n for d, dirs, files in walk(top) for n in [*dirs, *files]]
+        for path in paths:
+            try:
+                st = path.lstat()
+            except FileNotFoundError:
+                continue
+            rel = path.relative_to(task_dir).as_posix()
+            if stat.S_ISLNK(st.st_mode):
+                raise _fail(path, rel, f"is a symlink (to {os.readlink(path)!r}); import reads only files inside the "
+                                       f"task folder: put the file itself there")
+            if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+                raise _fail(path, rel, "is not a regular file or folder (a FIFO, socket or device); remove it")
+
+
 def _tests_files(task_dir: Path) -> dict[str, str]:
     tests = task_dir / "tests"
     if not (tests / "test.sh").is_file():
         raise _fail(task_dir / "tests" / "test.sh", "tests/test.sh", "missing: a task needs tests/test.sh (other OS "
                                                                        "scripts are not supported)")
     out = {}
-    for path in sorted(p for p in tests.rglob("*") if p.is_file()):
+    for path in sorted(Path(d) / f for d, _, files in walk(tests) for f in files):
         rel = path.relative_to(task_dir).as_posix()
+        if "__pycache__" in path.parts or path.suffix in (".pyc", ".pyo"):
+            cache = next((q for q in [path, *path.parents] if q.name == "__pycache__"), path)
+            raise _fail(path, rel, f"compiled Python that a local run of the tests left (not part of the task); "
+                                   f"delete it and import again: rm -rf {shlex.quote(str(cache))}")
         out[rel] = _text(path, rel)
     return out
 
@@ -363,6 +426,7 @@ def read_task(task_dir: str | Path) -> EnvironmentSpec:
     """
     task_dir = Path(task_dir)
     toml = task_dir / "task.toml"
+    _refuse_links(task_dir)
     try:
         raw = tomllib.loads(_text(toml, "task.toml"))
     except FileNotFoundError:
@@ -403,6 +467,9 @@ def read_task(task_dir: str | Path) -> EnvironmentSpec:
     if not instruction.strip():
         raise _fail(instruction_path, "instruction.md", "empty")
     tests = _tests_files(task_dir)
+    if "tests/Dockerfile" in tests:
+        notes.append("tests/Dockerfile: the verifier's image is not built here; the tests run with this machine's "
+                     "programs and the project's Python (pytest and pytest-json-ctrf installed)")
     solution = None
     solve = task_dir / "solution" / "solve.sh"
     if solve.is_file():
@@ -488,5 +555,6 @@ def import_harbor(path: str | Path, *, name: str | None = None, home: str | Path
     return store_dataset(name, specs, source={"import": "harbor", "path": str(path), "tasks": len(specs)}, home=home)
 
 
-__all__ = ["AGENT_TIMEOUT_S", "BASE_IMAGE", "HARBOR_SCHEMA_VERSION", "HarborExport", "WORKDIR", "export_harbor",
+__all__ = ["AGENT_TIMEOUT_S", "BASE_IMAGE", "HARBOR_SCHEMA_VERSION", "HarborExport", "HeldoutExportError", "WORKDIR",
+           "export_harbor",
            "export_task", "import_harbor", "read_task", "task_folders"]

@@ -101,6 +101,13 @@ def setup(spec: dict) -> None:
             else:
                 mount(b"/dev/null", path, None, MS_BIND, None)
                 mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY, None)
+        for src, dst in spec.get("binds", ()):
+            # A folder of the working directory also at the path the task names (a Harbor task's /app): an
+            # empty mount point is made where nothing is; what the host has there is covered here only.
+            source, target = os.fsencode(src), os.fsencode(dst)
+            if not os.path.isdir(target):
+                os.makedirs(target, mode=0o755, exist_ok=True)
+            mount(source, target, None, MS_BIND | MS_REC, None)
     for which, soft, hard in spec.get("rlimits", ()):
         resource.setrlimit(which, (soft, hard))
     uid = spec.get("uid")
@@ -108,6 +115,8 @@ def setup(spec: dict) -> None:
         os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
+    if spec.get("chdir"):
+        os.chdir(os.fsencode(spec["chdir"]))
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
     # After the uid switch: a credential change clears the parent-death signal.
     _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")

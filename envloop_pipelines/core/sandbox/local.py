@@ -37,9 +37,12 @@ Covered (when the host allows it; every run reports what it got):
 * **Hidden files**: a new mount namespace (private propagation, so nothing
   leaks back to the host) mounts an empty, read-only, mode-000 tmpfs over each
   hidden path (by default ``<ENVLOOP_HOME>/verifier``, where the test and
-  holdout labels live) and a private tmpfs over ``/tmp``, ``/var/tmp`` and
-  ``/dev/shm`` (only the working directory and the interpreter's paths are
-  bound back in), so nothing a run writes outlives it there. Directories the
+  holdout labels live) and a private tmpfs over ``/tmp``, ``/var/tmp``,
+  ``/dev/shm`` and ``/run/lock`` (only the working directory and the
+  interpreter's paths are bound back in), so nothing a run writes outlives it
+  there or is seen by another run. Paths a caller *conceals* (an episode: the
+  source checkout and the EnvLoop home) become an empty read-only tmpfs with
+  only the interpreter's paths and the working directory bound back. Directories the
   interpreter needs that are not world-traversable (a pyenv Python under
   ``/root``) are exposed the same way: a tmpfs over the ancestor with only the
   needed paths bound back, which also hides the rest of ``/root``.
@@ -93,9 +96,13 @@ Not covered:
 * **Kernel exploits and side channels.** This is process isolation on a shared
   kernel, not a VM; no seccomp filter narrows the syscalls. Use the docker or
   k8s backend (or gVisor/Kata under them) where that matters.
-* **World-readable files** other than the hidden and masked paths (``/etc``,
-  the repository, the virtualenv) are readable; world-writable places outside
-  ``/tmp``, ``/var/tmp`` and ``/dev/shm`` (e.g. ``/run/lock``) stay writable.
+* **World-readable files** other than the hidden, masked and concealed paths
+  (``/etc``, the virtualenv; the repository where the caller does not
+  conceal it) are readable; a world-writable place outside ``/tmp``,
+  ``/var/tmp``, ``/dev/shm`` and ``/run/lock`` would stay writable (this host
+  has none; ``find / -xdev -type d -perm -0002`` lists them).
+* **Bind targets** (``binds``, a Harbor task's ``/app``) that do not exist on the
+  host are made there once, as empty root-owned folders (mount points).
 * **Disk use** is bounded per file (RLIMIT_FSIZE) and by the private tmpfs
   size (``fsize_mb`` each), not in total inside the working directory (many files of the maximum
   size are possible); use a quota or the docker backend's tmpfs size.
@@ -123,13 +130,13 @@ Not covered:
 
 from __future__ import annotations
 
+import errno
 import functools
 import itertools
 import json
 import logging
 import os
 import resource
-import shutil
 import signal
 import stat
 import subprocess
@@ -149,6 +156,7 @@ from envloop_pipelines.core.sandbox.base import (
     SandboxStatus,
     setup_error,
 )
+from envloop_pipelines.core.sandbox.tree import remove_tree, walk
 from envloop_pipelines.core.storage import envloop_home
 
 log = logging.getLogger(__name__)
@@ -156,7 +164,7 @@ log = logging.getLogger(__name__)
 #: Fresh uids come from here: above the usual subuid ranges (100000 + 65536 * k for a few users).
 DEFAULT_UID_RANGE: tuple[int, int] = (1_200_000, 1_000_000)
 #: Places every uid may write to; each gets a private tmpfs in the run's mount namespace.
-PRIVATE_TMP_DIRS: tuple[str, ...] = ("/tmp", "/var/tmp", "/dev/shm")
+PRIVATE_TMP_DIRS: tuple[str, ...] = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _MEMORY_MARKERS = ("MemoryError", "std::bad_alloc", "Cannot allocate memory", "out of memory", "xmalloc: cannot allocate",
                    "failed to map segment from shared object")
@@ -186,9 +194,11 @@ class HostSupport:
 
 def _launch_spec(*, unshare: int = 0, mount_ns: bool = False, overlays: Sequence["_Overlay"] = (),
                  hidden: Sequence[Path] = (), rlimits: Sequence[tuple[int, tuple[int, int]]] = (),
-                 uid: int | None = None, error_fd: int | None = None) -> dict[str, Any]:
+                 uid: int | None = None, error_fd: int | None = None,
+                 binds: Mapping[str, Path] | None = None, cwd: str | None = None) -> dict[str, Any]:
     """The JSON the launcher applies (:func:`envloop_pipelines.core.sandbox.enter.setup`)."""
     return {
+        "binds": [[os.fsdecode(src), dst] for dst, src in (binds or {}).items()], "chdir": cwd,
         "unshare": unshare, "mount_ns": mount_ns, "hidden": [os.fsdecode(p) for p in hidden],
         "overlays": [{"target": os.fsdecode(o.target), "options": o.options, "read_only": o.read_only,
                       "keep": [[os.fsdecode(k), os.fsdecode(k.relative_to(o.target))] for k in o.keep]}
@@ -279,14 +289,24 @@ class _Overlay:
     read_only: bool
 
 
-def _plan_overlays(keep: Sequence[Path], private_tmp: bool, tmp_size_mb: int) -> list[_Overlay]:
-    keep = _minimal([p.resolve() for p in keep if p.exists()])
+def _plan_overlays(keep: Sequence[Path], private_tmp: bool, tmp_size_mb: int,
+                   conceal: Sequence[Path] = ()) -> list[_Overlay]:
+    concealed = _minimal([Path(c).resolve() for c in conceal if Path(c).exists()])
+    # A kept path at or above a concealed one cannot be kept whole (the checkout holds the virtualenv):
+    # what is kept inside the concealed path is bound back into its overlay instead.
+    keep = _minimal([k for k in (p.resolve() for p in keep if p.exists())
+                     if not any(_is_under(c, k) for c in concealed)])
     targets: dict[Path, tuple[str, bool]] = {}
     if private_tmp:
         for name in PRIVATE_TMP_DIRS:
             path = Path(name)
             if path.is_dir() and not path.is_symlink():
                 targets[path.resolve()] = (f"size={tmp_size_mb}m,mode=1777", False)
+    # Concealed paths (the checkout, the EnvLoop home): an empty read-only folder, the kept paths bound back.
+    # One under a private temp dir is hidden by that tmpfs already.
+    for path in concealed:
+        if not any(_is_under(path, t) or _is_under(t, path) for t in targets):
+            targets[path] = ("size=64k,mode=755", True)
     # The topmost ancestor of a needed path that "other" cannot traverse (``/root`` 0700 with a
     # pyenv Python inside): a read-only tmpfs over it with only the needed paths bound back.
     for path in keep:
@@ -295,6 +315,10 @@ def _plan_overlays(keep: Sequence[Path], private_tmp: bool, tmp_size_mb: int) ->
                 if not any(_is_under(ancestor, t) for t in targets):
                     targets[ancestor] = ("size=64k,mode=755", True)
                 break
+    # A concealed path under another overlay is hidden by it already (only the kept paths come back there).
+    for path in concealed:
+        if path in targets and any(t != path and _is_under(path, t) for t in targets):
+            del targets[path]
     overlays = []
     for target, (options, read_only) in sorted(targets.items(), key=lambda kv: len(kv[0].parts)):
         inside = tuple(p for p in keep if p != target and _is_under(p, target))
@@ -326,7 +350,8 @@ class _Tail:
             pass
 
     def text(self) -> str:
-        return bytes(self.buf[-self.keep:]).decode("utf-8", errors="replace")
+        # Bytes that are not UTF-8 come back as \\xNN escapes (lossless, and what an agent can type back).
+        return bytes(self.buf[-self.keep:]).decode("utf-8", errors="backslashreplace")
 
 
 class _Channel:
@@ -467,13 +492,17 @@ def _chown_tree(root: Path, uid: int) -> None:
     """
     os.chown(root, uid, uid, follow_symlinks=False)
     os.chmod(root, 0o700)
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+    for dirpath, dirnames, filenames in walk(root):  # no recursion: a previous run may have left any depth
         for name in dirnames + filenames:
             path = os.path.join(dirpath, name)
-            st = os.lstat(path)
-            if stat.S_ISLNK(st.st_mode) or (not stat.S_ISDIR(st.st_mode) and st.st_nlink > 1):
-                continue
-            os.chown(path, uid, uid, follow_symlinks=False)
+            try:
+                st = os.lstat(path)
+                if stat.S_ISLNK(st.st_mode) or (not stat.S_ISDIR(st.st_mode) and st.st_nlink > 1):
+                    continue
+                os.chown(path, uid, uid, follow_symlinks=False)
+            except OSError as exc:
+                if exc.errno not in (errno.ENAMETOOLONG, errno.ENOENT):  # past PATH_MAX: left as it is
+                    raise
 
 
 # --------------------------------------------------------------------------- the backend
@@ -586,8 +615,21 @@ class LocalSandbox:
         env: Mapping[str, str] | None = None,
         result_channel: bool = False,
         hidden_paths: Sequence[str | Path] = (),
+        conceal: Sequence[str | Path] = (),
+        binds: Mapping[str, str | Path] | None = None,
+        cwd: str | None = None,
     ) -> SandboxResult:
-        """Run ``argv``; see :meth:`envloop_pipelines.core.sandbox.base.Sandbox.run`."""
+        """Run ``argv``; see :meth:`envloop_pipelines.core.sandbox.base.Sandbox.run`.
+
+        Options of this backend (they need a mount namespace and are ignored without one):
+
+        * ``conceal``: host paths replaced by an empty read-only folder, but for the interpreter's paths and the
+          working directory under them, which are bound back (an episode conceals the checkout and the home).
+        * ``binds``: ``{absolute path inside: folder under the working directory}``, where that folder also
+          appears (a Harbor task's ``/app``). A path that does not exist is made as an empty folder (a mount
+          point); what the host has there is covered inside.
+        * ``cwd``: where the command starts (one of the ``binds``; ``HOME`` and ``TMPDIR`` too).
+        """
         limits = limits or self.limits
         if not argv:
             return setup_error(self.backend, "empty command", limits)
@@ -614,10 +656,13 @@ class LocalSandbox:
         try:
             hidden = self._hidden(hidden_paths) if self.mask_paths else []
             return self._run(argv, limits, stdin, work, files or {}, env or {}, result_channel, hidden, net, mount_ns,
-                             masked, uid)
+                             masked, uid, [Path(c) for c in conceal], dict(binds or {}), cwd)
         finally:
             if own_dir:
-                shutil.rmtree(work, ignore_errors=True)
+                try:
+                    remove_tree(work)
+                except OSError:
+                    log.exception("could not remove the run's folder %s", work)
 
     def _run(
         self,
@@ -633,6 +678,9 @@ class LocalSandbox:
         mount_ns: bool,
         masked: bool,
         uid: int | None,
+        conceal: Sequence[Path] = (),
+        binds: Mapping[str, str | Path] | None = None,
+        cwd: str | None = None,
     ) -> SandboxResult:
         def fail(detail: str) -> SandboxResult:
             return setup_error(self.backend, detail, limits)
@@ -650,10 +698,28 @@ class LocalSandbox:
         except (OSError, ValueError) as exc:
             return fail(f"preparing {work}: {exc}")
 
+        mounts: dict[str, Path] = {}
+        if mount_ns:  # without a mount namespace the command sees the working directory where it is
+            for dst, src in (binds or {}).items():
+                source = Path(src).resolve()
+                if not os.path.isabs(dst) or os.path.normpath(dst) in ("/", *PRIVATE_TMP_DIRS) or not _is_under(source, work):
+                    return fail(f"binds: {dst!r} -> {src}: the target must be an absolute path other than / and the "
+                                f"private temp dirs, the source a folder under the working directory {work}")
+                target = Path(os.path.normpath(dst))
+                fresh = not target.exists() and target.parent != Path("/") and not any(
+                    _is_under(target, Path(t)) for t in PRIVATE_TMP_DIRS)
+                covers = [k for k in interpreter_paths() if _is_under(k, target)]
+                if fresh or covers or target.is_symlink() or (target.exists() and not target.is_dir()):
+                    return fail(f"binds: {dst!r} must be a folder that exists, or a new one right under / (a mount "
+                                f"point), and must not cover the interpreter's paths {covers[:1]}")
+                mounts[str(target)] = source
+            if cwd is not None and os.path.normpath(cwd) not in mounts:
+                return fail(f"cwd {cwd!r} must be one of the binds {sorted(mounts)}")
+        inside = os.path.normpath(cwd) if cwd is not None and mounts else str(work)
         env = {
             # The project's interpreter first, so `python` means the one that has our packages.
             "PATH": f"{os.path.dirname(sys.executable)}:{_PATH}",
-            "HOME": str(work), "TMPDIR": str(work), "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
+            "HOME": inside, "TMPDIR": inside, "PWD": inside, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
             "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1",
             # One BLAS/OpenMP thread: threads count against RLIMIT_NPROC and the cores are shared.
             "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
@@ -671,7 +737,7 @@ class LocalSandbox:
             (resource.RLIMIT_CORE, (0, 0)),
         ]
         overlays = _plan_overlays([*interpreter_paths(), *self.readable_paths, work], self.private_tmp,
-                                  limits.fsize_mb) if mount_ns else []
+                                  limits.fsize_mb, conceal) if mount_ns else []
         flags = (enter.CLONE_NEWNET if net else 0) | (enter.CLONE_NEWNS | enter.CLONE_NEWIPC if mount_ns else 0)
 
         err_r, err_w = os.pipe()
@@ -682,7 +748,7 @@ class LocalSandbox:
             env[RESULT_FD_ENV] = str(chan_w)
             pass_fds += (chan_w,)
         spec = _launch_spec(unshare=flags, mount_ns=mount_ns, overlays=overlays, hidden=hidden, rlimits=rlimits,
-                            uid=uid, error_fd=err_w)
+                            uid=uid, error_fd=err_w, binds=mounts, cwd=inside if mounts and cwd is not None else None)
         started = time.monotonic()
         try:
             proc = subprocess.Popen(

@@ -59,6 +59,9 @@ def test_a_hostile_agent_gets_nothing_and_disturbs_no_one() -> None:
     # /tmp: what keeps the secret from the agent is then the episode's mask over <home>/environments alone.
     home = Path(tempfile.mkdtemp(prefix="envloop-agents-home-"))
     home.chmod(0o755)
+    # The control sits outside the home: the episode conceals the whole home (and the checkout) from commands.
+    public = Path(tempfile.mkdtemp(prefix="envloop-agents-public-"))
+    public.chmod(0o755)
     try:
         hidden = home / "environments" / "ds" / "v1" / "verifier"
         hidden.mkdir(parents=True)
@@ -66,13 +69,14 @@ def test_a_hostile_agent_gets_nothing_and_disturbs_no_one() -> None:
             p.chmod(0o755)
         (hidden / "environments.jsonl").write_text(SECRET + "\n")
         (hidden / "environments.jsonl").chmod(0o644)  # world-readable: only the mask stands in the way
-        (home / "public.txt").write_text(PUBLIC + "\n")
-        (home / "public.txt").chmod(0o644)
+        (public / "public.txt").write_text(PUBLIC + "\n")
+        (public / "public.txt").chmod(0o644)
         work = home / "work"
         work.mkdir(mode=0o755)
-        results, alone, elapsed = _run_side_by_side(home, work, hidden)
+        results, alone, elapsed = _run_side_by_side(home, work, hidden, public)
     finally:
         shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(public, ignore_errors=True)
     bad, beside = results[0], results[1:]
     tools = "\n".join(m["content"] for m in bad.messages if m["role"] == "tool")
 
@@ -81,7 +85,8 @@ def test_a_hostile_agent_gets_nothing_and_disturbs_no_one() -> None:
     assert set(bad.score["details"]["planted_rewards_removed"]) >= {"reward.txt", "reward.json", "logs/verifier/reward.txt"}
     # The hidden material stayed hidden; the secret's path was named, its content never came back, while
     # the world-readable control file beside it was read.
-    assert str(hidden) in tools and SECRET not in tools and PUBLIC in tools and "Permission denied" in tools
+    assert str(hidden) in tools and SECRET not in tools and PUBLIC in tools
+    assert "Permission denied" in tools or "No such file or directory" in tools
     # No way home: the socket failed (the tool result says why) and nothing connected.
     assert "CONNECTED" not in tools and "Network is unreachable" in tools
     # The fork bomb hit the process limit; the disk filler the file-size limit.
@@ -96,9 +101,9 @@ def test_a_hostile_agent_gets_nothing_and_disturbs_no_one() -> None:
     assert max(a.wall_s for a in beside) < 20 and elapsed < 60
 
 
-def _run_side_by_side(home: Path, root: Path, hidden: Path) -> tuple[list[Attempt], list[Attempt], float]:
+def _run_side_by_side(home: Path, root: Path, hidden: Path, public: Path) -> tuple[list[Attempt], list[Attempt], float]:
     honest_specs = [shell_env(seed) for seed in range(1, 5)]
-    reads = (str(hidden), str(hidden / "environments.jsonl"), str(home / "public.txt"))
+    reads = (str(hidden), str(hidden / "environments.jsonl"), str(public / "public.txt"))
     with scripted_server(hostile_reads=reads) as server:
         solver, hostile = AgentSpec(server.url, "solver-p1.0"), AgentSpec(server.url, "hostile")
         # Control: the honest attempts alone.
