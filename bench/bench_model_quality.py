@@ -1,12 +1,14 @@
 """Decision-model quality on the built-in benchmark's test split, measured side by side in one run.
 
     .venv/bin/python bench/bench_model_quality.py [--users 240] [--wide-users 1920] [--override epochs=2 ...]
+        [--skip-untrained]
 
 Three models on the same splits, each calibrated on val (one temperature per
 question type), each scored on test by the sandboxed verifier:
 
 - the trained model: the default CPU recipe (``decision_head_cpu.yaml``), LoRA + head;
-- the untrained packaged model: the same readout before training (random head);
+- the untrained packaged model: the same readout before training (random head;
+  ``--skip-untrained`` leaves it out, for arms compared with TF-IDF alone);
 - TF-IDF + logistic regression per family (scikit-learn).
 
 Prints family-macro accuracy, Brier, ECE after calibration and coverage at 5%
@@ -92,7 +94,11 @@ def report(title: str, results: dict[str, dict], timings: dict[str, float] | Non
         print(f"{'accuracy by family':<20}" + "".join(f"{f[:14]:>15}" for f in families))
         for name, m in results.items():
             print(f"{name:<20}" + "".join(f"{m.get('acc/' + f, float('nan')):>15.3f}" for f in families))
-    t, u, b = results["trained"], results["untrained_packaged"], results["tfidf_lr"]
+    t, u, b = results["trained"], results.get("untrained_packaged"), results["tfidf_lr"]
+    if u is None:  # --skip-untrained: the trained model against TF-IDF alone
+        print(f"ratios (trained / TF-IDF): accuracy x{t['family_macro_accuracy'] / b['family_macro_accuracy']:.2f}; "
+              f"Brier x{t['brier'] / b['brier']:.2f} (lower is better)")
+        return t["family_macro_accuracy"] > b["family_macro_accuracy"] and t["brier"] < b["brier"] and t["ece"] <= 0.05
     print("ratios (trained / baseline): "
           f"accuracy x{t['family_macro_accuracy'] / u['family_macro_accuracy']:.2f} vs untrained, "
           f"x{t['family_macro_accuracy'] / b['family_macro_accuracy']:.2f} vs TF-IDF; "
@@ -126,6 +132,8 @@ def main() -> None:
     parser.add_argument("--wide-users", type=int, default=1920,
                         help="users of the generator whose unseen test users form the wide test (0: skip it)")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    parser.add_argument("--skip-untrained", action="store_true",
+                        help="leave out the untrained model (its prediction pass); compare with TF-IDF alone")
     args = parser.parse_args()
     configure_command_line()  # progress: a bar on a terminal, lines elsewhere (ENVLOOP_PROGRESS)
 
@@ -152,19 +160,20 @@ def main() -> None:
         results[name]["tfidf_lr"] = score(name, home, "tfidf", tfidf.predict_table(table))
     timings["tfidf_lr"] = time.perf_counter() - t0
 
-    t0 = time.perf_counter()
-    untrained, _ = build_trainable_model(recipe)
-    model = DecisionModel(untrained.eval(), batch_size=recipe.eval_batch_size)
-    val_q = questions_from_table(val)
-    logits = model.predict_logits(val_q)
-    model.calibration = fit_calibration(
-        logits, [q.label if q.label is not None else -1 for q in val_q], [q.type for q in val_q],
-        soft_labels=[None if q.soft_label is None else np.asarray(q.soft_label) for q in val_q],
-        error_budget=recipe.error_budget)
-    for name, table in tasks.items():
-        results[name]["untrained_packaged"] = score(name, home, "untrained",
-                                                    predictions_table(model.predict(questions_from_table(table))))
-    timings["untrained_packaged"] = time.perf_counter() - t0
+    if not args.skip_untrained:
+        t0 = time.perf_counter()
+        untrained, _ = build_trainable_model(recipe)
+        model = DecisionModel(untrained.eval(), batch_size=recipe.eval_batch_size)
+        val_q = questions_from_table(val)
+        logits = model.predict_logits(val_q)
+        model.calibration = fit_calibration(
+            logits, [q.label if q.label is not None else -1 for q in val_q], [q.type for q in val_q],
+            soft_labels=[None if q.soft_label is None else np.asarray(q.soft_label) for q in val_q],
+            error_budget=recipe.error_budget)
+        for name, table in tasks.items():
+            results[name]["untrained_packaged"] = score(name, home, "untrained",
+                                                        predictions_table(model.predict(questions_from_table(table))))
+        timings["untrained_packaged"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     ckpt = train_checkpoint(train, val, recipe, home / "trained", data_hash=snapshot.snapshot_id)

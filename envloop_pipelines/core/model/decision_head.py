@@ -29,6 +29,22 @@ on a small colour/urgency/satisfaction task, 96 questions, 6 epochs: choice
 accuracy 0.31 with the marker alone, 1.00 with marker + span mean). Both are
 contextual, so an option's vector still sees the question and the state.
 
+With ``family_head`` (a recipe switch) the head also has **per-family
+parameters**: the question's family, hashed into one of :data:`FAMILY_SLOTS`
+slots (:func:`family_slot`; no vocabulary to store, and a family the model
+never saw lands on a slot whose parameters are still zero), selects a shift
+``b_f`` and a scale ``s_f`` of the head's hidden layer and extra output weights
+``u_f``::
+
+    h = GELU(W·x + b + b_f) ⊙ (1 + s_f)        logit = (w + u_f)·h + c
+
+All three start at zero (the head starts as the shared one) and train with the
+head's learning rate. The shared head is one function for every family; the
+families it loses are per-family lookups (a level word mapped to a score
+through that family's policy), which ``b_f``, ``s_f`` and ``u_f`` let each
+family read from its own mix of the same hidden units, for ~3·256 parameters a
+family.
+
 Option words: noul options read ``yes`` / ``no`` (their keys are ``true`` /
 ``false``), score options read ``<level>: <level name>``, choice options
 ``<key>: <description>``.
@@ -85,6 +101,15 @@ log = logging.getLogger(__name__)
 MARKER_TOKEN = "[unused0]"
 #: What noul options read as (their keys stay ``true`` / ``false``).
 NOUL_WORDS: dict[str, str] = {"true": "yes", "false": "no"}
+#: Slots of the per-family parameters (``family_head``); families are hashed into them.
+FAMILY_SLOTS = 256
+
+
+def family_slot(family: str) -> int:
+    """The per-family parameters' slot of a family: the first 8 bytes of its name's sha256, modulo :data:`FAMILY_SLOTS`."""
+    import hashlib
+
+    return int.from_bytes(hashlib.sha256(family.encode("utf-8")).digest()[:8], "little") % FAMILY_SLOTS
 
 
 def option_text(qtype: str, key: str, text: str | None) -> str:
@@ -96,22 +121,31 @@ def option_text(qtype: str, key: str, text: str | None) -> str:
 class DecisionHead(nn.Module):
     """``[marker; option words]`` (and, with ``state_attention``, the attended state) → option logit."""
 
-    def __init__(self, hidden_size: int, head_hidden: int, *, state_attention: bool = False) -> None:
+    def __init__(self, hidden_size: int, head_hidden: int, *, state_attention: bool = False,
+                 family_head: bool = False) -> None:
         super().__init__()
         self.state_attention = state_attention
+        self.family_head = family_head
         if state_attention:
             self.query = nn.Linear(2 * hidden_size, hidden_size)
             self.key = nn.Linear(hidden_size, hidden_size)
         self.proj = nn.Linear((3 if state_attention else 2) * hidden_size, head_hidden)
         self.act = nn.GELU()
         self.out = nn.Linear(head_hidden, 1)
+        if family_head:  # per-family shift, scale and output weights; zero: the shared head (module docstring)
+            self.family_shift = nn.Embedding(FAMILY_SLOTS, head_hidden)
+            self.family_scale = nn.Embedding(FAMILY_SLOTS, head_hidden)
+            self.family_out = nn.Embedding(FAMILY_SLOTS, head_hidden)
+            for table in (self.family_shift, self.family_scale, self.family_out):
+                nn.init.zeros_(table.weight)
 
     def forward(self, options: torch.Tensor, hidden: torch.Tensor | None = None,
-                state_mask: torch.Tensor | None = None) -> torch.Tensor:
+                state_mask: torch.Tensor | None = None, family_slots: torch.Tensor | None = None) -> torch.Tensor:
         """Logits ``(batch, options)`` from ``options`` = ``[marker; words]`` ``(batch, options, 2·hidden)``.
 
         With ``state_attention``, ``hidden`` ``(batch, seq, hidden)`` and ``state_mask``
-        ``(batch, seq)`` (true on the state's tokens) are required.
+        ``(batch, seq)`` (true on the state's tokens) are required; with ``family_head``,
+        ``family_slots`` ``(batch,)`` (each question's :func:`family_slot`).
         """
         if self.state_attention:
             if hidden is None or state_mask is None:
@@ -120,7 +154,13 @@ class DecisionHead(nn.Module):
             scores = scores.masked_fill(~state_mask[:, None, :], torch.finfo(scores.dtype).min)
             attended = torch.bmm(torch.softmax(scores, dim=-1), hidden)  # (batch, options, hidden)
             options = torch.cat([options, attended], dim=-1)
-        return self.out(self.act(self.proj(options))).squeeze(-1)
+        if not self.family_head:
+            return self.out(self.act(self.proj(options))).squeeze(-1)
+        if family_slots is None:
+            raise ValueError("family_head needs each question's family slot (collate the batch with this model)")
+        pre = self.proj(options) + self.family_shift(family_slots)[:, None, :]
+        h = self.act(pre) * (1.0 + self.family_scale(family_slots)[:, None, :])
+        return self.out(h).squeeze(-1) + (h * self.family_out(family_slots)[:, None, :]).sum(-1)
 
 
 class DecisionHeadModel(ReadoutModel):
@@ -129,7 +169,8 @@ class DecisionHeadModel(ReadoutModel):
     readout = "decision_head"
 
     def __init__(self, encoder: nn.Module, tokenizer: object, head_hidden: int, max_length: int, *,
-                 state_attention: bool = False, frozen_layers: int = 0, feature_cache: Any = None) -> None:
+                 state_attention: bool = False, frozen_layers: int = 0, feature_cache: Any = None,
+                 family_head: bool = False) -> None:
         super().__init__()
         self.encoder = encoder
         #: Layers run once per distinct input through ``feature_cache`` (``core/model/features.py``); 0: none.
@@ -142,7 +183,8 @@ class DecisionHeadModel(ReadoutModel):
             raise ValueError(
                 f"recipe field 'max_length': {max_length} exceeds the encoder's {config.max_position_embeddings} positions"
             )
-        self.head = DecisionHead(config.hidden_size, head_hidden, state_attention=state_attention)
+        self.head = DecisionHead(config.hidden_size, head_hidden, state_attention=state_attention,
+                                 family_head=family_head)
         tok = tokenizer
         self.cls_id: int = tok.cls_token_id  # type: ignore[attr-defined]
         self.sep_id: int = tok.sep_token_id  # type: ignore[attr-defined]
@@ -171,7 +213,7 @@ class DecisionHeadModel(ReadoutModel):
 
             cache = cache_for(base_dir, recipe.frozen_layers)
         return cls(encoder, tokenizer, recipe.head_hidden, recipe.max_length, state_attention=recipe.state_attention,
-                   frozen_layers=recipe.frozen_layers, feature_cache=cache)
+                   frozen_layers=recipe.frozen_layers, feature_cache=cache, family_head=recipe.family_head)
 
     # ------------------------------------------------------------------ encoding
 
@@ -214,6 +256,7 @@ class DecisionHeadModel(ReadoutModel):
             n_options=q.n_options,
             truncated=dropped > 0,
             n_state_tokens_dropped=dropped,
+            family=q.family,
         )
 
     def collate(self, items: Sequence[Encoded]) -> dict[str, torch.Tensor]:
@@ -230,6 +273,8 @@ class DecisionHeadModel(ReadoutModel):
             "option_ends": pad_2d([e.option_ends for e in items], 0),
             "option_mask": option_mask(items),
         }
+        if self.head.family_head:
+            batch["family_slots"] = torch.tensor([family_slot(e.family) for e in items], dtype=torch.long)
         if self.frozen_layers:
             features = [self.lower_features(e) for e in items]
             lower = torch.zeros((len(items), batch["input_ids"].shape[1], features[0].shape[-1]), dtype=torch.float32)
@@ -262,6 +307,7 @@ class DecisionHeadModel(ReadoutModel):
         option_ends: torch.Tensor,
         option_mask: torch.Tensor,
         lower_hidden: torch.Tensor | None = None,
+        family_slots: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Option logits ``(batch, max_options)``: one encoder pass for the whole batch.
 
@@ -288,7 +334,7 @@ class DecisionHeadModel(ReadoutModel):
         words = torch.bmm(span, hidden) / span.sum(-1, keepdim=True).clamp(min=1.0)
         # The state's tokens: segment 1, not padding (its closing [SEP] included, so the mask is never empty).
         state_mask = (token_type_ids == 1) & attention_mask.bool()
-        return self.head(torch.cat([markers, words], dim=-1), hidden, state_mask)
+        return self.head(torch.cat([markers, words], dim=-1), hidden, state_mask, family_slots)
 
     # ------------------------------------------------------------------ head state
 
@@ -303,4 +349,5 @@ class DecisionHeadModel(ReadoutModel):
         self.head.load_state_dict(own, strict=True)
 
 
-__all__ = ["DecisionHead", "DecisionHeadModel", "MARKER_TOKEN", "NOUL_WORDS", "option_text"]
+__all__ = ["DecisionHead", "DecisionHeadModel", "FAMILY_SLOTS", "MARKER_TOKEN", "NOUL_WORDS", "family_slot",
+           "option_text"]

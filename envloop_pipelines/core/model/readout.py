@@ -142,6 +142,7 @@ class Encoded:
         n_options: Number of options.
         truncated: Whether state tokens were dropped to fit ``max_length``.
         n_state_tokens_dropped: How many.
+        family: The question's family (the decision head's per-family parameters read it; ``""``: none).
     """
 
     input_ids: tuple[int, ...]
@@ -152,6 +153,7 @@ class Encoded:
     n_options: int
     truncated: bool
     n_state_tokens_dropped: int
+    family: str = ""
 
     def __len__(self) -> int:
         return len(self.input_ids)

@@ -119,6 +119,10 @@ class Recipe:
         lexical: Hybrid readout: per-family TF-IDF + logistic regression fitted on train
             (``core/model/lexical.py``), its log-probabilities added to the head's logits with a weight
             fitted on val before the temperature (decision_head only).
+        family_head: Per-family parameters in the decision head: each question family (hashed into
+            ``FAMILY_SLOTS`` slots) gets a shift and a scale of the head's hidden layer and its own output
+            weights, added to the shared head's and zero at the start (a family unseen in training reads
+            the shared head alone) (decision_head only).
         epochs: Passes over the training set (ignored when ``max_steps`` is set).
         max_steps: Optimizer steps; overrides ``epochs`` when set.
         batch_size: Questions per micro-batch.
@@ -150,6 +154,7 @@ class Recipe:
     frozen_layers: int = 0
     length_grouped: bool = False
     lexical: bool = False
+    family_head: bool = False
     epochs: int = 3
     max_steps: int | None = None
     batch_size: int = 16
@@ -200,6 +205,10 @@ class Recipe:
             _fail("lexical", "true or false", self.lexical)
         if self.lexical and self.readout != "decision_head":
             _fail("lexical", "false for the label_token readout", self.lexical)
+        if not isinstance(self.family_head, bool):
+            _fail("family_head", "true or false", self.family_head)
+        if self.family_head and self.readout != "decision_head":
+            _fail("family_head", "false for the label_token readout (it has no separate head)", self.family_head)
         _check_int("epochs", self.epochs, 1, 100_000)
         if self.max_steps is not None:
             _check_int("max_steps", self.max_steps, 1, 100_000_000)
@@ -292,7 +301,8 @@ def load_recipe(path: str | Path) -> Recipe:
 #: Fields added after recipes were first hashed, with the value that keeps an older recipe's meaning: left
 #: out of the dict (and so of the hash) at that value, so existing checkpoints and noise floors keep their hashes.
 _ADDED_FIELDS: dict[str, Any] = {"state_attention": False, "head_warmup_epochs": 0, "frozen_layers": 0,
-                                 "length_grouped": False, "lexical": False, "inference_precision": "fp32"}
+                                 "length_grouped": False, "lexical": False, "inference_precision": "fp32",
+                                 "family_head": False}
 
 
 def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:

@@ -317,7 +317,7 @@ def _check_init_compatible(recipe: Recipe, saved: Recipe, ckpt_dir: Path) -> Non
         if getattr(recipe.lora, name) != getattr(saved.lora, name):
             problems.append(f"lora.{name}: recipe {getattr(recipe.lora, name)!r} vs checkpoint {getattr(saved.lora, name)!r}")
     if recipe.readout == "decision_head":
-        for name in ("head_hidden", "state_attention"):
+        for name in ("head_hidden", "state_attention", "family_head"):
             if getattr(recipe, name) != getattr(saved, name):
                 problems.append(f"{name}: recipe {getattr(recipe, name)!r} vs checkpoint {getattr(saved, name)!r}")
     if problems:
@@ -484,6 +484,24 @@ def _feature_pass(model: ReadoutModel, encoded: Sequence[Encoded]) -> dict[str, 
             "reused_from_disk": after["disk_hits"] - before["disk_hits"]}
 
 
+def _family_slots(questions: Sequence[QuestionInput]) -> dict[str, int]:
+    """With ``family_head``: each training family's parameter slot (recorded in ``metrics.json``).
+
+    Two families on one slot share their per-family parameters (the hash is fixed, so they always
+    will): said in a warning, since each then reads a mix of both families' parameters.
+    """
+    from envloop_pipelines.core.model.decision_head import family_slot
+
+    slots = {f: family_slot(f) for f in sorted({q.family for q in questions})}
+    by_slot: dict[int, list[str]] = {}
+    for family, slot in slots.items():
+        by_slot.setdefault(slot, []).append(family)
+    for slot, names in by_slot.items():
+        if len(names) > 1:
+            log.warning("family_head: families %s share parameter slot %d", names, slot)
+    return slots
+
+
 def _fit_lexical(recipe: Recipe, train_q: Sequence[QuestionInput], val_q: Sequence[QuestionInput],
                  val_raw: Sequence[QuestionPrediction]) -> tuple[LexicalModel, dict[str, Any]]:
     """The hybrid readout's lexical part: fitted on train, its fusion weight chosen on val (calibrated NLL)."""
@@ -552,6 +570,7 @@ def train_checkpoint(
         if n_trunc:
             log.warning("train: %d of %d questions had their state truncated to max_length=%d", n_trunc, len(encoded), recipe.max_length)
         feature_pass = _feature_pass(model, encoded)
+        family_slots = _family_slots(train_q) if recipe.family_head else None
         n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         n_total = sum(p.numel() for p in model.parameters())
         dataset, collator = _QuestionDataset(encoded, train_targets), _Collator(model)
@@ -608,6 +627,7 @@ def train_checkpoint(
             "head_warmup": head_warmup,
             "feature_pass": feature_pass,
             "lexical": lexical_fit,
+            "family_slots": family_slots,
             "trainable_parameters": int(n_trainable),
             "total_parameters": int(n_total),
         },
