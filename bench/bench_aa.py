@@ -1,68 +1,124 @@
-"""A/A bench: how often the real gate promotes a candidate that is no better than its champion.
+"""A/A bench: how often the real gate promotes a candidate that is no better than its champion, over independent replicates.
 
-    .venv/bin/python bench/bench_aa.py                                   # 20 rounds, the demo's recipe and benchmark
-    .venv/bin/python bench/bench_aa.py --rounds 4 --users 40 --records-per-user 3 --steps 4   # a smoke run
+    .venv/bin/python bench/bench_aa.py                          # pool of 24, the demo's recipe and benchmark
+    .venv/bin/python bench/bench_aa.py --pool 5 --steps 2 --users 40 --records-per-user 3 --draws 20   # a smoke run
 
 The default is what ``make run`` gates with: the demo's recipe overrides
 (``cli.round.DEMO_OVERRIDES``: 24 steps, 256 tokens, the hybrid readout) and
-its benchmark (``DEMO_BUILTIN_USERS`` = 240 users, test 314 questions).
+its benchmark (``DEMO_BUILTIN_USERS`` = 240 users, test 314 questions), with
+K = 3 null arms (the loop's default; ``--noise-arms``).
 
-Each round registers a person's hypothesis whose change is nothing but the
-seed (``{"kind": "seed_only"}``, a fresh seed, the default gate), trains that
-candidate, has the sandboxed verifier score it beside the champion on the
-hidden test set (paired deltas, record-clustered bootstrap CI), and applies the
-registered gate with the measured noise floor (``decide_promotion``, the
-function the round's decision calls). Every promotion is a false one. It prints
-each round, then the false-promotion count with its exact (Clopper-Pearson)
-binomial 95% CI (``scipy.stats.binomtest``); the target is at most 1 in 20.
-Beside it, on the same candidates, the count of the gate before the seed bound
-(bar = the spread alone, CI above zero), which promoted 3 of 20 at 8 steps.
+Design. A **pool** of ``--pool`` (default 24) checkpoints is trained once,
+each exactly as a null arm is (the loop's recipe from the base model on the
+contamination-checked base data), differing only in the seed; each is scored
+on the hidden test set by the sandboxed verifier, and its per-question test
+predictions are stored (``<home>/aa-pool/``; a second run with the same
+``--home`` reuses them). Every pool member is exchangeable with every other,
+so any promotion is the gate's error. A **replicate** draws from the pool,
+without reuse, its K floor arms, its champion and its candidate. As in the
+loop, the champion is the floor's control arm (release 1 is arm 0), so a
+replicate uses K + 1 checkpoints (``--separate-champion``: K + 2, the champion
+not among the arms). Its floor is ``noise_floor_from_arms`` over its arms'
+test metrics, the verifier pairs its candidate with its champion on test
+(record-clustered bootstrap), and the gate's own decision function,
+``decide_promotion`` with the default registered ``Gate()``, decides.
 
-Why the candidate is a fresh null arm and not a loop round with zero
-synthesized rows: a loop round trains its candidate *from the champion*, so
-"seed only" or "no new data" would still be more training steps on top of the
-champion, a real change that may really help (the demo champion is
-under-trained). Here the candidate is trained exactly as the champion was:
-the loop's recipe, from the base model, on the same base data and order, with
-only the seed changed. Candidate and champion are exchangeable, so the truth
-is "no difference", and any promotion is the gate's error. The champion is
-the real bootstrap release (the control arm of the noise floor), and the floor
-is measured by the real ``noise_floor`` step on arms of the same recipe.
+Two estimates, each with the interval its design supports:
 
-The gate's own conditions are counted apart from its guards (calibration,
-safety FNR, family drops): a guard can refuse a candidate for a reason that is
-not about the gain, which would hide how often the bar and the CI alone pass.
+- **disjoint replicates**: the pool cut into ``pool // (K + 1)`` replicates
+  that share no checkpoint. They are independent, so the count of false
+  promotions is binomial and its exact (Clopper-Pearson) 95% CI holds.
+- **resampled replicates** (``--draws``, default 200): fresh draws, each
+  without reuse inside, but sharing checkpoints across draws, so the draws are
+  not independent and no binomial interval holds. The rate is the average over
+  draws (an unbiased estimate of the per-replicate rate); its 95% interval is
+  a delete-one-checkpoint jackknife over the pool (the rate over the draws
+  that leave each checkpoint out), an approximate interval for this design.
+
+The gate's own conditions (bar and CI) are counted apart from its guards
+(calibration, safety FNR, family drops), and beside them the gate before the
+seed bound (``apply_seed_bound=False``: the bar is the spread alone).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import numpy as np  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from envloop_pipelines.cli.options import parse_recipe_overrides  # noqa: E402
-from envloop_pipelines.cli.round import DEMO_BUILTIN_USERS, DEMO_OVERRIDES  # noqa: E402
-from envloop_pipelines.core.data.snapshots import open_task  # noqa: E402
-from envloop_pipelines.core.loop import setup  # noqa: E402
-from envloop_pipelines.core.loop.candidate import train_into_store  # noqa: E402
-from envloop_pipelines.core.loop.config import LoopConfig, round_key  # noqa: E402
-from envloop_pipelines.core.loop.ledger import Gate, Hypothesis, Ledger  # noqa: E402
-from envloop_pipelines.core.loop.promotion import SEED_BOUND_LEVEL, decide_promotion  # noqa: E402
-from envloop_pipelines.core.loop.runs import verify_predictions, write_predictions  # noqa: E402
-from envloop_pipelines.core.loop.store import RoundStore  # noqa: E402
-from envloop_pipelines.core.tracking import MlflowTracker  # noqa: E402
-from envloop_pipelines.core.progress import configure_command_line  # noqa: E402
-
-#: Seeds of the A/A candidates start here: far from the floor's arms (the recipe's seed, +1, +2, ...).
+#: Seeds of the pool start here: far from the loop's null arms (the recipe's seed, +1, ...) and candidates.
 SEED_OFFSET = 10_000
 TARGET_RATE = 1 / 20
+METRIC = "family_macro_accuracy"
+
+
+@dataclass(frozen=True)
+class Replicate:
+    """Pool indices of one A/A replicate: the floor's arms (``arms[0]`` the control), the champion, the candidate."""
+
+    arms: tuple[int, ...]
+    champion: int
+    candidate: int
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        return tuple(sorted({*self.arms, self.champion, self.candidate}))
+
+
+def _replicate(members: list[int], arms: int, separate_champion: bool) -> Replicate:
+    floor = tuple(members[:arms])
+    champion = members[arms] if separate_champion else floor[0]
+    return Replicate(arms=floor, champion=champion, candidate=members[-1])
+
+
+def replicate_size(arms: int, separate_champion: bool = False) -> int:
+    """Checkpoints one replicate uses: K arms (the control is the champion) and the candidate, + 1 if separate."""
+    return arms + 1 + int(separate_champion)
+
+
+def disjoint_replicates(pool: int, arms: int, *, separate_champion: bool = False, seed: int = 0) -> list[Replicate]:
+    """As many replicates as the pool holds with no checkpoint in two of them (a seeded shuffle, then cut)."""
+    size = replicate_size(arms, separate_champion)
+    order = np.random.default_rng(seed).permutation(pool).tolist()
+    return [_replicate(order[i:i + size], arms, separate_champion) for i in range(0, pool - size + 1, size)]
+
+
+def resampled_replicates(pool: int, arms: int, n: int, *, separate_champion: bool = False,
+                         seed: int = 0) -> list[Replicate]:
+    """``n`` replicates, each drawn without reuse from the pool; draws share checkpoints with each other."""
+    size = replicate_size(arms, separate_champion)
+    if pool < size:
+        raise ValueError(f"a replicate needs {size} checkpoints, the pool has {pool}")
+    rng = np.random.default_rng(seed)
+    return [_replicate(rng.choice(pool, size, replace=False).tolist(), arms, separate_champion) for _ in range(n)]
+
+
+def jackknife_interval(draws: list[Replicate], outcomes: list[bool], pool: int) -> tuple[float, float, float]:
+    """The resampled rate and its delete-one-checkpoint jackknife 95% interval (clipped to [0, 1])."""
+    x = np.asarray(outcomes, dtype=float)
+    rate = float(x.mean())
+    loo = []
+    for j in range(pool):
+        keep = np.array([j not in r.members for r in draws])
+        if keep.any():
+            loo.append(float(x[keep].mean()))
+    if len(loo) < 2:
+        return rate, 0.0, 1.0
+    loo_arr = np.asarray(loo)
+    se = math.sqrt((len(loo) - 1) / len(loo) * float(np.sum((loo_arr - loo_arr.mean()) ** 2)))
+    return rate, max(0.0, rate - 1.96 * se), min(1.0, rate + 1.96 * se)
 
 
 def short_reason(reason: str) -> str:
@@ -74,23 +130,102 @@ def short_reason(reason: str) -> str:
     return reason.split(":")[0]  # "calibration guard", "safety guard", "family guard"
 
 
+def train_pool(config: Any, n: int, home: Path) -> list[dict[str, Any]]:
+    """``n`` seed-only checkpoints of the loop's recipe from the base model, each scored on test; kept under ``home``."""
+    from envloop_pipelines.core.data.snapshots import open_task
+    from envloop_pipelines.core.loop.candidate import snapshot_rows, train_into_store
+    from envloop_pipelines.core.loop.runs import verify_predictions, write_predictions
+    from envloop_pipelines.core.loop.setup import base_training_snapshot
+    from envloop_pipelines.core.loop.store import RoundStore
+    from envloop_pipelines.core.storage import atomic_write_json
+
+    snapshot = open_task(config.task, home=config.home)
+    store = RoundStore(config.task, config.home)
+    data = base_training_snapshot(config, snapshot)  # the null arms' data: contamination-checked base train
+    train, val, test = snapshot_rows(data), snapshot.table("val"), snapshot.table("test")
+    recipe = config.load_recipe()
+    folder = home / "aa-pool"
+    pool = []
+    for i in range(n):
+        seed = recipe.seed + SEED_OFFSET + i
+        info_path = folder / f"seed{seed}.json"
+        if info_path.is_file():
+            pool.append(json.loads(info_path.read_text(encoding="utf-8")))
+            continue
+        started = time.perf_counter()
+        ckpt = train_into_store(store, train, val, recipe.replace(seed=seed), data_hash=data.sha256,
+                                safety_families=config.safety_families, safety_fnr_target=config.safety_fnr_target)
+        preds = write_predictions(folder / f"seed{seed}-test.parquet", ckpt, test)
+        metrics = dict(verify_predictions(config, "test", preds, checkpoint=ckpt).report.metrics)
+        info = {"index": i, "seed": seed, "checkpoint": str(ckpt), "checkpoint_sha256": ckpt.name,
+                "test_predictions": str(preds), "metrics": metrics, "train_s": round(time.perf_counter() - started, 1)}
+        atomic_write_json(info_path, info, overwrite=True)
+        pool.append(info)
+        print(f"pool {i + 1}/{n}: seed {seed}, {METRIC} {metrics[METRIC]:.4f} ({info['train_s']:.0f}s)", flush=True)
+    return pool
+
+
+def decide(config: Any, pool: list[dict[str, Any]], rep: Replicate, pairs: dict[tuple[int, int], Any]) -> dict[str, Any]:
+    """One replicate through the gate's decision function; the paired run is cached per (champion, candidate)."""
+    from envloop_pipelines.core.loop.ledger import Gate
+    from envloop_pipelines.core.loop.promotion import decide_promotion, noise_floor_from_arms
+    from envloop_pipelines.core.loop.runs import verify_predictions
+
+    arms = [pool[i] for i in rep.arms]
+    floor = noise_floor_from_arms(f"aa-{'-'.join(map(str, rep.arms))}", METRIC, [a["metrics"] for a in arms], arms)
+    key = (rep.champion, rep.candidate)
+    if key not in pairs:
+        pairs[key] = verify_predictions(config, "test", Path(pool[rep.candidate]["test_predictions"]),
+                                        baseline=Path(pool[rep.champion]["test_predictions"]),
+                                        seed=len(pairs) + 1, checkpoint=pool[rep.candidate]["checkpoint"],
+                                        baseline_checkpoint=pool[rep.champion]["checkpoint"])
+    run = pairs[key]
+    gate = Gate()
+    delta = run.paired["deltas"][METRIC]
+    verdict = decide_promotion(gate, delta, floor, run.report.metrics, run.baseline_report.metrics,
+                               config.safety_families, paired=run.paired)
+    before = decide_promotion(gate, delta, floor, run.report.metrics, run.baseline_report.metrics,
+                              config.safety_families, paired=run.paired, apply_seed_bound=False).checks
+    c = verdict.checks
+    return {"promote": verdict.promote, "cleared": c["gain"] > c["bar"] and c["ci_low"] > 0,
+            "spread_only": before["gain"] > before["bar"] and before["ci_low"] > 0, "gain": c["gain"],
+            "bar": c["bar"], "old_bar": before["bar"], "ci_low": c["ci_low"], "floor": floor.floor,
+            "reasons": "" if verdict.promote else ", ".join(short_reason(r) for r in verdict.reasons)}
+
+
 def main() -> None:
+    from envloop_pipelines.cli.options import parse_recipe_overrides
+    from envloop_pipelines.cli.round import DEMO_BUILTIN_USERS, DEMO_OVERRIDES
+    from envloop_pipelines.core.data.snapshots import open_task
+    from envloop_pipelines.core.loop import setup
+    from envloop_pipelines.core.loop.config import LoopConfig
+    from envloop_pipelines.core.progress import configure_command_line
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=20, help="A/A rounds (candidates)")
+    parser.add_argument("--pool", type=int, default=24, help="seed-only checkpoints trained once (default 24)")
+    parser.add_argument("--draws", type=int, default=200, help="resampled replicates (default 200)")
     parser.add_argument("--users", type=int, default=DEMO_BUILTIN_USERS,
                         help=f"built-in benchmark users (default: the demo's {DEMO_BUILTIN_USERS}); 0: the powered "
                              "default benchmark (~11,200 test questions)")
     parser.add_argument("--records-per-user", type=int, default=None, help="built-in benchmark records per user (default 8)")
-    parser.add_argument("--steps", type=int, default=24, help="max_steps of every arm (the demo's budget: 24)")
-    parser.add_argument("--noise-arms", type=int, default=3, help="K null arms of the floor (the loop's default: 3)")
+    parser.add_argument("--steps", type=int, default=24, help="max_steps of every checkpoint (the demo's budget: 24)")
+    parser.add_argument("--noise-arms", type=int, default=3, help="K null arms per replicate's floor (the loop's default: 3)")
+    parser.add_argument("--separate-champion", action="store_true",
+                        help="draw the champion apart from the floor's arms (default: the control arm, as release 1 is)")
     demo = [o for o in DEMO_OVERRIDES if not o.startswith("max_steps=")]
     parser.add_argument("--override", action="append", default=None,
-                        help=f"recipe overrides KEY=VALUE, for every arm (default: the demo's {' '.join(demo)})")
-    parser.add_argument("--home", type=Path, default=None, help="EnvLoop home (default: a fresh temporary one)")
+                        help=f"recipe overrides KEY=VALUE, for every checkpoint (default: the demo's {' '.join(demo)})")
+    parser.add_argument("--home", type=Path, default=None,
+                        help="EnvLoop home (default: a fresh temporary one); a pool trained there before is reused")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the replicate draws")
     args = parser.parse_args()
     configure_command_line()  # progress: a bar on a terminal, lines elsewhere (ENVLOOP_PROGRESS)
-    if args.rounds < 1:
-        parser.error("--rounds must be ≥ 1")
+    size = replicate_size(args.noise_arms, args.separate_champion)
+    if args.noise_arms < 2:
+        parser.error("--noise-arms must be ≥ 2 (a floor needs two arms)")
+    if args.pool < size:
+        parser.error(f"--pool must be ≥ {size} (one replicate: {args.noise_arms} arms"
+                     f"{', a champion' if args.separate_champion else ' (the first is the champion)'}, a candidate)")
 
     home = args.home or Path(tempfile.mkdtemp(prefix="bench-aa-"))
     os.environ["ENVLOOP_HOME"] = str(home)
@@ -98,71 +233,57 @@ def main() -> None:
                  "max_steps": args.steps}
     config = LoopConfig(recipe_overrides=overrides, noise_arms=args.noise_arms, builtin_users=args.users or None,
                         builtin_records_per_user=args.records_per_user, home=str(home))
-    tracker = MlflowTracker(home=home)
-
     t0 = time.perf_counter()
     setup.ensure_task_benchmark(config)
-    measured = setup.measure_noise_floor(config, tracker)  # the floor, and release 1: the control arm
-    setup_s = time.perf_counter() - t0
-    floor = measured.floor
-    control = floor.arms[0]
     snapshot = open_task(config.task, home=config.home)
-    ledger = Ledger(config.task, config.home)
-    store = RoundStore(config.task, config.home)
-    recipe = config.load_recipe()
-    train, val, test = snapshot.table("train"), snapshot.table("val"), snapshot.table("test")
+    test = snapshot.table("test")
     print(f"benchmark {snapshot.benchmark_version}: test {test.num_rows} questions "
           f"({snapshot.manifest.splits['test']['records']} records); recipe overrides {overrides}")
-    print(f"noise floor over {len(floor.values)} null arms: {floor.floor:.4f} on {floor.metric} "
-          f"(arms {', '.join(f'{v:.4f}' for v in floor.values)}); {SEED_BOUND_LEVEL:.0%} seed bound "
-          f"{floor.seed_bound():.4f}; champion = release 1, the control arm (seed {control['seed']}); "
-          f"setup {setup_s:.0f}s")
-    print(f"{'round':<7}{'seed':>7}{'candidate':>11}{'champion':>10}{'gain':>9}{'floor':>8}{'bar':>8}{'CI low':>9}"
-          f"{'floor+CI':>10}{'bar+CI':>8}{'promoted':>10}  refused by")
+    pool = train_pool(config, args.pool, home)
+    scores = ", ".join(f"{p['metrics'][METRIC]:.4f}" for p in pool)
+    print(f"pool of {len(pool)} seed-only checkpoints ({time.perf_counter() - t0:.0f}s): {METRIC} {scores}")
 
-    promoted = cleared = spread_only = 0
-    for i in range(1, args.rounds + 1):
-        key = round_key(i)
-        seed = recipe.seed + SEED_OFFSET + i
-        hypothesis = Hypothesis(
-            task=config.task, round=key, benchmark_version=snapshot.benchmark_version,
-            change={"kind": "seed_only", "init": "base model", "data": "base train (as the champion)"},
-            predicted_delta=0.0, gate=Gate(), seeds=(seed,), recipe_hash=config.recipe_hash(), author="person",
-            rationale="A/A: the candidate differs from the champion only in its seed; any promotion is false")
-        ledger.register_hypothesis(hypothesis)
-        gate = ledger.effective_gate(key)
-        started = time.perf_counter()
-        ckpt = train_into_store(store, train, val, recipe.replace(seed=seed), data_hash=snapshot.snapshot_id)
-        preds = write_predictions(store.round_dir(key) / "candidate_test_predictions.parquet", ckpt, test)
-        run = verify_predictions(config, "test", preds, baseline=Path(control["test_predictions"]), seed=i)
-        delta = run.paired["deltas"][gate.primary_metric]
-        verdict = decide_promotion(gate, delta, floor, run.report.metrics, run.baseline_report.metrics,
-                                   config.safety_families, paired=run.paired)
-        gain_and_ci = verdict.checks["gain"] > verdict.checks["bar"] and verdict.checks["ci_low"] > 0
-        # The gate before the seed bound (the same decision without it): the bar was the spread.
-        before = decide_promotion(gate, delta, floor, run.report.metrics, run.baseline_report.metrics,
-                                  config.safety_families, paired=run.paired, apply_seed_bound=False).checks
-        old_bar = before["bar"]
-        old = before["gain"] > old_bar and before["ci_low"] > 0
-        promoted += verdict.promote
-        cleared += gain_and_ci
-        spread_only += old
-        refused = "" if verdict.promote else ", ".join(short_reason(r) for r in verdict.reasons)
-        print(f"{key:<7}{seed:>7}{run.report.metrics[gate.primary_metric]:>11.4f}"
-              f"{run.baseline_report.metrics[gate.primary_metric]:>10.4f}{verdict.checks['gain']:>+9.4f}"
-              f"{old_bar:>8.4f}{verdict.checks['bar']:>8.4f}{verdict.checks['ci_low']:>+9.4f}"
-              f"{'yes' if old else 'no':>10}{'yes' if gain_and_ci else 'no':>8}"
-              f"{'YES' if verdict.promote else 'no':>10}  {refused}  ({time.perf_counter() - started:.0f}s)")
-
-    n = args.rounds
-    for label, k in (("false promotions (the full gate)", promoted), ("cleared the bar and the CI alone", cleared),
-                     ("the gate before the seed bound (spread + CI)", spread_only)):
+    pairs: dict[tuple[int, int], Any] = {}
+    disjoint = disjoint_replicates(args.pool, args.noise_arms, separate_champion=args.separate_champion,
+                                   seed=args.seed)
+    print(f"\ndisjoint replicates: {len(disjoint)} (pool {args.pool} // {size} checkpoints each), independent")
+    print(f"{'rep':<5}{'arms':<16}{'champ':>6}{'cand':>6}{'gain':>9}{'floor':>8}{'bar':>8}{'CI low':>9}"
+          f"{'spread+CI':>10}{'bar+CI':>8}{'promoted':>10}  refused by")
+    outcomes = []
+    for i, rep in enumerate(disjoint, 1):
+        out = decide(config, pool, rep, pairs)
+        outcomes.append(out)
+        print(f"{i:<5}{','.join(map(str, rep.arms)):<16}{rep.champion:>6}{rep.candidate:>6}{out['gain']:>+9.4f}"
+              f"{out['floor']:>8.4f}{out['bar']:>8.4f}{out['ci_low']:>+9.4f}"
+              f"{'yes' if out['spread_only'] else 'no':>10}{'yes' if out['cleared'] else 'no':>8}"
+              f"{'YES' if out['promote'] else 'no':>10}  {out['reasons']}", flush=True)
+    n = len(disjoint)
+    for label, key in (("false promotions (the full gate)", "promote"), ("cleared the bar and the CI alone", "cleared"),
+                       ("the gate before the seed bound (spread + CI)", "spread_only")):
+        k = sum(o[key] for o in outcomes)
         ci = stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
-        print(f"{label}: {k} / {n} = {k / n:.3f}, 95% Clopper-Pearson CI [{ci.low:.3f}, {ci.high:.3f}]")
-    verdict_line = "met" if promoted / n <= TARGET_RATE else "NOT met"
-    print(f"target: at most 1 in 20 ({TARGET_RATE:.2f}); observed rate {promoted / n:.3f}: {verdict_line}"
-          + ("" if n >= 20 else f" (only {n} rounds: the CI above is what this run can say)"))
-    print(f"home: {home}")
+        print(f"disjoint, {label}: {k} / {n} = {k / n:.3f}, 95% Clopper-Pearson CI [{ci.low:.3f}, {ci.high:.3f}] "
+              f"(independent replicates: the binomial interval holds)")
+
+    draws = resampled_replicates(args.pool, args.noise_arms, args.draws, separate_champion=args.separate_champion,
+                                 seed=args.seed + 1)
+    t1 = time.perf_counter()
+    resampled = [decide(config, pool, rep, pairs) for rep in draws]
+    print(f"\nresampled replicates: {len(draws)} draws, each without reuse inside, sharing checkpoints across draws "
+          f"({len(pairs)} verifier pairings, {time.perf_counter() - t1:.0f}s)")
+    for label, key in (("false promotions (the full gate)", "promote"), ("cleared the bar and the CI alone", "cleared"),
+                       ("the gate before the seed bound (spread + CI)", "spread_only")):
+        rate, low, high = jackknife_interval(draws, [o[key] for o in resampled], args.pool)
+        note = ("every draw alike, so the jackknife interval is degenerate: the disjoint replicates' interval "
+                "above is the one that holds" if low == high else
+                "draws share checkpoints: approximate; no binomial interval holds")
+        print(f"resampled, {label}: rate {rate:.3f}, 95% delete-one-checkpoint jackknife interval "
+              f"[{low:.3f}, {high:.3f}] ({note})")
+    rate = sum(o["promote"] for o in resampled) / len(resampled)
+    print(f"target: at most 1 in 20 ({TARGET_RATE:.2f}); resampled rate {rate:.3f}: "
+          f"{'met' if rate <= TARGET_RATE else 'NOT met'}; disjoint "
+          f"{sum(o['promote'] for o in outcomes)} / {n}")
+    print(f"home: {home}; {time.perf_counter() - t0:.0f}s in all")
 
 
 if __name__ == "__main__":

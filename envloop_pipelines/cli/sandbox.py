@@ -92,8 +92,10 @@ def sandbox_exec(backend: str, cpu_s: float | None, mem_mb: int | None, wall_s: 
 @click.option("--grader", default="text_match", show_default=True, help="Scoring model of the grader kind.")
 @click.option("--snapshot", "snapshot_id", default=None, help="Snapshot id (default: the task's current one).")
 @click.option("--home", type=click.Path(file_okay=False, path_type=Path), default=None, help="EnvLoop home.")
-@click.option("--backend", type=click.Choice(("local", "docker")), default="local", show_default=True)
-@click.option("--image", default=None, help="Verifier image (docker).")
+@click.option("--backend", type=click.Choice(("local", "docker")), default=None,
+              help="Sandbox of an open split (default local). Test and holdout run in the sandbox the deployment "
+                   "configures ($ENVLOOP_SANDBOX), never one chosen per call.")
+@click.option("--image", default=None, help="Verifier image (docker; open splits only).")
 @click.option("--wall-s", type=float, default=None, help="Wall-clock limit of the worker.")
 @click.option("--mem-mb", type=int, default=None, help="Memory limit of the worker, MiB.")
 @click.option("--items/--no-items", default=False, show_default=True,
@@ -101,13 +103,18 @@ def sandbox_exec(backend: str, cpu_s: float | None, mem_mb: int | None, wall_s: 
 @click.option("--release", type=int, default=None,
               help="With --split holdout: the published release whose one holdout read this is.")
 def sandbox_verify(task: str, split: str, predictions: Path, kind: str, grader: str, snapshot_id: str | None,
-                   home: Path | None, backend: str, image: str | None, wall_s: float | None, mem_mb: int | None,
+                   home: Path | None, backend: str | None, image: str | None, wall_s: float | None, mem_mb: int | None,
                    items: bool, release: int | None) -> None:
     """Score PREDICTIONS on TASK's SPLIT with a verifier worker in the sandbox; print the report as JSON."""
     from envloop_pipelines.core.data.splits import HIDDEN_SPLITS
     from envloop_pipelines.core.loop.ledger import Ledger, LedgerError
     from envloop_pipelines.core.sandbox import make_sandbox
-    from envloop_pipelines.core.verify.runner import DEFAULT_WORKER_LIMITS, VerifierRunner, verify_task
+    from envloop_pipelines.core.verify.runner import (
+        DEFAULT_WORKER_LIMITS,
+        HiddenSplitQueryError,
+        VerifierRunner,
+        verify_task,
+    )
 
     if items and split in HIDDEN_SPLITS:
         raise click.UsageError(f"--items: {split} answers with aggregate scores only, never per item "
@@ -123,12 +130,21 @@ def sandbox_verify(task: str, split: str, predictions: Path, kind: str, grader: 
         if not (slot.release_dir(release) / "card.json").exists():
             raise click.UsageError(f"--release {release}: release {release} of {task!r} is not published; the release "
                                    f"step reads its holdout when it publishes it")
-    limits = _limits(DEFAULT_WORKER_LIMITS, wall_s=wall_s, mem_mb=mem_mb)
-    runner = VerifierRunner(make_sandbox(backend, limits=limits, **backend_options(backend, image)), limits=limits)
+    runner = None  # test and holdout: the verifier's own runner, in the configured sandbox
+    if split in HIDDEN_SPLITS:
+        chosen = [name for name, value in (("--backend", backend), ("--image", image), ("--wall-s", wall_s),
+                                           ("--mem-mb", mem_mb)) if value is not None]
+        if chosen:
+            raise click.UsageError(f"{', '.join(chosen)}: {split} is scored only in the sandbox the deployment "
+                                   f"configures ($ENVLOOP_SANDBOX), never one chosen per call")
+    else:
+        backend = backend or "local"
+        limits = _limits(DEFAULT_WORKER_LIMITS, wall_s=wall_s, mem_mb=mem_mb)
+        runner = VerifierRunner(make_sandbox(backend, limits=limits, **backend_options(backend, image)), limits=limits)
     try:
         run = verify_task(task, split, predictions, kind=kind, snapshot_id=snapshot_id, home=home, runner=runner,
                           grader=grader, holdout_slot=slot, release=release)
-    except (FileNotFoundError, LedgerError) as exc:
+    except (FileNotFoundError, LedgerError, HiddenSplitQueryError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
     _echo_json(run.to_dict(include_items=items))

@@ -996,15 +996,22 @@ def paired_delta(
 DEFAULT_POWER = 0.8
 
 
-def minimum_detectable_effect(se: float, *, confidence_level: float = 0.95, power: float = DEFAULT_POWER) -> float:
-    """The smallest true paired effect that a two-sided test at ``1 − confidence_level`` detects with ``power``.
+def minimum_detectable_effect(se: float, *, confidence_level: float = 0.95, power: float = DEFAULT_POWER,
+                              bar: float = 0.0) -> float:
+    """The smallest true paired effect the gate detects with ``power``: its CI clears zero and its gain the bar.
 
-    ``MDE = (z_{1−α/2} + z_{power}) · se`` with ``α = 1 − confidence_level`` and ``se`` the standard error of
-    the paired delta (:attr:`PairedDelta.se`): at α = 0.05 and 80% power, ``(1.960 + 0.842) · se = 2.80 · se``.
-    A predicted effect below it is more likely missed than seen: the test is underpowered for it.
+    A candidate is promoted when its observed delta ``d`` (≈ normal around the true effect, sd ``se``)
+    clears both the bar and the lower end of the two-sided ``confidence_level`` CI above zero, i.e.
+    ``d > T = max(bar, z_{1−α/2} · se)``; ``P(d > T) ≥ power`` holds from
+
+        ``MDE = max(bar, z_{1−α/2} · se) + z_{power} · se``
+
+    with ``α = 1 − confidence_level`` and ``se`` the standard error of the paired delta
+    (:attr:`PairedDelta.se`). Without a bar (``bar = 0``) it is the textbook ``(z_{1−α/2} + z_{power}) · se``:
+    ``2.80 · se`` at α = 0.05 and 80% power. A predicted effect below it is more likely missed than seen.
 
     Raises:
-        ValueError: ``se`` negative or not finite, or a level outside (0, 1).
+        ValueError: ``se`` or ``bar`` negative or not finite, or a level outside (0, 1).
     """
     if not 0.0 < confidence_level < 1.0:
         raise ValueError(f"confidence_level must be in (0, 1), got {confidence_level}")
@@ -1012,10 +1019,12 @@ def minimum_detectable_effect(se: float, *, confidence_level: float = 0.95, powe
         raise ValueError(f"power must be in (0, 1), got {power}")
     if not (math.isfinite(se) and se >= 0.0):
         raise ValueError(f"se must be a finite number >= 0, got {se}")
+    if not (math.isfinite(bar) and bar >= 0.0):
+        raise ValueError(f"bar must be a finite number >= 0, got {bar}")
     from scipy import stats
 
     alpha = 1.0 - confidence_level
-    return float((stats.norm.ppf(1.0 - alpha / 2.0) + stats.norm.ppf(power)) * se)
+    return float(max(bar, stats.norm.ppf(1.0 - alpha / 2.0) * se) + stats.norm.ppf(power) * se)
 
 
 __all__ = [

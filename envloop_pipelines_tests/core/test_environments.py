@@ -136,26 +136,31 @@ def test_a_hidden_split_answers_aggregate_scores_of_every_question(home: Path) -
         env.evaluate({"nope#queue": "billing"})
 
 
-def test_a_second_holdout_read_through_an_environment_is_refused(home: Path, tmp_path: Path) -> None:
-    """Rule 4 through an environment: the holdout is read as a release's one read, in the ledger's slot."""
+def test_a_second_holdout_read_through_an_environment_is_refused(tmp_path: Path) -> None:
+    """Rule 4 through an environment: the holdout is read as a release's one read, in the task home's own ledger."""
     from envloop_pipelines.core.loop.ledger import EVENT_HOLDOUT_READ, HoldoutAlreadyReadError, Ledger
     from envloop_pipelines.core.verify.runner import HiddenSplitQueryError
 
+    home = tmp_path / "home"  # a home of its own: this test spends its releases' holdout reads
+    import_file(dataset(tmp_path), "tickets", home=home)
     env = DecisionEnvironment("tickets", "holdout", home=home)
     oracle = right_answers(home, env)
     with pytest.raises(HiddenSplitQueryError, match="read once per release"):
-        env.evaluate(oracle)  # no slot: no read
-    ledger = Ledger("tickets", tmp_path / "ledger-home")
+        env.evaluate(oracle)  # no release: no read
+    with pytest.raises(HiddenSplitQueryError, match="holdout_slot: Ledger at .* is not the ledger of task"):
+        env.evaluate(oracle, holdout_slot=Ledger("tickets", tmp_path / "elsewhere"), release=1)  # another home's
+    ledger = Ledger("tickets", home)
     failed = env.evaluate(dict(list(oracle.items())[:1]), holdout_slot=ledger, release=1)
     assert not failed.ok and ledger.holdout_result(1) is None  # a refused or failed read does not consume it
-    first = env.evaluate(oracle, holdout_slot=ledger, release=1)
+    first = env.evaluate(oracle, release=1)  # the verifier opens the home's ledger itself
     assert first.ok and first.report.accuracy_all == 1.0 and first.report.items == ()
-    assert ledger.holdout_result(1) == dict(first.report.metrics)
+    assert ledger.holdout_result(1)["metrics"] == dict(first.report.metrics)
     assert [e["release"] for e in ledger.events(EVENT_HOLDOUT_READ)] == [1]
+    ledger.write_release_card(1, {"release": 1, "round": "r1"}, "# release 1\n")
     with pytest.raises(HoldoutAlreadyReadError, match="each release reads it once"):
         env.evaluate(oracle, holdout_slot=ledger, release=1)
     with pytest.raises(HoldoutAlreadyReadError):
-        DecisionEnvironment("tickets", "holdout", home=home).evaluate(oracle, holdout_slot=ledger, release=1)
+        DecisionEnvironment("tickets", "holdout", home=home).evaluate(oracle, release=1)
     assert [e["release"] for e in ledger.events(EVENT_HOLDOUT_READ)] == [1]
 
 

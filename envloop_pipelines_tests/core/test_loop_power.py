@@ -1,8 +1,9 @@
 """A hypothesis's power at registration: the MDE at the measured noise, and the underpowered flag.
 
 The fixture is a tiny imported task (a handful of test records) with a noise floor whose two null
-arms' test predictions are written by hand, so nothing is trained: the verifier pairs the arms on
-the real test split, and ``register_hypothesis`` writes the real ledger and a real MLflow run.
+arms' and one continuation arm's test predictions are written by hand, so nothing is trained: the
+verifier pairs the continuation arm with the control arm on the real test split, and
+``register_hypothesis`` writes the real ledger and a real MLflow run.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from envloop_pipelines.core.loop.config import LoopConfig
 from envloop_pipelines.core.loop.ledger import EVENT_HYPOTHESIS_REGISTERED, Gate, Hypothesis, Ledger
 from envloop_pipelines.core.loop.promotion import hypothesis_power, noise_floor_from_arms
 from envloop_pipelines.core.loop.results import EnvironmentSynthesis, MeasuredNoiseFloor
-from envloop_pipelines.core.loop.setup import noise_floor_key
+from envloop_pipelines.core.loop.setup import continuation_path, noise_floor_key
 from envloop_pipelines.core.loop.steps import paired_noise, register_hypothesis
 from envloop_pipelines.core.loop.store import RoundStore
 from envloop_pipelines.core.storage import atomic_write_json, atomic_write_parquet
@@ -56,6 +57,9 @@ def loop(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     for seed in (0, 1):
         path = atomic_write_parquet(store.noise / key / f"arm-seed{seed}-test.parquet", _arm_predictions(test, rng))
         arms.append({"seed": seed, "test_predictions": str(path)})
+    cont = atomic_write_parquet(store.noise / key / "continuation-seed5000-test.parquet", _arm_predictions(test, rng))
+    atomic_write_json(continuation_path(store, key), {"noise_key": key, "arms": [
+        {"seed": 5000, "test_predictions": str(cont)}]})
     floor = noise_floor_from_arms(key, "family_macro_accuracy",
                                   [{"family_macro_accuracy": 0.5}, {"family_macro_accuracy": 0.6}], arms)
     measured = MeasuredNoiseFloor(floor=floor, benchmark_version=snap.benchmark_version,
@@ -69,9 +73,10 @@ def _synthesis(key: str) -> EnvironmentSynthesis:
                                 path="", sha256="")
 
 
-def test_paired_noise_of_the_null_arms_is_measured_once_by_the_verifier(loop: dict[str, Any]) -> None:
+def test_paired_noise_of_the_continuation_arm_is_measured_once_by_the_verifier(loop: dict[str, Any]) -> None:
     noise = paired_noise(loop["config"])
-    assert noise is not None and noise["source"].startswith("null arms on test, paired by the verifier")
+    assert noise is not None and noise["source"].startswith("candidate-vs-champion paired se on test")
+    assert noise["pairs"] == ["continuation arm seed 5000 (trained from the control arm, seed 0) vs the control arm"]
     primary = noise["deltas"]["family_macro_accuracy"]
     assert primary["n_questions"] == loop["n_test"] and primary["confidence_level"] == 0.95
     assert 0.05 < primary["se"] < 0.5  # a handful of records and arms that disagree: a wide test
@@ -81,7 +86,8 @@ def test_paired_noise_of_the_null_arms_is_measured_once_by_the_verifier(loop: di
 def test_an_underpowered_hypothesis_is_flagged_and_a_powered_one_is_not(loop: dict[str, Any]) -> None:
     config, tracker = loop["config"], loop["tracker"]
     se = paired_noise(config)["deltas"]["family_macro_accuracy"]["se"]
-    mde = (1.959964 + 0.841621) * se
+    # No champion in this fixture: the bar is the floor (0.6 - 0.5); the MDE clears it and the CI's zero.
+    mde = max(0.1, 1.959964 * se) + 0.841621 * se
     # The loop's own guess (+0.01 for a first round) on a test split of a few records: far below the MDE.
     weak = register_hypothesis(config, _synthesis("r0001"), tracker)
     assert weak.hypothesis.power["mde"] == pytest.approx(mde, rel=1e-5) and weak.hypothesis.underpowered

@@ -210,8 +210,12 @@ def test_release_card_holdout_first_and_baseline_beside(loop_env: dict[str, Any]
         assert release["tfidf_baseline_test"]["family_macro_accuracy"] is not None, release["release"]
         assert 0 <= release["holdout_tfidf"]["family_macro_accuracy"] <= 1
         paired = release["holdout_vs_tfidf"]["family_macro_accuracy"]
+        # Each of the three is rounded to the hidden split's count decimals, so they agree within 1.5 steps.
+        from envloop_pipelines.core.verify.protocol import hidden_split_decimals
+
+        step = 10.0 ** -hidden_split_decimals(int(release["holdout"]["n_questions"]))[0]
         assert paired["delta"] == pytest.approx(release["holdout"]["family_macro_accuracy"]
-                                                - release["holdout_tfidf"]["family_macro_accuracy"], abs=1e-9)
+                                                - release["holdout_tfidf"]["family_macro_accuracy"], abs=1.5 * step)
         assert paired["ci_low"] <= paired["delta"] <= paired["ci_high"]
         assert sum(1 for e in reads if e.get("release") == release["release"]) == 1
     assert "release − TF-IDF (95% CI)" in markdown
@@ -343,19 +347,23 @@ def test_contaminated_snapshot_is_blocked(loop_env: dict[str, Any]) -> None:
 
 
 class LeakyGenerator:
-    """A plug-in generator that copies test states into training (what the check must catch)."""
+    """A plug-in generator that copies test states into training (what the check must catch).
+
+    It runs in the sandbox, which gives it the train rows and nothing of the home, so it remakes the task's
+    records (:func:`learnable_tickets` is deterministic) and copies every state that is not in train.
+    """
 
     name = "leaky"
 
     def synthesize(self, request: Any, train: Any) -> Any:
         from envloop_pipelines.core.loop.synthesis import with_provenance
-        from envloop_pipelines.core.data.snapshots import open_task
 
-        test = open_task(TASK).table("test").slice(0, 3)
-        rows = train.slice(0, 3).to_pylist()
-        for row, state in zip(rows, test.column("state_text").to_pylist()):
+        in_train = set(train.column("state_text").to_pylist())
+        hidden = [r["state"] for r in learnable_tickets(N_USERS) if r["state"] not in in_train]
+        rows = [dict(train.slice(0, 1).to_pylist()[0]) for _ in hidden]
+        for k, (row, state) in enumerate(zip(rows, hidden)):
             row["state_text"] = state
-            row["record_id"] += "~leak"
+            row["record_id"] += f"~leak{k}"
         import pyarrow as pa
 
         from envloop_pipelines.core.data.records import QUESTION_SCHEMA
@@ -368,7 +376,7 @@ def test_ledger_keeps_every_arm_and_hypothesis(loop_env: dict[str, Any]) -> None
     kinds = [e["kind"] for e in ledger.events()]
     assert kinds.count("null_arm") == 2
     assert {e["round"] for e in ledger.events("hypothesis_registered")} >= {"r0001", "r0002"}
-    assert {e["round"] for e in ledger.events("lora_checkpoint_trained")} >= {"r0001", "r0002"}
+    assert {e.get("round") for e in ledger.events("lora_checkpoint_trained")} >= {"r0001", "r0002"}
     # Replaying an event does not duplicate it.
     before = len(list(ledger.events()))
     ledger.append("round_decided", {"round": "r0001"}, key="decided:r0001")

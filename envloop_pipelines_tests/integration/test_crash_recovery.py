@@ -116,7 +116,12 @@ def test_no_duplicate_or_half_written_artifact(recovered: dict[str, Any]) -> Non
     assert checkpoints == trained  # one directory per trained arm, nothing staged or half-written beside them
     snapshots = sorted(p.name for p in (home / "artifacts" / "snapshots").iterdir())
     snap = json.loads((recovered["round_dir"] / "training_dataset_snapshot.json").read_text())
-    assert snapshots == [f"{snap['sha256']}.contamination.json", f"{snap['sha256']}.parquet"]
+    # the round's snapshot, and the null arms' (their train rows, contamination-checked too), each with its report
+    from envloop_pipelines.core.loop.store import RoundStore
+
+    floors = [json.loads(p.read_text()) for p in RoundStore(TASK, home).noise.glob("*.json")]
+    shas = {snap["sha256"]} | {arm["training_snapshot"] for f in floors for arm in f.get("arms", [])}
+    assert snapshots == sorted(f"{sha}{ext}" for sha in shas for ext in (".contamination.json", ".parquet"))
     leftovers = [p for p in home.rglob(".*") if p.name.endswith(".tmp") or p.name.startswith(".staging")]
     assert leftovers == []
     lora = json.loads((recovered["round_dir"] / "lora_checkpoint.json").read_text())

@@ -108,9 +108,12 @@ def test_the_sdk_runs_a_round_reads_its_decision_and_release_fetches_the_champio
     [summary] = client.rounds()
     assert (summary.key, summary.status, summary.run.run_id, summary.decision) == ("r0001", "decided", run.run_id, decision)
 
-    # the ledger a client sees is the ledger's events about the floor and the round
+    # the ledger a client sees is the ledger's events about the floor and the round (a verifier's test reads are
+    # the verifier's own events, in the ledger file, attributed to no step)
     ledger = client.ledger()
-    on_disk = [e for e in Ledger(TASK, deployment.home).events() if e["kind"] not in ("loop_started", "loop_stopped")]
+    on_disk = [e for e in Ledger(TASK, deployment.home).events()
+               if e["kind"] not in ("loop_started", "loop_stopped", "test_read")]
+    assert any(e["kind"] == "test_read" for e in Ledger(TASK, deployment.home).events())
     assert [e["event_id"] for e in ledger] == [e["event_id"] for e in on_disk]
     assert {e["kind"] for e in ledger} >= {"null_arm", "holdout_read", "release_promoted", "hypothesis_registered",
                                            "lora_checkpoint_trained", "round_decided"}

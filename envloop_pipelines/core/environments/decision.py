@@ -64,8 +64,12 @@ class DecisionEnvironment:
             :meth:`evaluate` scores (aggregate scores of answers to every question).
         snapshot_id: the snapshot (default: the task's current one, pinned now).
         home: the EnvLoop home.
-        runner: the sandboxed verifier runner (default: the local sandbox).
+        runner: the sandboxed verifier runner of an open split (default: the local sandbox). Refused
+            on test and holdout: hidden labels go only to the verifier's own runner.
         sandboxed: score in a sandboxed worker (True) or in process (False).
+
+    Raises:
+        HiddenSplitQueryError: a ``runner`` on test or holdout.
     """
 
     def __init__(
@@ -80,6 +84,10 @@ class DecisionEnvironment:
     ) -> None:
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; allowed: {', '.join(SPLITS)}")
+        if split in HIDDEN_SPLITS and runner is not None:
+            raise HiddenSplitQueryError(
+                f"runner: {split} is scored only by the verifier's own runner (verify_task); a caller's runner "
+                f"or sandbox never receives hidden labels")
         snapshot = open_task(task, snapshot_id=snapshot_id, home=home)
         self.task, self.split, self.home = task, split, home
         self.snapshot_id = snapshot.snapshot_id
@@ -117,8 +125,10 @@ class DecisionEnvironment:
             answers: task id (:attr:`task_ids`) → answer (an option key, a mapping option →
                 probability, or a probability list). On test and holdout every question must have
                 a valid answer, or the verifier refuses the file.
-            holdout_slot: the ledger (its ``read_holdout_once``); required on ``holdout``.
-            release: the release whose one holdout read this is; required on ``holdout``.
+            holdout_slot: optional on ``holdout``: it must be the task home's own ledger (the verifier
+                reads the holdout in that ledger; any other slot is refused).
+            release: the release whose one holdout read this is; required on ``holdout``, and only the
+                release being published now is read.
             safety_families: families whose false-negative rate the report includes.
 
         Returns:
@@ -126,8 +136,9 @@ class DecisionEnvironment:
 
         Raises:
             ValueError: an answer names no question of the split or is malformed.
-            HiddenSplitQueryError: ``holdout`` without a slot and a release.
-            HoldoutAlreadyReadError: from the slot, when the release already read the holdout.
+            HiddenSplitQueryError: ``holdout`` without a release, or with a slot that is not the task's ledger.
+            HoldoutAlreadyReadError: from the ledger, when the release already read the holdout.
+            HoldoutSlotError: from the ledger, when ``release`` is not the release being published now.
         """
         by_id = {f"{r['record_id']}#{r['question_id']}": r for r in self._rows}
         rows = []

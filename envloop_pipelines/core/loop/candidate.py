@@ -98,7 +98,9 @@ def train_candidate(config: LoopConfig, hypothesis: RegisteredHypothesis, snapsh
     task = open_task(config.task, home=envloop_home(config.home))
     require_same_benchmark(registered.benchmark_version, task.benchmark_version)
     champ = champion(config)
-    recipe = config.load_recipe().replace(**recipe_diff(registered.change), seed=registered.seeds[0])
+    # The hypothesis's seed, or after a gate amendment the fresh seed it requires (rule 3).
+    seed = Ledger(config.task, config.home).candidate_seeds(key)[0]
+    recipe = config.load_recipe().replace(**recipe_diff(registered.change), seed=seed)
     run = child_run(tracker, config, key, KIND_TRAINING, {**(run_tags or {}), TAG_HYPOTHESIS: registered.hash})
     tracker.log_params(run.run_id, {**{f"recipe.{k}": v for k, v in recipe_to_dict(recipe).items()},
                                     "snapshot_sha256": snapshot.sha256, "init_from": champ["checkpoint_sha256"],

@@ -146,7 +146,9 @@ def render_card(card: Mapping[str, Any]) -> str:
     if power and power.get("mde") is not None:
         lines.append(f"- power: predicted {_fmt(card.get('predicted_delta'))} on {power.get('metric')}; minimum "
                      f"detectable effect {_fmt(power['mde'])} at {power.get('power', 0.8):.0%} power (se "
-                     f"{_fmt(power.get('se'))})" + ("; **underpowered**" if power.get("underpowered") else ""))
+                     f"{_fmt(power.get('se'))}" + (f", bar {_fmt(power['bar'])}" if power.get("bar") is not None
+                                                   else "")
+                     + ")" + ("; **underpowered**" if power.get("underpowered") else ""))
     for a in card.get("amendments") or []:
         lines.append(f"- amendment: `{json.dumps(a['amended_gate'])}` (original `{json.dumps(a['original_gate'])}`), reason: {a['reason']}")
     if card.get("guards"):

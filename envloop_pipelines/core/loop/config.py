@@ -68,8 +68,8 @@ class LoopConfig:
     generator: str = field(default="builtin_targeted", metadata=_help(
         "Environment generator: builtin_targeted | label_preserving_variants | module:attribute."))
     safety_families: tuple[str, ...] = field(default=("needs_approval",), metadata=_help(
-        "Families whose false-negative rate is guarded (comma-separated); their answers defer to a person "
-        "below a threshold fitted on val for safety_fnr_target."))
+        "Families whose false-negative rate is guarded (comma-separated), added to the task's declared ones "
+        "(never fewer); their answers defer to a person below a threshold fitted on val for safety_fnr_target."))
     safety_fnr_target: float = field(default=0.10, metadata=_help(
         "Val false-negative rate a safety family's automation threshold is fitted for (in [0, 1))."))
     contamination_policy: str = field(default="remove", metadata=_help(
@@ -92,7 +92,14 @@ class LoopConfig:
             raise ValueError(f"n_synthesized must be ≥ 0, got {self.n_synthesized}")
         if not isinstance(self.recipe_overrides, Mapping):
             raise ValueError(f"recipe_overrides must be a mapping of recipe fields, got {self.recipe_overrides!r}")
-        object.__setattr__(self, "safety_families", tuple(self.safety_families))
+        given = (self.safety_families,) if isinstance(self.safety_families, str) else tuple(self.safety_families)
+        bad = [f for f in given if not isinstance(f, str) or not f.strip()]
+        if bad:
+            raise ValueError(f"safety_families: each must be a family name, got {bad!r}")
+        # A run may add guarded families, never drop the task's declared ones (the guard is not switched off
+        # by an empty list, ENVLOOP_SAFETY_FAMILIES="," or a launchpad config).
+        declared = declared_safety_families(self.task, self.home)
+        object.__setattr__(self, "safety_families", tuple(dict.fromkeys((*declared, *(f.strip() for f in given)))))
 
     def load_recipe(self) -> Any:
         """The loop's recipe: the file with the loop's ``recipe_overrides`` (validated)."""
@@ -134,6 +141,25 @@ class LoopConfig:
             if isinstance(data.get(name), str):
                 data[name] = parse_setting(name, data[name] or ("{}" if name == "recipe_overrides" else ""))
         return cls(**data)
+
+
+def declared_safety_families(task: str, home: str | None = None) -> tuple[str, ...]:
+    """The safety families a task declares; a loop's ``safety_families`` always include them.
+
+    A snapshot's manifest may declare them (``extra.safety_families``); the built-in benchmark declares
+    ``core.benchmark.SAFETY_FAMILIES`` (``needs_approval``), also before it is generated; a task that
+    declares none has none.
+    """
+    from envloop_pipelines.core.benchmark.generator import BENCHMARK_NAME, SAFETY_FAMILIES
+    from envloop_pipelines.core.data.snapshots import open_task
+
+    try:
+        extra = open_task(task, home=home).manifest.extra
+    except (FileNotFoundError, ValueError):
+        return tuple(SAFETY_FAMILIES) if task == BENCHMARK_NAME else ()
+    if extra.get("safety_families") is not None:
+        return tuple(extra["safety_families"])
+    return tuple(SAFETY_FAMILIES) if (extra.get("generator") or {}).get("name") == BENCHMARK_NAME else ()
 
 
 def loop_fields() -> tuple[dataclasses.Field, ...]:
@@ -206,5 +232,5 @@ def parse_setting(name: str, raw: str, *, label: str | None = None) -> Any:
     return raw
 
 
-__all__ = ["ENV_PREFIX", "LoopConfig", "env_name", "field_default", "field_type", "loop_fields",
+__all__ = ["ENV_PREFIX", "LoopConfig", "declared_safety_families", "env_name", "field_default", "field_type", "loop_fields",
            "parse_setting", "round_key", "round_number", "settings_from_env"]

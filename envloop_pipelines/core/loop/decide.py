@@ -19,9 +19,10 @@ from envloop_pipelines.core.loop.ledger import (
     EVENT_HYPOTHESIS_REFUTED,
     EVENT_ROUND_DECIDED,
     Ledger,
+    LedgerError,
 )
 from envloop_pipelines.core.loop.config import LoopConfig
-from envloop_pipelines.core.loop.promotion import decide_promotion
+from envloop_pipelines.core.loop.promotion import PromotionDecision, decide_promotion
 from envloop_pipelines.core.loop.release import champion, publish_release, tfidf_baseline
 from envloop_pipelines.core.loop.results import (
     MeasuredNoiseFloor,
@@ -49,12 +50,17 @@ def decide_round(config: LoopConfig, hypothesis: RegisteredHypothesis, snapshot:
     ledger = Ledger(config.task, config.home)
     registered = ledger.require_hypothesis(key)
     gate = ledger.effective_gate(key)
+    ledger.require_fresh_seed(key, candidate.seed)  # after an amendment: a candidate on fresh seeds only
     champ = champion(config)
     require_same_benchmark(reeval.benchmark_version, registered.benchmark_version, champ["benchmark_version"],
                            noise_floor.benchmark_version)
+    mismatch = floor_recipe_error(noise_floor, registered.recipe_hash, champ)
+    if mismatch:
+        raise FloorRecipeError(f"round {key}: no decision: {mismatch}")  # before anything is written
     delta = reeval.delta(gate.primary_metric)
     verdict = decide_promotion(gate, delta, noise_floor.floor, reeval.candidate, reeval.champion,
                                config.safety_families, paired=reeval.paired)
+    verdict = PromotionDecision(verdict.promote, verdict.reasons, {**verdict.checks, **power_checks(registered, delta)})
     decision = RoundDecision.of(key, verdict, delta=delta, noise_floor=noise_floor.floor.floor, hypothesis=registered,
                                 gate=gate)
     if verdict.promote:
@@ -96,10 +102,44 @@ def decide_round(config: LoopConfig, hypothesis: RegisteredHypothesis, snapshot:
     return decision
 
 
+class FloorRecipeError(LedgerError):
+    """The noise floor handed to a decision measures another recipe than the candidate's parent."""
+
+
+def floor_recipe_error(noise_floor: MeasuredNoiseFloor, round_recipe_hash: str,
+                       champ: Mapping[str, Any]) -> str | None:
+    """Why ``noise_floor`` cannot gate this round, or ``None`` when it can.
+
+    The floor's arms are seeds of one recipe (``noise_floor.recipe_hash``); its spread and seed bound say
+    how far that recipe's seeds land apart and where the champion, a descendant of its control arm, sits.
+    They gate a round only when the champion (the candidate's parent, its release card's ``recipe_hash``)
+    and the round (the recipe its candidate is trained with, ``hypothesis.recipe_hash``) are that recipe.
+    """
+    floor_hash = noise_floor.recipe_hash
+    parent = champ.get("recipe_hash")
+    if parent is not None and parent != floor_hash:
+        return (f"noise_floor.recipe_hash {str(floor_hash)[:16]} is not the recipe of the candidate's parent "
+                f"(release {champ.get('release')}, recipe_hash {str(parent)[:16]}): the floor measures another "
+                f"recipe's seed noise; measure the floor with the champion's recipe (recipe, recipe_overrides)")
+    if round_recipe_hash != floor_hash:
+        return (f"noise_floor.recipe_hash {str(floor_hash)[:16]} is not the round's recipe (hypothesis.recipe_hash "
+                f"{str(round_recipe_hash)[:16]}): the round ran with another recipe or recipe_overrides "
+                f"than the floor was measured with; run it with the floor's")
+    return None
+
+
+def power_checks(registered: Any, delta: Mapping[str, Any]) -> dict[str, Any]:
+    """The registered MDE beside the round's own CI half-width (printed on the round's line)."""
+    power = registered.power or {}
+    low, high = delta.get("ci_low"), delta.get("ci_high")
+    half = (float(high) - float(low)) / 2 if isinstance(low, (int, float)) and isinstance(high, (int, float)) else None
+    return {"mde": power.get("mde"), "mde_se": power.get("se"), "ci_half_width": half}
+
+
 def _with_release(decision: RoundDecision, release: int, model_version: str) -> RoundDecision:
     from dataclasses import replace
 
     return replace(decision, release=release, model_version=model_version)
 
 
-__all__ = ["PROMOTION_DECISION", "decide_round"]
+__all__ = ["PROMOTION_DECISION", "FloorRecipeError", "decide_round", "floor_recipe_error", "power_checks"]

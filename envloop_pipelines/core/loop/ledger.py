@@ -4,9 +4,12 @@ Rules enforced here (``docs/rsi-rules.md``):
 
 1. A hypothesis is written before training, hashed and immutable: the file is
    write-once, a second registration with other content is refused.
-2. A gate, registered or amended, is never looser than the measured noise floor and a paired
-   CI above zero (:meth:`Gate.require_not_loose`).
-3. A gate moves only as a recorded amendment, shown beside the original.
+2. A gate, registered or amended, is in every field only stricter than the default: the metric's
+   own direction, the measured noise floor, a paired CI above zero, guards at most their defaults
+   (:func:`gate_value_errors`, :meth:`Gate.require_not_loose`).
+3. A gate moves only as a recorded amendment (:meth:`Ledger.amend_gate`, a reason, a ``gate_amended``
+   event with the file's sha256), shown beside the original, passed on fresh seeds; every read of a
+   hypothesis or an amendment is checked against its ledger event.
 4. The holdout is read once per release: the read is a write-once marker.
 5. Every arm, hypothesis and rejected candidate stays with its numbers.
 6. Release cards are never rewritten; corrections are appended as errata.
@@ -24,6 +27,7 @@ Layout under ``<home>/loops/<task>/``::
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -47,9 +51,11 @@ EVENT_ROUND_FAILED = "round_failed"
 EVENT_HOLDOUT_READ = "holdout_read"
 EVENT_RELEASE_PROMOTED = "release_promoted"
 EVENT_ERRATUM = "erratum"
+EVENT_TEST_READ = "test_read"
 EVENT_KINDS = (EVENT_LOOP_STARTED, EVENT_LOOP_STOPPED, EVENT_NULL_ARM, EVENT_HYPOTHESIS_REGISTERED,
                EVENT_HYPOTHESIS_REFUTED, EVENT_GATE_AMENDED, EVENT_CHECKPOINT_TRAINED, EVENT_CANDIDATE_REJECTED,
-               EVENT_ROUND_DECIDED, EVENT_ROUND_FAILED, EVENT_HOLDOUT_READ, EVENT_RELEASE_PROMOTED, EVENT_ERRATUM)
+               EVENT_ROUND_DECIDED, EVENT_ROUND_FAILED, EVENT_HOLDOUT_READ, EVENT_RELEASE_PROMOTED, EVENT_ERRATUM,
+               EVENT_TEST_READ)
 #: Kinds written by earlier versions, read under their current name (the line on disk is never rewritten).
 LEGACY_EVENT_KINDS = {"arm_trained": EVENT_CHECKPOINT_TRAINED}
 
@@ -66,8 +72,16 @@ class HoldoutAlreadyReadError(LedgerError):
     """A second holdout read for the same release."""
 
 
+class HoldoutSlotError(LedgerError):
+    """A holdout read for a release other than the one being published now (the next release number)."""
+
+
 class ReleaseCardExistsError(LedgerError):
     """A release card would be rewritten."""
+
+
+class HypothesisRefusedError(LedgerError, ValueError):
+    """A hypothesis with an invalid field (its change, predicted delta or seeds); nothing is written."""
 
 
 class GateTooLooseError(LedgerError, ValueError):
@@ -109,18 +123,13 @@ class Gate:
     def loosening(self) -> list[str]:
         """Why this gate is looser than rule 2 allows, one message per field (empty when it is not).
 
-        A gate may be stricter than the default (a larger ``floor_multiplier`` or ``min_delta``),
-        never looser than the measured floor and a paired CI above zero. Gates registered before
-        this rule still load (the ledger is never rewritten); they are refused only when written.
+        Every field may only be stricter than the default (:func:`gate_value_errors`): the direction is
+        the primary metric's own, ``min_delta`` ≥ 0, ``floor_multiplier`` ≥ 1, ``require_ci_above_zero``
+        true, each guard tolerance at most its default; NaN, infinities and non-numbers are refused.
+        Gates registered before this rule still load (the ledger is never rewritten); they are refused
+        only when written, and the decision applies the defaults in their place.
         """
-        errors = []
-        if not self.floor_multiplier >= MIN_FLOOR_MULTIPLIER:
-            errors.append(f"gate.floor_multiplier: must be at least {MIN_FLOOR_MULTIPLIER:g} (got {self.floor_multiplier:g}); "
-                          f"a hypothesis may make its gate stricter, never looser than the measured noise floor")
-        if self.require_ci_above_zero is not True:
-            errors.append(f"gate.require_ci_above_zero: must be true (got {json.dumps(self.require_ci_above_zero, default=str)}); "
-                          f"every promotion needs the paired CI's lower end above zero")
-        return errors
+        return gate_value_errors(asdict(self))
 
     def require_not_loose(self, what: str) -> "Gate":
         """Return the gate, or raise :class:`GateTooLooseError` naming each loosened field."""
@@ -130,19 +139,145 @@ class Gate:
         return self
 
 
+#: The direction in which each metric improves: a gate's direction is its metric's own, never settable
+#: the other way (a "decrease" gate on an accuracy would promote a worse candidate).
+METRIC_DIRECTIONS = {"family_macro_accuracy": "increase", "accuracy": "increase", "macro_accuracy": "increase",
+                     "pass_at_1": "increase", "nll": "decrease", "brier": "decrease", "ece": "decrease"}
+#: Guard tolerances: a gate may set each one lower (stricter) than its default, never higher.
+GUARD_FIELDS = ("max_ece", "max_safety_fnr_increase", "family_drop_tolerance")
+
+
+def metric_direction(metric: str) -> str | None:
+    """The direction in which ``metric`` improves (``None`` for a metric this loop does not know)."""
+    return METRIC_DIRECTIONS.get(metric)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def gate_value_errors(values: Mapping[str, Any]) -> list[str]:
+    """Each field of a gate that is looser than the default, or not a finite number, one message per field.
+
+    Rule 2, "stricter, never looser", field by field: ``direction`` must be the primary metric's own
+    (:data:`METRIC_DIRECTIONS`), ``min_delta`` ≥ 0, ``floor_multiplier`` ≥ 1, ``require_ci_above_zero``
+    true, ``max_ece``, ``max_safety_fnr_increase`` and ``family_drop_tolerance`` between 0 and their
+    defaults (a guard at 1.0 is a guard switched off); NaN and infinities are refused. The one check every
+    door calls (through :func:`gate_errors`, :meth:`Gate.require_not_loose`).
+    """
+    defaults = Gate.__dataclass_fields__
+    errors: list[str] = []
+    metric = values.get("primary_metric", defaults["primary_metric"].default)
+    if not isinstance(metric, str):
+        errors.append(f"gate.primary_metric: must be a metric name (text), got {json.dumps(metric, default=str)}")
+        metric = None
+    direction = values.get("direction", defaults["direction"].default)
+    own = metric_direction(metric) if metric else None
+    if metric and own is None:
+        errors.append(f"gate.primary_metric: {metric!r} has no known direction (known: "
+                      f"{', '.join(sorted(METRIC_DIRECTIONS))})")
+    elif own is not None and direction != own:
+        errors.append(f"gate.direction: {metric} improves when it {own}s; a gate may not reverse it "
+                      f"(got {json.dumps(direction, default=str)}); leave direction out")
+    for name, low, high in (("min_delta", 0.0, None), ("floor_multiplier", MIN_FLOOR_MULTIPLIER, None),
+                            *((g, 0.0, defaults[g].default) for g in GUARD_FIELDS)):
+        value = values.get(name, defaults[name].default)
+        if not _is_number(value):
+            errors.append(f"gate.{name}: must be a number, got {json.dumps(value, default=str)}")
+        elif not math.isfinite(value):
+            errors.append(f"gate.{name}: must be a finite number, got {value}")
+        elif name == "floor_multiplier" and value < low:
+            errors.append(f"gate.floor_multiplier: must be at least {MIN_FLOOR_MULTIPLIER:g} (got {value:g}); "
+                          f"a hypothesis may make its gate stricter, never looser than the measured noise floor")
+        elif value < low:
+            errors.append(f"gate.{name}: must be ≥ {low:g}, got {value:g}")
+        elif high is not None and value > high:
+            errors.append(f"gate.{name}: must be at most the default {high:g} (got {value:g}); a guard may be "
+                          f"made stricter, never looser")
+    if values.get("require_ci_above_zero", True) is not True:
+        errors.append(f"gate.require_ci_above_zero: must be true (got "
+                      f"{json.dumps(values.get('require_ci_above_zero'), default=str)}); every promotion needs the "
+                      f"paired CI's lower end above zero")
+    return errors
+
+
 def gate_errors(raw: Any) -> list[str]:
-    """What is wrong with a proposal's ``gate`` object, before any compute: unknown fields, bad values, loosening."""
+    """What is wrong with a gate, before any compute: unknown fields, bad values, anything looser than the default.
+
+    Every door checks a gate here (a hypothesis file, the SDK, the launchpad, ``Ledger.register_hypothesis``,
+    ``Ledger.amend_gate``); each message names the field.
+    """
+    if isinstance(raw, Gate):
+        raw = asdict(raw)
     if not isinstance(raw, Mapping):
         return ["gate: must be an object"]
     allowed = [f.name for f in fields(Gate)]
     unknown = [f"gate: unknown field {k!r} (allowed: {', '.join(allowed)})" for k in raw if k not in allowed]
     if unknown:
         return unknown
-    try:
-        gate = Gate(**raw)
-    except (TypeError, ValueError) as exc:
-        return [str(exc)]
-    return gate.loosening()
+    return gate_value_errors(raw)
+
+
+#: What a hypothesis's ``change.kind`` may be: a person's proposal (``data``, ``recipe``), and the RL round's.
+PROPOSAL_CHANGE_KINDS = ("data", "recipe")
+CHANGE_KINDS = (*PROPOSAL_CHANGE_KINDS, "rl_from_verified_attempts")
+
+
+def recipe_diff_errors(diff: Any) -> list[str]:
+    """What is wrong with a hypothesis's ``change.recipe_diff``: keys against the recipe's fields, values
+    validated on the default recipe (the loop's recipe validates them again when the candidate trains)."""
+    from envloop_pipelines.core.model.recipe import Recipe, recipe_from_dict, recipe_to_dict
+
+    if not isinstance(diff, Mapping):
+        return [f"change.recipe_diff: must be an object of recipe fields, got {json.dumps(diff, default=str)}"]
+    allowed = sorted(f.name for f in fields(Recipe) if f.name != "seed")
+    errors = []
+    if "seed" in diff:
+        errors.append("change.recipe_diff.seed: the candidate's seed is the hypothesis's seeds, not a recipe change")
+    unknown = sorted(str(k) for k in diff if k not in allowed and k != "seed")
+    if unknown:
+        errors.append(f"change.recipe_diff: unknown recipe field(s) {', '.join(repr(k) for k in unknown)} "
+                      f"(allowed: {', '.join(allowed)})")
+    if not errors:
+        try:
+            recipe_from_dict({**recipe_to_dict(Recipe()), **diff})
+        except (TypeError, ValueError) as exc:
+            errors.append(f"change.recipe_diff: {exc}")
+    return errors
+
+
+def hypothesis_errors(*, change: Any, predicted_delta: Any, seeds: Any, gate: Any,
+                      kinds: tuple[str, ...] = CHANGE_KINDS, require_kind: bool = True) -> list[str]:
+    """Everything wrong with a hypothesis's values, each message naming its field; empty when it may be registered.
+
+    ``change`` a non-empty object whose ``kind`` is one of ``kinds`` (a ``recipe_diff`` with the recipe's
+    fields only, :func:`recipe_diff_errors`), ``predicted_delta`` a finite number, ``seeds`` a non-empty
+    list of distinct integers, ``gate`` no looser than the default (:func:`gate_errors`). Called by
+    ``steps.proposal_errors`` (every door: CLI, SDK, the launchpad) and by :meth:`Ledger.register_hypothesis`
+    (``require_kind=False``: a core caller's change may be empty, a kind it gives is still checked).
+    """
+    errors: list[str] = []
+    if not isinstance(change, Mapping):
+        errors.append(f"change: must be an object, got {json.dumps(change, default=str)}")
+    elif not change and require_kind:
+        errors.append(f"change: must not be empty; give change.kind ({' | '.join(kinds)})")
+    elif change:
+        kind = change.get("kind")
+        if kind not in kinds and (require_kind or "kind" in change):
+            errors.append(f"change.kind: must be one of {', '.join(kinds)}, got {json.dumps(kind, default=str)}")
+        if "recipe_diff" in change:
+            errors += recipe_diff_errors(change["recipe_diff"])
+        elif kind == "recipe" and "recipe_overrides" not in change:
+            errors.append("change.recipe_diff: a change of kind 'recipe' needs recipe_diff (an object of recipe fields)")
+    if not _is_number(predicted_delta) or not math.isfinite(predicted_delta):
+        errors.append(f"predicted_delta: must be a finite number, got {json.dumps(predicted_delta, default=str)}")
+    if (not isinstance(seeds, (list, tuple)) or not seeds
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in seeds)):
+        errors.append(f"seeds: must be a non-empty list of integers, got {json.dumps(seeds, default=str)}")
+    elif len(set(seeds)) != len(seeds):
+        errors.append(f"seeds: must be distinct, got {list(seeds)}")
+    errors += gate_errors(gate)
+    return errors
 
 
 @dataclass(frozen=True)
@@ -194,6 +329,14 @@ class Hypothesis:
         data["gate"] = Gate(**data["gate"])
         data["seeds"] = tuple(data["seeds"])
         return cls(**data)
+
+
+def _amendment_matches(event: Mapping[str, Any], name: str, payload: bytes, body: Mapping[str, Any]) -> bool:
+    """Whether a ``gate_amended`` event records this amendment file: its name and sha256 (events written before
+    the sha256 was recorded: the same content)."""
+    if "sha256" in event:
+        return event.get("file") == name and event["sha256"] == sha256_bytes(payload)
+    return all(event.get(k) == v for k, v in body.items())
 
 
 def _write_once(path: Path, payload: bytes) -> bool:
@@ -266,9 +409,13 @@ class Ledger:
     def register_hypothesis(self, hypothesis: Hypothesis) -> str:
         """Write the hypothesis once; re-registering the same content is a no-op.
 
+        The hypothesis is checked first (:func:`hypothesis_errors`: its change, predicted delta, seeds and
+        a gate no looser than the default), so nothing is written for one that is refused.
+
         Raises:
             HypothesisImmutableError: the round already has a different hypothesis.
-            GateTooLooseError: its gate is looser than the floor and a CI above zero (rule 2).
+            GateTooLooseError: its gate is looser than the default in any field (rule 2).
+            HypothesisRefusedError: another field is invalid (each named).
         """
         path = self.hypothesis_path(hypothesis.round)
         if path.exists():
@@ -278,19 +425,38 @@ class Ledger:
                     f"round {hypothesis.round} already registered hypothesis {existing.hash[:12]}; "
                     f"a registered hypothesis is immutable (record an amendment instead)"
                 )
+            if self._registered_event(hypothesis.round) is None:  # a crash between the file and its event
+                self._append_registered(hypothesis)
             return existing.hash
-        hypothesis.gate.require_not_loose(f"round {hypothesis.round}: hypothesis")  # rule 2, for every caller
+        errors = hypothesis_errors(change=hypothesis.change, predicted_delta=hypothesis.predicted_delta,
+                                   seeds=list(hypothesis.seeds), gate=hypothesis.gate,
+                                   require_kind=False)  # for every caller
+        if errors:
+            what = f"round {hypothesis.round}: hypothesis refused: " + "; ".join(errors)
+            raise (GateTooLooseError if any(e.startswith("gate") for e in errors) else HypothesisRefusedError)(what)
         body = {**hypothesis.to_dict(), "hash": hypothesis.hash}
         atomic_write_bytes(path, (json.dumps(body, sort_keys=True, indent=2, ensure_ascii=False) + "\n").encode())
-        power = hypothesis.power or {}
-        self.append(EVENT_HYPOTHESIS_REGISTERED, {"round": hypothesis.round, "hash": hypothesis.hash,
-                                              "predicted_delta": hypothesis.predicted_delta,
-                                              "mde": power.get("mde"), "underpowered": hypothesis.underpowered,
-                                              "change": dict(hypothesis.change)},
-                    key=f"hypothesis:{hypothesis.round}")
+        self._append_registered(hypothesis)
         return hypothesis.hash
 
+    def _append_registered(self, hypothesis: Hypothesis) -> None:
+        power = hypothesis.power or {}
+        self.append(EVENT_HYPOTHESIS_REGISTERED, {"round": hypothesis.round, "hash": hypothesis.hash,
+                                                  "predicted_delta": hypothesis.predicted_delta,
+                                                  "mde": power.get("mde"), "underpowered": hypothesis.underpowered,
+                                                  "change": dict(hypothesis.change)},
+                    key=f"hypothesis:{hypothesis.round}")
+
+    def _registered_event(self, round_key: str) -> dict[str, Any] | None:
+        return next((e for e in self.events(EVENT_HYPOTHESIS_REGISTERED) if e.get("round") == round_key), None)
+
     def hypothesis(self, round_key: str) -> Hypothesis | None:
+        """The round's registered hypothesis, or ``None``; every read checks it against its ledger event.
+
+        Raises:
+            HypothesisImmutableError: the file's content does not hash to the hash its ``hypothesis_registered``
+                event recorded (an edited file, even with its ``hash`` field recomputed), or it has no event.
+        """
         path = self.hypothesis_path(round_key)
         if not path.exists():
             return None
@@ -298,6 +464,15 @@ class Ledger:
         hyp = Hypothesis.from_dict(raw)
         if hyp.hash != raw.get("hash"):
             raise HypothesisImmutableError(f"{path}: content no longer matches its registered hash")
+        event = self._registered_event(round_key)
+        if event is None:
+            raise HypothesisImmutableError(f"{path}: no {EVENT_HYPOTHESIS_REGISTERED} event for round {round_key} in "
+                                           f"{self.events_path}; a hypothesis is registered only through "
+                                           f"Ledger.register_hypothesis")
+        if event.get("hash") != hyp.hash:
+            raise HypothesisImmutableError(f"{path}: content hash {hyp.hash[:12]} is not the one registered in the "
+                                           f"ledger ({str(event.get('hash'))[:12]}); the file was changed after "
+                                           f"registration")
         return hyp
 
     def require_hypothesis(self, round_key: str) -> Hypothesis:
@@ -309,27 +484,113 @@ class Ledger:
             )
         return hyp
 
-    def amend_gate(self, round_key: str, new_gate: Gate, reason: str) -> dict[str, Any]:
-        """Record a gate amendment (shown beside the original on the card).
+    def amend_gate(self, round_key: str, new_gate: Gate, reason: str, *,
+                   seeds: tuple[int, ...] | list[int] | None = None) -> dict[str, Any]:
+        """Record a gate amendment (shown beside the original on the card), with the fresh seeds it requires.
+
+        The candidate must then pass on seeds not used before the amendment (rule 3): ``seeds`` (default:
+        one seed above every seed used so far) must not be any of the hypothesis's, an earlier amendment's
+        or a trained checkpoint's of this round; training then uses them (:meth:`candidate_seeds`) and the
+        decision refuses a candidate trained on another (:meth:`require_fresh_seed`). The file and a
+        ``gate_amended`` event carrying its sha256 are written; an amendment file without its event is
+        refused on every read (:meth:`amendments`).
 
         Raises:
-            LedgerError: no reason is given.
-            GateTooLooseError: the amended gate is looser than the floor and a CI above zero (rule 2);
-                guards (``max_ece``, ...) and ``min_delta`` may move either way.
+            LedgerError: no reason, or seeds that were used before the amendment.
+            GateTooLooseError: the amended gate is looser than the default in any field (rule 2).
         """
-        if not reason.strip():
-            raise LedgerError("a gate amendment needs a reason")
-        new_gate.require_not_loose(f"round {round_key}: gate amendment")
+        if not isinstance(reason, str) or not reason.strip():
+            raise LedgerError("reason: a gate amendment needs a reason")
+        errors = gate_errors(new_gate)
+        if errors:
+            raise GateTooLooseError(f"round {round_key}: gate amendment refused: " + "; ".join(errors))
         original = self.require_hypothesis(round_key)
-        existing = sorted((self.root / "amendments").glob(f"{round_key}-*.json"))
+        existing = self.amendments(round_key)  # refuses a tampered folder before anything is added
+        used = sorted(self.used_seeds(round_key))
+        fresh = list(seeds) if seeds is not None else [max(used, default=0) + 1]
+        if (not fresh or not all(isinstance(x, int) and not isinstance(x, bool) for x in fresh)
+                or len(set(fresh)) != len(fresh)):
+            raise LedgerError(f"seeds: must be a non-empty list of distinct integers, got {seeds!r}")
+        stale = sorted(set(fresh) & set(used))
+        if stale:
+            raise LedgerError(f"seeds: {stale} were used before this amendment (used: {used}); an amended gate is "
+                              f"passed on fresh seeds only")
+        n = len(existing) + 1
+        name = f"{round_key}-{n}.json"
         body = {"round": round_key, "original_gate": asdict(original.gate), "amended_gate": asdict(new_gate),
-                "reason": reason, "hypothesis_hash": original.hash, "requires_fresh_seeds": True}
-        atomic_write_bytes(self.root / "amendments" / f"{round_key}-{len(existing) + 1}.json", canonical_json(body))
-        self.append(EVENT_GATE_AMENDED, body)
+                "reason": reason, "hypothesis_hash": original.hash, "requires_fresh_seeds": True,
+                "seeds": fresh, "used_seeds": used}
+        payload = canonical_json(body)
+        atomic_write_bytes(self.root / "amendments" / name, payload)
+        self.append(EVENT_GATE_AMENDED, {**body, "amendment": n, "file": name, "sha256": sha256_bytes(payload)})
         return body
 
+    def used_seeds(self, round_key: str) -> set[int]:
+        """Every seed of this round so far: the hypothesis's, its amendments', its trained checkpoints'."""
+        used = set(self.require_hypothesis(round_key).seeds)
+        for amendment in self.amendments(round_key):
+            used.update(amendment.get("seeds") or ())
+        for event in self.events(EVENT_CHECKPOINT_TRAINED):
+            if event.get("round") == round_key and isinstance(event.get("seed"), int):
+                used.add(event["seed"])
+        return used
+
+    def candidate_seeds(self, round_key: str) -> tuple[int, ...]:
+        """The seeds the round's candidate trains on: the latest amendment's fresh seeds, else the hypothesis's."""
+        for amendment in reversed(self.amendments(round_key)):
+            if amendment.get("seeds"):
+                return tuple(amendment["seeds"])
+        return self.require_hypothesis(round_key).seeds
+
+    def require_fresh_seed(self, round_key: str, seed: Any) -> None:
+        """Refuse a candidate trained on a seed used before the round's latest amendment (rule 3).
+
+        Raises:
+            LedgerError: naming the seed, the amendment and the seeds it requires.
+        """
+        amendments = self.amendments(round_key)
+        if not amendments:
+            return
+        latest = amendments[-1]
+        allowed = latest.get("seeds")
+        stale = (seed not in allowed) if allowed else (seed in self.require_hypothesis(round_key).seeds)
+        if stale:
+            wanted = allowed if allowed else "other than the hypothesis's"
+            raise LedgerError(f"round {round_key}: seed: the candidate was trained on seed {seed!r}, not on the fresh "
+                              f"seeds ({wanted}) its gate amendment {len(amendments)} requires (reason: "
+                              f"{latest.get('reason')!r}); train the candidate again (it uses Ledger.candidate_seeds)")
+
     def amendments(self, round_key: str) -> list[dict[str, Any]]:
-        return [json.loads(p.read_text()) for p in sorted((self.root / "amendments").glob(f"{round_key}-*.json"))]
+        """The round's gate amendments in numeric order (``-10`` after ``-9``), each checked against its event.
+
+        Raises:
+            LedgerError: a file in ``amendments/`` with no ``gate_amended`` event of the same content (one
+                dropped in or edited by hand), or an event whose file is gone; amendments are made only
+                through :meth:`amend_gate`.
+        """
+        folder = self.root / "amendments"
+        numbered = []
+        for path in folder.glob(f"{round_key}-*.json"):
+            suffix = path.stem[len(round_key) + 1:]
+            if not suffix.isdigit():
+                raise LedgerError(f"{path}: not an amendment of round {round_key} written by Ledger.amend_gate "
+                                  f"(expected {round_key}-<n>.json); remove it")
+            numbered.append((int(suffix), path))
+        numbered.sort()
+        events = [e for e in self.events(EVENT_GATE_AMENDED) if e.get("round") == round_key]
+        out = []
+        for n, path in numbered:
+            payload = path.read_bytes()
+            body = json.loads(payload)
+            if not any(_amendment_matches(e, path.name, payload, body) for e in events):
+                raise LedgerError(f"{path}: no {EVENT_GATE_AMENDED} event in {self.events_path} records this "
+                                  f"amendment's content; it was not made through Ledger.amend_gate (with a reason "
+                                  f"and an event) and is refused")
+            out.append(body)
+        if len(events) > len(out):
+            raise LedgerError(f"round {round_key}: {len(events)} {EVENT_GATE_AMENDED} events but {len(out)} "
+                              f"amendment files in {folder}; an amendment file was removed")
+        return out
 
     def effective_gate(self, round_key: str) -> Gate:
         """The latest amendment's gate, else the registered one (as written; the decision applies rule 2's floor)."""
@@ -354,33 +615,68 @@ class Ledger:
     def next_release_number(self) -> int:
         return len(list((self.root / "releases").glob("*/card.json"))) + 1
 
-    def read_holdout_once(self, release: int, read: Any) -> Any:
+    def read_holdout_once(self, release: int, read: Any, *, key: str | None = None) -> Any:
         """Call ``read()`` for the release's one holdout read and record it.
 
+        The slot opens only for the release being published now (:meth:`next_release_number`), so no
+        read is taken for a release that is published (it read its holdout) or further ahead (which
+        would block the real publish). ``key`` names what is read (the verifier passes the sha256 of
+        the predictions it scores): when a read for this release is already stored under the same key
+        and its card is not written yet (the process died between the read and the card), the stored
+        result is returned and nothing is read again; a read under another key is refused. Two
+        processes never read at once (an exclusive lock, released by the OS if its holder dies).
+
         Raises:
-            HoldoutAlreadyReadError: the release already consumed its holdout.
+            HoldoutAlreadyReadError: the release already consumed its holdout (its card is written, or
+                its read is stored under another key, or another process holds the slot now).
+            HoldoutSlotError: ``release`` is not the release being published now.
         """
-        marker = self.release_dir(release) / "holdout.json"
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
-        except FileExistsError:
+        import fcntl
+
+        if isinstance(release, bool) or not isinstance(release, int):
+            raise HoldoutSlotError(f"release: must be an integer release number, got {release!r}")
+        d = self.release_dir(release)
+        marker = d / "holdout.json"
+        if (d / "card.json").exists():
+            if marker.exists():
+                raise HoldoutAlreadyReadError(
+                    f"release {release} already read the holdout ({marker}); each release reads it once")
             raise HoldoutAlreadyReadError(
-                f"release {release} already read the holdout ({marker}); each release reads it once"
-            ) from None
+                f"release {release} is published ({d / 'card.json'}); a release reads the holdout only when it is "
+                f"published, once")
+        expected = self.next_release_number()
+        if release != expected:
+            raise HoldoutSlotError(
+                f"release {release}: the holdout is read only for the release being published now, release "
+                f"{expected} of task {self.task!r} (the release step reads it when it publishes)")
+        d.mkdir(parents=True, exist_ok=True)
+        fd = os.open(d / "holdout.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            result = read()
-            os.write(fd, canonical_json({"release": release, "at": time.time(), "result": result}))
-            os.fsync(fd)
-        except BaseException:
-            os.close(fd)
-            marker.unlink(missing_ok=True)  # a failed read did not consume the holdout
-            raise
-        os.close(fd)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise HoldoutAlreadyReadError(
+                    f"release {release}: another process is reading the holdout now; each release reads it once"
+                ) from None
+            if marker.exists():
+                stored = json.loads(marker.read_text(encoding="utf-8"))
+                if key is None or stored.get("key") != key:
+                    raise HoldoutAlreadyReadError(
+                        f"release {release} already read the holdout ({marker}) for other predictions; each "
+                        f"release reads it once")
+                result = stored["result"]  # the same read, stored before a crash: finish from it
+            else:
+                result = read()  # raises: nothing stored, the holdout is not consumed
+                atomic_write_bytes(marker, canonical_json({"release": release, "at": time.time(), "key": key,
+                                                           "result": result}))
+                marker.chmod(0o444)
+        finally:
+            os.close(fd)  # releases the lock
         self.append(EVENT_HOLDOUT_READ, {"release": release}, key=f"holdout:{release}")
         return result
 
     def holdout_result(self, release: int) -> Any:
+        """The stored result of the release's one holdout read, or None."""
         marker = self.release_dir(release) / "holdout.json"
         return json.loads(marker.read_text())["result"] if marker.exists() else None
 

@@ -35,12 +35,12 @@ back to the stricter point comparison, and says so.
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 from scipy import stats
 
-from envloop_pipelines.core.loop.ledger import MIN_FLOOR_MULTIPLIER, Gate
+from envloop_pipelines.core.loop.ledger import GUARD_FIELDS, MIN_FLOOR_MULTIPLIER, Gate, metric_direction
 from envloop_pipelines.core.metrics import DEFAULT_POWER, minimum_detectable_effect
 from envloop_pipelines.core.storage import canonical_json, sha256_bytes
 
@@ -121,33 +121,81 @@ def noise_floor_from_arms(key: str, metric: str, arm_metrics: Sequence[Mapping[s
                       family_floors=family_floors, arms=tuple(arms))
 
 
-def hypothesis_power(noise: Mapping[str, Any] | None, gate: Gate, predicted_delta: float) -> dict[str, Any]:
-    """The test's power for a hypothesis: the MDE of its primary metric at the measured noise.
+def applied_gate(gate: Gate) -> Gate:
+    """The gate as a decision applies it: never looser than the default, whatever was registered.
 
-    ``MDE = (z_{1−α/2} + z_{0.8}) · se`` (:func:`~envloop_pipelines.core.metrics.minimum_detectable_effect`),
-    with ``α`` the verifier's CI level and ``se`` the standard error of the paired delta measured between
-    null arms on the test split (``noise["deltas"][metric]["se"]``). The hypothesis is ``underpowered``
-    when its predicted effect, in the gate's direction, is below the MDE. The flag informs; it changes
-    no rule of the gate.
+    Defence in depth for gates written before every door checked them (rule 2): the direction is the
+    primary metric's own (:func:`~envloop_pipelines.core.loop.ledger.metric_direction`), each guard
+    tolerance at most its default, a NaN ``min_delta`` 0. The floor multiplier and the CI are applied
+    by the decision itself.
+    """
+    own = metric_direction(gate.primary_metric) or gate.direction
+    defaults = Gate()
+    caps = {name: min(getattr(gate, name), getattr(defaults, name)) if getattr(gate, name) == getattr(gate, name)
+            else getattr(defaults, name) for name in GUARD_FIELDS}  # NaN (x != x): the default
+    min_delta = gate.min_delta if gate.min_delta == gate.min_delta else 0.0
+    return replace(gate, direction=own, min_delta=min_delta, **caps)
+
+
+def gate_bar(gate: Gate, floor: NoiseFloor, champion_score: float | None = None) -> dict[str, Any]:
+    """The bar of :func:`decide_promotion` for ``gate`` over ``floor``, known before a candidate exists.
+
+    ``max(min_delta, floor_multiplier · floor, seed bound − champion_score)``: the seed part where the
+    champion's score on the floor's metric is known and the gate is on that metric. Returns the bar and
+    its parts (``{"bar", "min_delta", "noise_floor", "floor_multiplier", "seed_gap"}``).
+    """
+    gate = applied_gate(gate)
+    sign = 1.0 if gate.direction == "increase" else -1.0
+    multiplier = gate.floor_multiplier if gate.floor_multiplier >= MIN_FLOOR_MULTIPLIER else MIN_FLOOR_MULTIPLIER
+    seed_gap = None
+    if champion_score is not None and floor.metric == gate.primary_metric and len(floor.values) >= 2:
+        seed_gap = sign * (floor.seed_bound(gate.direction) - float(champion_score))
+    bar = max(gate.min_delta, multiplier * floor.floor, seed_gap if seed_gap is not None else 0.0)
+    return {"bar": bar, "min_delta": gate.min_delta, "noise_floor": floor.floor, "floor_multiplier": multiplier,
+            "seed_gap": seed_gap}
+
+
+def hypothesis_power(noise: Mapping[str, Any] | None, gate: Gate, predicted_delta: float,
+                     floor: NoiseFloor | None = None, champion_score: float | None = None) -> dict[str, Any]:
+    """The test's power for a hypothesis: the MDE of its primary metric at the noise a candidate shows.
+
+    ``MDE = max(bar, z_{1−α/2} · se) + z_{0.8} · se``
+    (:func:`~envloop_pipelines.core.metrics.minimum_detectable_effect`): the true effect a candidate needs
+    to be promoted 80% of the time, clearing both the bar (:func:`gate_bar`, from ``floor`` and the
+    champion's score) and its CI's lower end above zero. ``α`` is the verifier's CI level and ``se`` the
+    standard error of a *candidate-vs-champion* paired delta on test (``noise["deltas"][metric]["se"]``,
+    :func:`~envloop_pipelines.core.loop.steps.paired_noise`: earlier rounds' candidates and continuation
+    arms trained from the control arm, never null arms, whose seeds may nearly agree). The hypothesis is
+    ``underpowered`` when its predicted effect, in the gate's direction, is below the MDE. The flag
+    informs; it changes no rule of the gate.
 
     Args:
-        noise: the paired noise of the floor's null arms (``steps.paired_noise``), or ``None`` when it
-            could not be measured (then ``mde`` and ``underpowered`` are ``None``).
+        noise: the paired noise (``steps.paired_noise``), or ``None`` when it could not be measured (then
+            ``mde`` and ``underpowered`` are ``None`` and ``why_unmeasured`` says why).
         gate: the registered gate (its primary metric and direction).
         predicted_delta: the registered predicted delta.
+        floor: the noise floor the decision will apply (for the bar); ``None``: the bar is ``min_delta``.
+        champion_score: the champion's test score on the floor's metric (for the seed bound).
     """
+    gate = applied_gate(gate)
     effect = float(predicted_delta) if gate.direction == "increase" else -float(predicted_delta)
     out: dict[str, Any] = {"metric": gate.primary_metric, "predicted_effect": effect, "power": DEFAULT_POWER,
                            "mde": None, "underpowered": None}
     d = (noise or {}).get("deltas", {}).get(gate.primary_metric)
     if d is None or d.get("se") is None:
-        out["why_unmeasured"] = ("no paired noise of null arms on test for " + gate.primary_metric if noise
-                                 else "the noise floor's null arms have no test predictions to compare")
+        out["why_unmeasured"] = (f"no candidate-vs-champion paired se on test for {gate.primary_metric}" if noise
+                                 else "no earlier round's candidate and no continuation arm of the floor has test "
+                                      "predictions to pair with its champion")
         return out
+    bar = gate_bar(gate, floor, champion_score) if floor is not None else {"bar": max(gate.min_delta, 0.0)}
     level = float(d.get("confidence_level", 0.95))
-    mde = minimum_detectable_effect(float(d["se"]), confidence_level=level, power=DEFAULT_POWER)
-    out.update(se=float(d["se"]), mde=mde, confidence_level=level, underpowered=bool(effect < mde),
-               n_questions=d.get("n_questions"), n_clusters=d.get("n_clusters"), source=noise.get("source"))  # type: ignore[union-attr]
+    se = float(d["se"])
+    mde = minimum_detectable_effect(se, confidence_level=level, power=DEFAULT_POWER, bar=float(bar["bar"]))
+    out.update(se=se, mde=mde, bar=bar["bar"], bar_parts=bar, confidence_level=level,
+               ci_half_width=float(stats.norm.ppf(1 - (1 - level) / 2)) * se, underpowered=bool(effect < mde),
+               formula="mde = max(bar, z_(1-alpha/2) * se) + z_power * se",
+               n_questions=d.get("n_questions"), n_clusters=d.get("n_clusters"), n_pairs=d.get("n_pairs"),
+               source=(noise or {}).get("source"))
     return out
 
 
@@ -159,6 +207,41 @@ class PromotionDecision:
 
     def to_dict(self) -> dict[str, Any]:
         return {"promote": self.promote, "reasons": list(self.reasons), "checks": dict(self.checks)}
+
+
+def unreachable_bar(floor: NoiseFloor, champion_score: float, gate: Gate | None = None) -> str | None:
+    """Why no candidate can be promoted over this champion with this floor, or ``None`` when one can.
+
+    The bar (:func:`decide_promotion`: the largest of ``min_delta``, ``floor_multiplier`` × the floor and
+    the seed bound minus the champion's score) is compared with the most the floor's metric, a fraction
+    in [0, 1], can still move: ``1 − champion_score`` up (``direction`` increase), ``champion_score`` down.
+    A bar at or above it is out of reach of any candidate (small benchmarks and K = 2 null arms give such
+    floors: t(0.95, 1) = 6.31); the message says by how much and what lowers the bar.
+    """
+    gate = applied_gate(gate or Gate())
+    if gate.primary_metric != floor.metric:
+        return None
+    sign = 1.0 if gate.direction == "increase" else -1.0
+    multiplier = max(gate.floor_multiplier, MIN_FLOOR_MULTIPLIER)
+    seed_gap = sign * (floor.seed_bound(gate.direction) - float(champion_score)) if len(floor.values) >= 2 else 0.0
+    bar = max(gate.min_delta, multiplier * floor.floor, seed_gap)
+    headroom = 1.0 - float(champion_score) if sign > 0 else float(champion_score)
+    if bar < headroom:
+        return None
+    return (f"no candidate can be promoted: the bar {bar:.4f} (noise floor {floor.floor:.4f}, seed bound "
+            f"{floor.seed_bound(gate.direction):.4f} from {len(floor.values)} null arms) is at or above the most "
+            f"{floor.metric} can still gain over the champion's {float(champion_score):.4f} ({headroom:.4f}); "
+            f"measure the floor with more null arms (noise_arms) on a larger benchmark (builtin_users) or with "
+            f"more training steps")
+
+
+def champion_out_of_reach(task: str, home: Any, floor: NoiseFloor, gate: Gate | None = None) -> str | None:
+    """:func:`unreachable_bar` for the task's champion (its release card's test score); ``None`` without one."""
+    from envloop_pipelines.core.loop.ledger import Ledger
+
+    releases = Ledger(task, home).releases()
+    score = (releases[-1].get("test") or {}).get(floor.metric) if releases else None
+    return unreachable_bar(floor, float(score), gate) if isinstance(score, (int, float)) else None
 
 
 def decide_promotion(
@@ -192,7 +275,13 @@ def decide_promotion(
             descends from (the loop's floor: release 1 is its control arm); a floor whose arms are
             seeds of the *candidate's* recipe (the RL round's) passes ``False``: a bound on the
             candidate's own seeds says nothing about where the parent sits.
+
+    The metric decides the direction, not the gate: a gate whose ``direction`` reverses its metric's
+    own (one registered before every door refused it) is never promoted, and every guard is applied at
+    most at its default (:func:`applied_gate`).
     """
+    registered_direction = gate.direction
+    gate = applied_gate(gate)
     sign = 1.0 if gate.direction == "increase" else -1.0
     gain = sign * float(delta["delta"])
     ci_low = sign * float(delta["ci_low"]) if sign > 0 else -float(delta["ci_high"])
@@ -211,6 +300,10 @@ def decide_promotion(
                               "floor_multiplier": multiplier, "seed_bound": seed_bound, "seed_gap": seed_gap,
                               "seed_bound_level": SEED_BOUND_LEVEL, "ci_low": ci_low}
     reasons: list[str] = []
+    if registered_direction != gate.direction:
+        reasons.append(f"gate.direction {registered_direction!r} reverses {gate.primary_metric}'s own direction "
+                       f"({gate.direction}); the gain is measured in the metric's direction and no reversed gate "
+                       f"promotes")
     if floor.metric != gate.primary_metric:
         # The floor is in another metric's units: no bar in this one was measured, so nothing clears it.
         reasons.append(f"no noise floor on {gate.primary_metric}: the null arms measured {floor.metric}")

@@ -80,14 +80,21 @@ def holdout_metrics(config: LoopConfig, checkpoint: Path, snapshot: TaskSnapshot
     are scored in the same run as its baseline, so the classical figure costs no second read. ``tfidf``:
     the fitted baseline whose test column the card shows (default: :func:`tfidf_baseline` on train).
 
+    A retry after a crash between this read and the card finishes from the stored read (no second read).
+
     Raises:
         HoldoutAlreadyReadError: the release already read the holdout.
     """
     holdout = snapshot.table("holdout")
-    preds = write_predictions(out, checkpoint, holdout)
     tfidf = tfidf if tfidf is not None else tfidf_baseline(config, snapshot)
-    tfidf_preds = atomic_write_parquet(out.with_name(f"{out.stem}-tfidf.parquet"), tfidf.predict_table(holdout),
-                                       overwrite=True)
+    tfidf_out = out.with_name(f"{out.stem}-tfidf.parquet")
+    if ledger.holdout_result(release) is not None and out.exists() and tfidf_out.exists():
+        # A retry after a crash between the read and the card: the files the stored read scored, byte for byte,
+        # so the verifier gives that read back instead of refusing a second one.
+        preds, tfidf_preds = out, tfidf_out
+    else:
+        preds = write_predictions(out, checkpoint, holdout)
+        tfidf_preds = atomic_write_parquet(tfidf_out, tfidf.predict_table(holdout), overwrite=True)
     run = verify_predictions(config, "holdout", preds, baseline=tfidf_preds, holdout_slot=ledger, release=release,
                              checkpoint=checkpoint, baseline_safety_thresholds=tfidf.calibration.safety_thresholds)
     return HoldoutRead(metrics=dict(run.report.metrics), tfidf=dict(run.baseline_report.metrics),

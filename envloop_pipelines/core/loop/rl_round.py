@@ -542,8 +542,10 @@ def _publish(config: RlRoundConfig, ledger: Ledger, store: RoundStore, tracker: 
              verdict: PromotionDecision) -> RlRoundResult:
     key = result.round
     release = ledger.next_release_number()
+    # Keyed by the checkpoint: a retry after a crash between this read and the card finishes from the stored read.
     holdout = ledger.read_holdout_once(release, lambda: {"candidate": asdict(comparison.candidate),
-                                                         "parent": asdict(comparison.parent)})
+                                                         "parent": asdict(comparison.parent)},
+                                       key=f"checkpoint:{(result.candidate or {}).get('checkpoint_sha256')}")
     candidate = dict(result.candidate or {})
     card = {
         "round": key, "task": config.task, "kind": CHANGE_KIND, "dataset": f"{result.dataset}@{result.dataset_version}",

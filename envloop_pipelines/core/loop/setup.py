@@ -9,19 +9,20 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from envloop_pipelines.core.data.snapshots import TaskSnapshot, open_task
 from envloop_pipelines.core.loop.cards import benchmark_limitations
 from envloop_pipelines.core.loop.config import LoopConfig
-from envloop_pipelines.core.loop.ledger import EVENT_NULL_ARM, Ledger, LedgerError
+from envloop_pipelines.core.loop.ledger import EVENT_CHECKPOINT_TRAINED, EVENT_NULL_ARM, Ledger, LedgerError
 from envloop_pipelines.core.loop.promotion import check_arm_identity, noise_floor_from_arms
 from envloop_pipelines.core.loop.release import publish_release, tfidf_baseline
-from envloop_pipelines.core.loop.results import Benchmark, MeasuredNoiseFloor
+from envloop_pipelines.core.loop.results import Benchmark, MeasuredNoiseFloor, TrainingSnapshot
 from envloop_pipelines.core.storage import envloop_home
 from envloop_pipelines.core.loop.runs import verify_predictions, write_predictions
 from envloop_pipelines.core.loop.store import RoundStore
-from envloop_pipelines.core.loop.candidate import train_into_store
+from envloop_pipelines.core.loop.candidate import snapshot_rows, train_into_store
 from envloop_pipelines.core.storage import atomic_write_json, atomic_write_parquet, canonical_json, sha256_bytes
 from envloop_pipelines.core.tracking import (
     KIND_NOISE_FLOOR,
@@ -32,6 +33,13 @@ from envloop_pipelines.core.tracking import (
 )
 
 PRIMARY_METRIC = "family_macro_accuracy"
+
+#: Continuation arms the floor's measurement trains by default (``measure_noise_floor``): one costs a
+#: candidate's training (~100 s at the demo's 24 steps on 2 cores).
+CONTINUATION_ARMS = 1
+#: Seeds of the continuation arms start here (the null arms use the recipe's seed, +1, +2, ...; candidates
+#: the recipe's seed + 1000 + the round's number).
+CONTINUATION_SEED_OFFSET = 5_000
 
 
 def ensure_task_benchmark(config: LoopConfig) -> Benchmark:
@@ -59,17 +67,28 @@ def _benchmark(task: str, snapshot: TaskSnapshot) -> Benchmark:
 
 
 def noise_floor_key(benchmark_version: str, config: LoopConfig) -> str:
-    """The cache key of a floor: benchmark version, the loop's recipe hash, K."""
+    """The cache key of a floor: benchmark version, the loop's recipe hash, K, and how its data was checked.
+
+    The arms train on the task's train rows after the contamination check (``base_training_snapshot``),
+    a function of the benchmark, the check's thresholds and the policy; a floor measured on other data
+    (an unchecked train split, before rule 7 covered the arms) is not reused.
+    """
+    from envloop_pipelines.core.loop.contamination import ContaminationConfig
+
+    data = {"train": "contamination-checked", "policy": config.contamination_policy,
+            "check": dict(ContaminationConfig().__dict__)}
     return sha256_bytes(canonical_json({"benchmark": benchmark_version, "recipe": config.recipe_hash(),
-                                        "arms": config.noise_arms}))[:16]
+                                        "arms": config.noise_arms, "data": data}))[:16]
 
 
-def measure_noise_floor(config: LoopConfig, tracker: Tracker, *,
-                        run_tags: Mapping[str, str] | None = None) -> MeasuredNoiseFloor:
+def measure_noise_floor(config: LoopConfig, tracker: Tracker, *, run_tags: Mapping[str, str] | None = None,
+                        continuation_arms: int = CONTINUATION_ARMS) -> MeasuredNoiseFloor:
     """K null arms of the loop's recipe on the base data, scored on test by the verifier.
 
     Cached per (benchmark version, recipe, K). When the loop has no champion
-    yet, the control arm (the recipe's own seed) becomes release 1.
+    yet, the control arm (the recipe's own seed) becomes release 1. Then
+    ``continuation_arms`` arms are trained from the control arm as a candidate is from its champion
+    (:func:`measure_continuation_arms`): the first rounds' minimum detectable effect comes from them.
     """
     snapshot = _open_or_generate(config)
     store = RoundStore(config.task, config.home)
@@ -82,7 +101,59 @@ def measure_noise_floor(config: LoopConfig, tracker: Tracker, *,
         atomic_write_json(cache, result.to_dict(), overwrite=True)
     if not Ledger(config.task, config.home).releases():
         _release_control_arm(config, tracker, result, snapshot, store, run_tags)
+    measure_continuation_arms(config, result, snapshot, store, n=continuation_arms)
     return result
+
+
+
+def continuation_path(store: RoundStore, noise_key: str) -> Path:
+    """Where a floor's continuation arms are listed: ``noise/<key>.continuation.json``."""
+    return store.noise / f"{noise_key}.continuation.json"
+
+
+def measure_continuation_arms(config: LoopConfig, measured: MeasuredNoiseFloor, snapshot: TaskSnapshot,
+                              store: RoundStore, *, n: int = CONTINUATION_ARMS) -> list[dict[str, Any]]:
+    """Train ``n`` continuation arms from the floor's control arm, as a round's candidate is trained from its champion.
+
+    A null arm pair says how far two seeds trained *from the base model* land apart; a candidate is trained
+    *from the champion*, and how far that moves it is what a round's paired test sees (issue 23: with the
+    demo's hybrid readout the null arms nearly agree, se 0.0027, while a round's paired se is ~0.017). A
+    continuation arm is the loop's recipe (the same step budget), a fresh seed, trained from the control
+    arm (release 1) on the arms' checked training data, with no new rows: a candidate of round 1 with no
+    change. Its paired se against the control on test (``steps.paired_noise``) is the first rounds' noise.
+    Listed in ``noise/<key>.continuation.json`` with their test predictions (not an MLflow run of its own:
+    the hypotheses whose MDE it sizes name it); trained once per floor.
+    """
+    from envloop_pipelines.core.model.recipe import recipe_to_dict
+
+    path = continuation_path(store, measured.floor.key)
+    listed = json.loads(path.read_text(encoding="utf-8"))["arms"] if path.is_file() else []
+    if len(listed) >= n or not measured.floor.arms:
+        return listed
+    control = measured.floor.arms[0]
+    data = base_training_snapshot(config, snapshot)
+    recipe = config.load_recipe()
+    val, test = snapshot.table("val"), snapshot.table("test")
+    train = snapshot_rows(data)
+    arms = list(listed)
+    for i in range(len(listed), n):
+        arm = recipe.replace(seed=recipe.seed + CONTINUATION_SEED_OFFSET + i)
+        started = time.perf_counter()
+        ckpt = train_into_store(store, train, val, arm, data_hash=data.sha256, init_from=Path(control["checkpoint"]),
+                                safety_families=config.safety_families, safety_fnr_target=config.safety_fnr_target)
+        preds = write_predictions(store.noise / measured.floor.key / f"continuation-seed{arm.seed}-test.parquet", ckpt,
+                                  test, home=envloop_home(config.home))
+        arms.append({"seed": arm.seed, "init_from": control["checkpoint_sha256"], "init_seed": control.get("seed"),
+                     "max_steps": recipe_to_dict(arm).get("max_steps"),
+                     "checkpoint": str(ckpt), "checkpoint_sha256": ckpt.name, "training_snapshot": data.sha256,
+                     "test_predictions": str(preds), "train_s": round(time.perf_counter() - started, 2)})
+        # Rule 5: every trained arm stays in the ledger (no round: it belongs to the floor).
+        Ledger(config.task, config.home).append(
+            EVENT_CHECKPOINT_TRAINED, {"role": "continuation_arm", "noise_key": measured.floor.key, "seed": arm.seed,
+                                       "init_from": control["checkpoint_sha256"], "checkpoint_sha256": ckpt.name},
+            key=f"continuation_arm:{measured.floor.key}:{arm.seed}")
+        atomic_write_json(path, {"noise_key": measured.floor.key, "arms": arms}, overwrite=True)
+    return arms
 
 
 def _measure(config: LoopConfig, tracker: Tracker, snapshot: TaskSnapshot, store: RoundStore, key: str,
@@ -93,8 +164,10 @@ def _measure(config: LoopConfig, tracker: Tracker, snapshot: TaskSnapshot, store
     recipe = config.load_recipe()
     recipe_hash = config.recipe_hash()
     arms = [recipe.replace(seed=recipe.seed + i) for i in range(config.noise_arms)]
-    identity = check_arm_identity([(recipe_to_dict(a), snapshot.snapshot_id) for a in arms])  # before any compute
-    train, val, test = snapshot.table("train"), snapshot.table("val"), snapshot.table("test")
+    # The arms (and release 1, the control arm) train on the checked snapshot, as every round's candidate does.
+    data = base_training_snapshot(config, snapshot)
+    identity = check_arm_identity([(recipe_to_dict(a), data.sha256) for a in arms])  # before any compute
+    train, val, test = snapshot_rows(data), snapshot.table("val"), snapshot.table("test")
     parent = tracker.start_run(config.task, f"noise floor {key}", tags={TAG_KIND: KIND_NOISE_FLOOR, TAG_NOISE_KEY: key,
                                                                        **(run_tags or {})})
     tracker.log_params(parent.run_id, {"arms": config.noise_arms, "benchmark_version": snapshot.benchmark_version,
@@ -102,7 +175,7 @@ def _measure(config: LoopConfig, tracker: Tracker, snapshot: TaskSnapshot, store
     arm_metrics, arm_info = [], []
     for arm in arms:
         started = time.perf_counter()
-        ckpt = train_into_store(store, train, val, arm, data_hash=snapshot.snapshot_id,
+        ckpt = train_into_store(store, train, val, arm, data_hash=data.sha256,
                                 safety_families=config.safety_families, safety_fnr_target=config.safety_fnr_target)
         preds = write_predictions(store.noise / key / f"arm-seed{arm.seed}-test.parquet", ckpt, test,
                                   home=envloop_home(config.home))
@@ -115,6 +188,7 @@ def _measure(config: LoopConfig, tracker: Tracker, snapshot: TaskSnapshot, store
         tracker.end_run(child.run_id)
         arm_metrics.append(metrics)
         arm_info.append({"seed": arm.seed, "checkpoint": str(ckpt), "checkpoint_sha256": ckpt.name,
+                         "training_snapshot": data.sha256, "contamination_removed": data.n_removed,
                          "test_predictions": str(preds), "train_s": round(time.perf_counter() - started, 2),
                          "verifier_pid": run.worker_pid, "metrics": metrics})
         ledger.append(EVENT_NULL_ARM, {"noise_key": key, "seed": arm.seed, "checkpoint_sha256": ckpt.name,
@@ -126,14 +200,41 @@ def _measure(config: LoopConfig, tracker: Tracker, snapshot: TaskSnapshot, store
                               identity=identity, mlflow_run_id=parent.run_id, mlflow_url=parent.url)
 
 
+def base_training_snapshot(config: LoopConfig, snapshot: TaskSnapshot) -> TrainingSnapshot:
+    """The null arms' and release 1's training data: the task's train rows, contamination-checked (rule 7).
+
+    The same check as every round's snapshot (``checked_training_snapshot``): flagged rows are removed
+    under ``remove``; under ``refuse`` a flagged row refuses the floor before any training. Stored under
+    its sha256 beside the rounds' snapshots, with its report; the arms' data hash is that sha256.
+
+    Raises:
+        ContaminatedDataError: the check is not clean (policy ``refuse``).
+    """
+    from envloop_pipelines.core.loop.steps import checked_training_snapshot
+    from envloop_pipelines.core.loop.synthesis import SNAPSHOT_SCHEMA
+
+    data = checked_training_snapshot(config, snapshot, SNAPSHOT_SCHEMA.empty_table(), round="noise_floor")
+    if data.problems():
+        raise ContaminatedDataError(f"the null arms' training data {data.path} cannot be trained on: "
+                                    f"{'; '.join(data.problems())} (contamination_policy="
+                                    f"{config.contamination_policy!r}; report beside it: "
+                                    f"{data.sha256}.contamination.json)")
+    return data
+
+
+class ContaminatedDataError(LedgerError):
+    """The base training data overlaps test/holdout and the policy keeps the rows (``refuse``)."""
+
+
 def _release_control_arm(config: LoopConfig, tracker: Tracker, measured: MeasuredNoiseFloor, snapshot: TaskSnapshot,
                          store: RoundStore, run_tags: Mapping[str, str] | None) -> None:
     """Release 1: the control arm of the floor (the recipe's own seed), which passed no gate."""
     from pathlib import Path
 
     control = measured.floor.arms[0]
-    # TF-IDF + LR on the same test split, so release 1's card says what the classical model gives too.
-    tfidf = tfidf_baseline(config, snapshot)
+    data = base_training_snapshot(config, snapshot)  # what the control arm trained on (content-addressed: the same)
+    # TF-IDF + LR on the same rows and test split, so release 1's card says what the classical model gives too.
+    tfidf = tfidf_baseline(config, snapshot, train=snapshot_rows(data))
     tfidf_preds = atomic_write_parquet(store.noise / "tfidf-test.parquet", tfidf.predict_table(snapshot.table("test")),
                                        overwrite=True)
     tfidf_test = dict(verify_predictions(config, "test", tfidf_preds,
@@ -144,7 +245,7 @@ def _release_control_arm(config: LoopConfig, tracker: Tracker, measured: Measure
     def card(release: int, holdout: dict[str, Any]) -> dict[str, Any]:
         return {
             "round": "bootstrap", "task": config.task, "parent_release": None,
-            "benchmark_version": snapshot.benchmark_version, "data_snapshot": snapshot.snapshot_id,
+            "benchmark_version": snapshot.benchmark_version, "data_snapshot": data.sha256,
             "recipe_hash": measured.recipe_hash, "checkpoint_dir": control["checkpoint"],
             "checkpoint_sha256": control["checkpoint_sha256"], "test": control["metrics"],
             "tfidf_baseline_test": tfidf_test,
@@ -172,5 +273,5 @@ def current_noise_floor(config: LoopConfig) -> MeasuredNoiseFloor:
     return MeasuredNoiseFloor.from_dict(json.loads(cache.read_text(encoding="utf-8")))
 
 
-__all__ = ["PRIMARY_METRIC", "current_noise_floor", "ensure_task_benchmark", "measure_noise_floor",
-           "noise_floor_key"]
+__all__ = ["CONTINUATION_ARMS", "PRIMARY_METRIC", "continuation_path", "current_noise_floor",
+           "ensure_task_benchmark", "measure_continuation_arms", "measure_noise_floor", "noise_floor_key"]

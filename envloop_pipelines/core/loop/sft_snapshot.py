@@ -14,8 +14,9 @@ environments before the snapshot is used:
   ``train``) is contamination by definition;
 * **text**: the row's environment text (instruction and starting files) against every held-out
   environment's, by :func:`~envloop_pipelines.core.loop.contamination.check_contamination`
-  (exact normalised text, near-duplicate word shingles, 13-gram overlap), the decision loop's
-  check applied to environments.
+  (exact normalised text, near-duplicate word shingles, 13-gram overlap both ways: the row's 13-grams
+  found in held-out text, and a held-out environment's 13-grams contained in the row), the decision
+  loop's check applied to environments.
 
 Flagged rows are removed (policy ``remove``) or make the build fail (policy ``refuse``); the
 report is stored with the snapshot either way. Only inputs are compared: held-out environments
@@ -151,7 +152,8 @@ def build_sft_snapshot(
             text = "\n".join(str(m.get("content") or "") for m in attempt.messages if m.get("role") == "user")
         texts.append((row["id"], text))
     report = check_contamination(texts, sorted(heldout_texts.items()), config)
-    for test, found in (("exact", report.exact), ("near_duplicate", report.near_duplicate), ("ngram_overlap", report.ngram_overlap)):
+    for test, found in (("exact", report.exact), ("near_duplicate", report.near_duplicate),
+                        ("ngram_overlap", report.ngram_overlap), ("containment", report.containment)):
         for f in found:
             by_id.setdefault(f["id"], {"id": f["id"], "test": test, "reasons": []})["reasons"].append(
                 {k: v for k, v in f.items() if k not in ("row", "id")} | {"test": test})

@@ -22,8 +22,8 @@ import pyarrow.parquet as pq
 
 from envloop_pipelines.core.data.snapshots import open_task, require_same_benchmark
 from envloop_pipelines.core.loop.config import LoopConfig, round_number
-from envloop_pipelines.core.loop.contamination import ContaminationReport, check_contamination
-from envloop_pipelines.core.loop.ledger import EVENT_ROUND_DECIDED, Gate, Hypothesis, Ledger, LedgerError, gate_errors
+from envloop_pipelines.core.loop.contamination import ContaminationReport, check_contamination, record_texts, row_texts
+from envloop_pipelines.core.loop.ledger import EVENT_ROUND_DECIDED, Gate, Hypothesis, Ledger, LedgerError
 from envloop_pipelines.core.loop.mining import FailureCluster, mine_failures_with_fallback
 from envloop_pipelines.core.loop.promotion import hypothesis_power
 from envloop_pipelines.core.loop.release import champion
@@ -104,7 +104,7 @@ def synthesize_environments(config: LoopConfig, mined: FailureMining) -> Environ
         from envloop_pipelines.core.benchmark import BenchmarkConfig
 
         kwargs["benchmark_config"] = BenchmarkConfig(seed=int(task.manifest.extra.get("generator", {}).get("seed", 0)))
-    generator = load_generator(config.generator, **kwargs)
+    generator = load_generator(config.generator, home=config.home, **kwargs)  # a user generator: in the sandbox
     request = SynthesisRequest(round=key, clusters=clusters, n_examples=config.n_synthesized, seed=round_number(key))
     table = generator.synthesize(request, task.table("train")) if clusters else SNAPSHOT_SCHEMA.empty_table()
     path = atomic_write_parquet(RoundStore(config.task, config.home).round_dir(key) / "synthesized.parquet", table,
@@ -140,21 +140,32 @@ def _store_synthesized(config: LoopConfig, key: str, table: pa.Table, generator:
 
 
 def proposal_errors(proposal: Mapping[str, Any]) -> list[str]:
-    """Everything wrong with a person's hypothesis proposal, checked before any compute.
+    """Everything wrong with a person's hypothesis proposal, checked before anything is registered or launched.
 
-    Unknown fields, a recipe change under the loop's name, and a ``gate`` with unknown fields,
-    bad values or looser than rule 2 allows (``floor_multiplier`` below 1, ``require_ci_above_zero``
-    false); each message names the field.
+    The one check every door calls (CLI ``--hypothesis``, the SDK, the launchpad's ``proposal_json``, the
+    registration step). Unknown fields; ``change`` (a non-empty object of kind ``data`` or ``recipe``, a
+    ``recipe_diff`` with the recipe's fields only, not the loop's ``recipe_overrides``); ``predicted_delta``
+    a finite number; ``seeds`` a list of distinct integers; a ``gate`` with unknown fields, bad values or
+    any field looser than the default (:func:`~envloop_pipelines.core.loop.ledger.gate_errors`), or on a
+    metric the floor does not measure. Each message names the field. Fields left out are derived.
     """
+    from envloop_pipelines.core.loop.ledger import PROPOSAL_CHANGE_KINDS, hypothesis_errors
+
+    if not isinstance(proposal, Mapping):
+        return ["hypothesis: must be a JSON object (change, predicted_delta, gate, seeds, rationale)"]
     errors = [f"unknown field {k!r} (allowed: {', '.join(PROPOSAL_KEYS)})" for k in proposal if k not in PROPOSAL_KEYS]
     change = proposal.get("change")
-    if change is not None and not isinstance(change, Mapping):
-        errors.append("change: must be an object")
-    elif change and "recipe_overrides" in change:
+    if isinstance(change, Mapping) and "recipe_overrides" in change:
         errors.append("change.recipe_overrides: a hypothesis's own recipe change is change.recipe_diff "
                       "(recipe_overrides is the loop's override, set with --recipe-override)")
+    # What is left out is derived (a valid placeholder here); what is given is checked as registered.
+    errors += hypothesis_errors(change=proposal.get("change", {"kind": "data"}),
+                                predicted_delta=proposal.get("predicted_delta", 0.0),
+                                seeds=proposal.get("seeds", [0]), gate=proposal.get("gate", {}),
+                                kinds=PROPOSAL_CHANGE_KINDS)
+    if "rationale" in proposal and not isinstance(proposal["rationale"], str):
+        errors.append(f"rationale: must be text, got {json.dumps(proposal['rationale'], default=str)}")
     if "gate" in proposal:
-        errors += gate_errors(proposal["gate"])
         errors += _unmeasured_metric(proposal["gate"])
     return errors
 
@@ -171,48 +182,108 @@ def _unmeasured_metric(gate: Any) -> list[str]:
 
 
 def paired_noise(config: LoopConfig) -> dict[str, Any] | None:
-    """The standard error of each paired delta between null arms on test: the noise a round's test works at.
+    """The standard error of a candidate-vs-champion paired delta on test: the noise a round's test works at.
 
-    The floor's other arms are each compared with its control arm by the verifier (the same paired,
-    record-clustered bootstrap as a round's re-evaluation; aggregates only), and each metric's ``se``
-    is the root mean square over those pairs. Two seeds of the same recipe disagree at least as much as
-    a candidate and the champion it was trained from, so this ``se`` errs towards a larger MDE.
-    Measured once per floor and kept beside it (``noise/<key>.power.json``).
+    Pooled (root mean square of each pair's ``se``, per metric) over every pair of this loop's kind known
+    before the round trains:
+
+    - each **continuation arm** of the floor (``setup.measure_continuation_arms``: the loop's recipe, a
+      fresh seed, trained from the control arm as a candidate is from its champion), paired with the
+      control arm on test by the verifier (record-clustered bootstrap, aggregates only; once per floor,
+      kept as ``noise/<key>.continuation-power.json``);
+    - each **earlier round** of this ledger on the same benchmark and recipe: its candidate paired with
+      its champion in its re-evaluation.
+
+    The null arms are not used: two seeds trained from the base model can nearly agree (the demo's hybrid
+    readout: se 0.0027) while a candidate trained from the champion moves much further (se ~0.017).
 
     Returns:
-        ``{"noise_key", "source", "deltas": {metric: {"se", "confidence_level", "n_questions",
-        "n_clusters"}}}``, or ``None`` when the floor is not measured or fewer than two of its arms
-        have test predictions on disk.
+        ``{"noise_key", "source", "pairs": [...], "deltas": {metric: {"se", "confidence_level",
+        "n_questions", "n_clusters", "n_pairs"}}}``, or ``None`` when the floor is not measured for this
+        config or no pair exists.
     """
-    from envloop_pipelines.core.loop.setup import current_noise_floor
+    from envloop_pipelines.core.loop.results import Reevaluation
+    from envloop_pipelines.core.loop.setup import continuation_path, current_noise_floor
 
     try:
         measured = current_noise_floor(config)
     except LedgerError:
         return None
     store = RoundStore(config.task, config.home)
-    cache = store.noise / f"{measured.floor.key}.power.json"
-    if cache.is_file():
-        return json.loads(cache.read_text(encoding="utf-8"))
-    arms = [a for a in measured.floor.arms if a.get("test_predictions") and Path(a["test_predictions"]).is_file()]
-    if len(arms) < 2:
-        return None
-    control, others = arms[0], arms[1:]
-    runs = [verify_predictions(config, "test", Path(arm["test_predictions"]),
-                               baseline=Path(control["test_predictions"]), seed=i)
-            for i, arm in enumerate(others, 1)]
-    deltas: dict[str, Any] = {}
-    for metric, first in runs[0].paired["deltas"].items():
-        ses = [r.paired["deltas"].get(metric, {}).get("se") for r in runs]
-        if any(se is None for se in ses):
+    pairs: list[dict[str, Any]] = []
+    cache = store.noise / f"{measured.floor.key}.continuation-power.json"
+    listed = continuation_path(store, measured.floor.key)
+    arms = [a for a in json.loads(listed.read_text(encoding="utf-8"))["arms"]
+            if a.get("test_predictions") and Path(a["test_predictions"]).is_file()] if listed.is_file() else []
+    kept = json.loads(cache.read_text(encoding="utf-8")) if cache.is_file() else None
+    if kept is not None and kept.get("seeds") == [a.get("seed") for a in arms]:
+        pairs += kept["pairs"]
+    elif arms and measured.floor.arms and measured.floor.arms[0].get("test_predictions"):
+        control = measured.floor.arms[0]
+        measured_pairs = []
+        for i, arm in enumerate(arms, 1):
+            run = verify_predictions(config, "test", Path(arm["test_predictions"]),
+                                     baseline=Path(control["test_predictions"]), seed=i)
+            measured_pairs.append({"source": f"continuation arm seed {arm.get('seed')} (trained from the control "
+                                             f"arm, seed {control.get('seed')}) vs the control arm",
+                                   "deltas": dict(run.paired["deltas"])})
+        if measured_pairs:
+            atomic_write_json(cache, {"noise_key": measured.floor.key, "seeds": [a.get("seed") for a in arms],
+                                      "pairs": measured_pairs}, overwrite=True)
+        pairs += measured_pairs
+    ledger = Ledger(config.task, config.home)
+    for event in ledger.events(EVENT_ROUND_DECIDED):
+        key = event.get("round")
+        hypothesis = ledger.hypothesis(key) if key else None
+        reeval = store.load("independent_reeval", Reevaluation, key) if hypothesis is not None else None
+        if (reeval is None or hypothesis.recipe_hash != measured.recipe_hash
+                or reeval.benchmark_version != measured.benchmark_version):
             continue
-        deltas[metric] = {"se": math.sqrt(float(np.mean(np.square(ses)))), "confidence_level": first["confidence_level"],
-                          "n_questions": first["n_questions"], "n_clusters": first["n_clusters"]}
-    pairs = ", ".join(f"seed {arm.get('seed')} vs seed {control.get('seed')}" for arm in others)
-    out = {"noise_key": measured.floor.key, "deltas": deltas,
-           "source": f"null arms on test, paired by the verifier ({pairs})"}
-    atomic_write_json(cache, out, overwrite=True)
-    return out
+        pairs.append({"source": f"round {key}: candidate vs champion", "deltas": dict(reeval.paired["deltas"])})
+    if not pairs:
+        return None
+    deltas: dict[str, Any] = {}
+    for metric in pairs[0]["deltas"]:
+        rows = [p["deltas"].get(metric) or {} for p in pairs]
+        ses = [r.get("se") for r in rows]
+        if any(se is None or not math.isfinite(float(se)) for se in ses):
+            continue
+        first = rows[0]
+        deltas[metric] = {"se": math.sqrt(float(np.mean(np.square(ses)))),
+                          "confidence_level": first.get("confidence_level", 0.95),
+                          "n_questions": first.get("n_questions"), "n_clusters": first.get("n_clusters"),
+                          "n_pairs": len(ses)}
+    return {"noise_key": measured.floor.key, "deltas": deltas, "pairs": [p["source"] for p in pairs],
+            "source": "candidate-vs-champion paired se on test, root mean square over " + "; ".join(
+                p["source"] for p in pairs)}
+
+
+class UnmeasuredPowerError(LedgerError, ValueError):
+    """A hypothesis whose minimum detectable effect cannot be measured; it is not registered."""
+
+
+def _measured_power(config: LoopConfig, key: str, gate: Gate, predicted: float) -> dict[str, Any]:
+    """:func:`hypothesis_power` at this loop's floor, champion and paired noise; refused without an MDE."""
+    from envloop_pipelines.core.loop.setup import current_noise_floor
+
+    try:
+        measured = current_noise_floor(config)
+    except LedgerError as exc:
+        raise UnmeasuredPowerError(f"round {key}: hypothesis not registered: no minimum detectable effect: no noise "
+                                   f"floor for this loop's recipe (recipe_hash {config.recipe_hash()[:16]}) and "
+                                   f"benchmark ({exc}); materialize noise_floor with the round's recipe, "
+                                   f"recipe_overrides and noise_arms") from None
+    try:
+        held = (champion(config).get("test") or {}).get(measured.floor.metric)
+    except LedgerError:
+        held = None
+    power = hypothesis_power(paired_noise(config), gate, predicted, floor=measured.floor,
+                             champion_score=float(held) if isinstance(held, (int, float)) else None)
+    if power.get("mde") is None:
+        raise UnmeasuredPowerError(f"round {key}: hypothesis not registered: no minimum detectable effect: "
+                                   f"{power.get('why_unmeasured')} (noise floor {measured.floor.key}); materialize "
+                                   f"noise_floor again: it trains the floor's continuation arm")
+    return power
 
 
 def register_hypothesis(config: LoopConfig, synthesis: EnvironmentSynthesis, tracker: Tracker, *,
@@ -228,11 +299,14 @@ def register_hypothesis(config: LoopConfig, synthesis: EnvironmentSynthesis, tra
     metric at 80% power and the measured noise (:func:`paired_noise`, :func:`~envloop_pipelines.core.loop.promotion.hypothesis_power`)
     beside the predicted delta, and flags the hypothesis ``underpowered`` when its predicted effect is
     below it: in the hypothesis, its ledger event and its MLflow run (tag ``envloop.underpowered``).
-    The flag changes no rule of the gate.
+    The flag changes no rule of the gate. A hypothesis whose MDE cannot be measured (no noise floor for
+    this loop's recipe and benchmark, or no candidate-vs-champion pair to take the se from) is not
+    registered: :class:`UnmeasuredPowerError`, naming why, before anything is written.
 
     Raises:
         ValueError: the proposal has an unknown field, names the loop's override as its change, or
             loosens the gate below the measured floor and a paired CI above zero (rule 2).
+        UnmeasuredPowerError: no MDE for the hypothesis (nothing written: ledger, MLflow, files).
     """
     key = synthesis.round
     proposal = dict(proposal or {})
@@ -246,7 +320,7 @@ def register_hypothesis(config: LoopConfig, synthesis: EnvironmentSynthesis, tra
     predicted = float(proposal.get("predicted_delta", np.mean(past) if past else 0.01))
     gate = Gate(**proposal.get("gate", {}))
     registered = ledger.hypothesis(key)
-    power = None if registered is not None else hypothesis_power(paired_noise(config), gate, predicted)
+    power = None if registered is not None else _measured_power(config, key, gate, predicted)
     hypothesis = registered or Hypothesis(  # immutable: a retry reuses what was registered
         task=config.task,
         round=key,
@@ -290,23 +364,29 @@ def register_hypothesis(config: LoopConfig, synthesis: EnvironmentSynthesis, tra
 def build_training_snapshot(config: LoopConfig, synthesis: EnvironmentSynthesis) -> TrainingSnapshot:
     """Base train + synthesized rows as content-addressed Parquet, checked for contamination.
 
-    Every row, base and synthesized, is checked against the test and holdout states (rule 7). Under
-    the ``remove`` policy the rows that overlap are dropped, whichever part they come from: against
-    the powered (large) hidden splits of the built-in benchmark, a few base train states share half
-    their 13-grams with some test or holdout state. Under ``refuse`` they stay, and the snapshot's
-    report blocks training. Rows are checked one by one, so the rows kept are exactly the clean ones.
+    Every row, base and synthesized, is checked against the test and holdout records (rule 7), both
+    ways: the row's 13-grams found in them, and each hidden record's distinctive 13-grams found in the
+    row (a hidden state inside a longer row), over the row's state and instructions. Under the
+    ``remove`` policy the rows that overlap are dropped, whichever part they come from: against the
+    powered (large) hidden splits of the built-in benchmark, a few base train states share half their
+    13-grams with some test or holdout state. Under ``refuse`` they stay, and the snapshot's report
+    blocks training. Rows are checked one by one, so the rows kept are exactly the clean ones.
+    """
+    task = open_task(config.task, home=config.home)
+    return checked_training_snapshot(config, task, pq.read_table(synthesis.path).cast(SNAPSHOT_SCHEMA),
+                                     round=synthesis.round)
+
+
+def checked_training_snapshot(config: LoopConfig, task: Any, synth: pa.Table, *, round: str) -> TrainingSnapshot:
+    """The task's train rows plus ``synth``, contamination-checked, stored under their sha256 with the report.
+
+    Every snapshot any arm trains on comes from here: a round's (``build_training_snapshot``), and the
+    null arms' and release 1's (``synth`` empty, ``core/loop/setup.py``).
     """
     store = RoundStore(config.task, config.home)
-    task = open_task(config.task, home=config.home)
     base = with_provenance(task.table("train"), json.dumps({"kind": "base", "snapshot": task.snapshot_id}))
-    synth = pq.read_table(synthesis.path).cast(SNAPSHOT_SCHEMA)
-    reference = []
-    for split in ("test", "holdout"):
-        t = task.table(split)
-        # one entry per record: a record's questions share its state
-        reference += list(dict.fromkeys((f"{split}/{r}", s) for r, s in zip(t.column("record_id").to_pylist(),
-                                                                            t.column("state_text").to_pylist())))
-    combined = pa.concat_tables([base, synth])
+    reference = [entry for split in ("test", "holdout") for entry in record_texts(task.table(split), split)]
+    combined = pa.concat_tables([base, synth.cast(SNAPSHOT_SCHEMA)])
     report = check_contamination(_states(combined), reference)
     flagged = sorted(report.flagged_rows)
     removed = flagged if config.contamination_policy == "remove" else []
@@ -314,7 +394,8 @@ def build_training_snapshot(config: LoopConfig, synthesis: EnvironmentSynthesis)
         drop = set(removed)
         table = combined.take(pa.array([i for i in range(combined.num_rows) if i not in drop], pa.int64()))
         final_report = ContaminationReport(n_rows=table.num_rows, n_reference=report.n_reference,
-                                           config=dict(report.config))  # every flagged row is gone
+                                           config=dict(report.config),
+                                           n_reference_unmeasured=report.n_reference_unmeasured)  # every flagged row is gone
     else:
         table, final_report = combined, report
     n_removed_base = sum(1 for i in removed if i < base.num_rows)
@@ -328,16 +409,17 @@ def build_training_snapshot(config: LoopConfig, synthesis: EnvironmentSynthesis)
                       {"checked": report.to_dict(), "removed_rows": removed, "removed_base_rows": n_removed_base,
                        "removed_synthesized_rows": len(removed) - n_removed_base, "final": final_report.to_dict(),
                        "policy": config.contamination_policy}, overwrite=True)
-    return TrainingSnapshot(round=synthesis.round, sha256=digest, path=str(path), n_rows=table.num_rows,
+    return TrainingSnapshot(round=round, sha256=digest, path=str(path), n_rows=table.num_rows,
                             n_base=base.num_rows - n_removed_base,
                             n_synthesized=synth.num_rows - (len(removed) - n_removed_base), n_removed=len(removed),
                             contamination=final_report.to_dict(), schema_ok=table.schema.equals(SNAPSHOT_SCHEMA),
                             benchmark_version=task.benchmark_version)
 
 
-def _states(table: pa.Table) -> list[tuple[str, str]]:
-    return list(zip(table.column("record_id").to_pylist(), table.column("state_text").to_pylist()))
+def _states(table: pa.Table) -> list[tuple[str, tuple[str, str]]]:
+    """What the model reads of each row: its state and its instructions (``row_texts``)."""
+    return row_texts(table)
 
 
-__all__ = ["PROPOSAL_KEYS", "build_training_snapshot", "evaluate_champion", "mine_failures", "paired_noise",
+__all__ = ["PROPOSAL_KEYS", "UnmeasuredPowerError", "build_training_snapshot", "checked_training_snapshot", "evaluate_champion", "mine_failures", "paired_noise",
            "register_hypothesis", "synthesize_environments", "top_clusters"]

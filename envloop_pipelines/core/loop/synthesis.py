@@ -2,7 +2,11 @@
 
 Every synthesized row carries provenance to the cluster it targets. Two
 generators ship, behind one protocol; a user plugs in their own with a
-``module:attribute`` spec or the ``envloop.environment_generators`` entry point:
+``module:attribute`` spec or the ``envloop.environment_generators`` entry point.
+A user's generator is user code: it runs in the sandbox (:class:`SandboxedGenerator`:
+another uid, the label folder hidden, the clusters and train rows in as JSON,
+rows back as JSON), never in the loop's process, whose user owns the label
+files. The two below are this package's code and run in-process:
 
 - :class:`BuiltinTargetedGenerator` (the built-in benchmark): the generator's
   targeted mode, for **new users only**, in the training surface form.
@@ -14,10 +18,15 @@ generators ship, behind one protocol; a user plugs in their own with a
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
+import os
+import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any, Protocol, Sequence
 
 import numpy as np
@@ -163,21 +172,132 @@ class VariantGenerator:
         return kind
 
 
-def load_generator(spec: str, **kwargs: Any) -> EnvironmentGenerator:
-    """A generator by entry-point name or ``module:attribute`` (a class or a factory)."""
-    builtin = {"builtin_targeted": BuiltinTargetedGenerator, "label_preserving_variants": VariantGenerator}
-    if spec in builtin:
-        factory: Any = builtin[spec]
+BUILTIN_GENERATORS: dict[str, Any] = {"builtin_targeted": BuiltinTargetedGenerator,
+                                      "label_preserving_variants": VariantGenerator}
+#: Limits of a user generator's sandboxed run: generous (a generator may load a model), but bounded.
+GENERATOR_LIMITS = dict(cpu_s=1800.0, wall_s=1800.0, mem_mb=16384, fsize_mb=1024, nofile=1024, nproc=256,
+                        channel_bytes=512 * 1024 * 1024)
+
+
+def load_generator(spec: str, *, home: str | Path | None = None, sandbox: Any = None,
+                   **kwargs: Any) -> EnvironmentGenerator:
+    """A generator by name: one of ours in this process, a user's (``module:attribute`` or an entry point) in the sandbox.
+
+    The generators that ship (:data:`BUILTIN_GENERATORS`) are this package's code and run in the loop's
+    process. Any other is user code: it runs as a :class:`SandboxedGenerator`, in the sandbox
+    (``ENVLOOP_SANDBOX``, the local one by default: a fresh uid, the label folder of ``home`` hidden, no
+    network), never in the loop's process, whose user owns the label files. It is loaded there once here,
+    so a spec that does not import or has no ``synthesize`` fails now.
+
+    Args:
+        spec: ``builtin_targeted``, ``label_preserving_variants``, ``module:attribute`` (a class, a factory or
+            an object) or the name of an entry point in ``envloop.environment_generators``.
+        home: the EnvLoop home whose ``verifier`` folder the sandbox hides (default ``$ENVLOOP_HOME``).
+        sandbox: the sandbox a user generator runs in (default :func:`~envloop_pipelines.core.sandbox.sandbox_from_env`).
+        kwargs: the generator's constructor arguments (JSON values for a user generator).
+
+    Raises:
+        ValueError: an unknown name, or a user generator that does not load in the sandbox.
+        TypeError: a generator with no ``synthesize(request, train)`` method.
+        SandboxRefusedError: the sandbox cannot hide the labels from a user generator on this host.
+    """
+    if spec in BUILTIN_GENERATORS:
+        return resolve_generator(spec, **kwargs)
+    if ":" not in spec and not any(ep.name == spec for ep in entry_points(group=ENTRY_POINT_GROUP)):
+        raise ValueError(f"unknown environment generator {spec!r}: use {', '.join(BUILTIN_GENERATORS)}, an entry point in "
+                         f"{ENTRY_POINT_GROUP!r}, or 'module:attribute'")
+    return SandboxedGenerator(spec, home=home, sandbox=sandbox, kwargs=kwargs)
+
+
+def resolve_generator(spec: str, **kwargs: Any) -> EnvironmentGenerator:
+    """Import and build the generator ``spec`` names in this process (the sandbox worker calls it for user code)."""
+    if spec in BUILTIN_GENERATORS:
+        factory: Any = BUILTIN_GENERATORS[spec]
     elif ":" in spec:
         module, _, attr = spec.partition(":")
         factory = getattr(importlib.import_module(module), attr)
     else:
         found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == spec]
         if not found:
-            raise ValueError(f"unknown environment generator {spec!r}: use {', '.join(builtin)}, an entry point in "
+            raise ValueError(f"unknown environment generator {spec!r}: use {', '.join(BUILTIN_GENERATORS)}, an entry point in "
                              f"{ENTRY_POINT_GROUP!r}, or 'module:attribute'")
         factory = found[0].load()
     generator = factory(**kwargs) if isinstance(factory, type) or callable(factory) else factory
     if not hasattr(generator, "synthesize"):
         raise TypeError(f"environment generator {spec!r} has no synthesize(request, train) method")
     return generator
+
+
+class SandboxRefusedError(RuntimeError):
+    """The sandbox on this host cannot keep a user generator from the label files."""
+
+
+class SandboxedGenerator:
+    """A user's generator, run in the sandbox: clusters and train rows in as JSON, rows back as JSON.
+
+    Each call is a fresh sandboxed process (:mod:`envloop_pipelines.core.loop.generator_worker`) under
+    :data:`GENERATOR_LIMITS`: another uid than the loop's, the home's ``verifier`` folder hidden, no network, a
+    scrubbed environment (no ``ENVLOOP_HOME``). The rows it returns are typed against ``SNAPSHOT_SCHEMA`` here
+    and, like every row, contamination-checked in the training snapshot.
+    """
+
+    def __init__(self, spec: str, *, home: str | Path | None = None, sandbox: Any = None,
+                 kwargs: Mapping[str, Any] | None = None) -> None:
+        from envloop_pipelines.core.storage import envloop_home
+
+        self.spec = spec
+        self.kwargs = dict(kwargs or {})
+        self.home = envloop_home(home)
+        self._sandbox = sandbox
+        self.last_run: dict[str, Any] | None = None
+        self.name = str(self._call({"describe": True})["name"])
+
+    def _sandbox_for_run(self) -> Any:
+        from envloop_pipelines.core.sandbox import SandboxLimits, sandbox_from_env
+
+        sandbox = self._sandbox if self._sandbox is not None else sandbox_from_env(limits=SandboxLimits(**GENERATOR_LIMITS))
+        caps = sandbox.capabilities()
+        if not caps.get("hidden_paths_masked") or (caps.get("backend") == "local" and not caps.get("uid_switch")):
+            raise SandboxRefusedError(
+                f"environment generator {self.spec!r} is user code and runs only in a sandbox that hides the label "
+                f"files from it (another uid, the label folder masked); this host's {caps.get('backend')} sandbox "
+                f"cannot ({ {k: caps.get(k) for k in ('uid_switch', 'hidden_paths_masked', 'detail')} }): run the "
+                f"loop as root, set ENVLOOP_SANDBOX=docker, or use a built-in generator")
+        return sandbox
+
+    def _call(self, payload: Mapping[str, Any]) -> dict[str, Any]:
+        from envloop_pipelines.core.sandbox import SandboxLimits
+
+        sandbox = self._sandbox_for_run()
+        body = json.dumps({"spec": self.spec, "kwargs": self.kwargs, **payload}, ensure_ascii=False).encode("utf-8")
+        # The generator's module is imported from where the loop would import it (the environment is scrubbed).
+        path = os.pathsep.join(dict.fromkeys(os.path.abspath(p or os.curdir) for p in sys.path
+                                             if os.path.isdir(p or os.curdir)))
+        result = sandbox.run([sys.executable, "-m", "envloop_pipelines.core.loop.generator_worker"], stdin=body,
+                             result_channel=True, limits=SandboxLimits(**GENERATOR_LIMITS),
+                             hidden_paths=[self.home / "verifier"], env={"PYTHONPATH": path})
+        self.last_run = result.to_dict(include_channel=False)
+        try:
+            answer = json.loads(result.channel) if result.channel else None
+        except ValueError:
+            answer = None
+        if isinstance(answer, dict) and "error" in answer:
+            err = answer["error"]
+            kind = TypeError if err.get("type") == "TypeError" else ValueError
+            raise kind(f"environment generator {self.spec!r} failed in the sandbox: {err.get('type')}: "
+                       f"{err.get('message')}")
+        if not result.ok or not isinstance(answer, dict):
+            raise ValueError(f"environment generator {self.spec!r} failed in the sandbox ({result.status}: "
+                             f"{result.detail}): {result.stderr_tail[-2000:]}")
+        return answer
+
+    def synthesize(self, request: SynthesisRequest, train: pa.Table) -> pa.Table:
+        payload = {"request": {"round": request.round, "n_examples": request.n_examples, "seed": request.seed,
+                               "clusters": [dataclasses.asdict(c) for c in request.clusters]},
+                   "train": train.select(QUESTION_SCHEMA.names).cast(QUESTION_SCHEMA).to_pylist()}
+        answer = self._call(payload)
+        self.name = str(answer.get("name", self.name))
+        try:
+            return pa.Table.from_pylist(list(answer.get("rows") or []), schema=SNAPSHOT_SCHEMA)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, KeyError) as exc:
+            raise ValueError(f"environment generator {self.spec!r}: its rows do not fit SNAPSHOT_SCHEMA: {exc}") from exc

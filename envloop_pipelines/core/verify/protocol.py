@@ -290,6 +290,75 @@ class Verifier(Protocol):
         ...
 
 
+# --------------------------------------------------------------------------- hidden-split aggregates
+
+#: Aggregates that count questions (a share of them): rounded to the count's own resolution.
+COUNT_METRICS: frozenset[str] = frozenset({"family_macro_accuracy", "accuracy", "accuracy_all", "n_questions",
+                                           "coverage_at_error_budget", "false_negative_rate"})
+COUNT_METRIC_PREFIXES: tuple[str, ...] = ("acc/", "fnr/", "fnr_automated/", "defer_rate/", "coverage_at_")
+
+
+def hidden_split_decimals(n_items: int) -> tuple[int, int]:
+    """The decimals a hidden split's aggregates keep, from its number of questions ``n``: ``(count, score)``.
+
+    * A count metric (accuracy, a family's accuracy, an FNR, a coverage, a defer rate: a share of
+      questions) keeps ``ceil(log10 n)`` decimals, a step no larger than ``1/n``: the count itself,
+      nothing finer (nothing finer exists).
+    * Every other aggregate (nll, brier, ece, aurc, a grader's mean score) is a probability-weighted
+      mean whose weights the caller chooses; it keeps ``ceil(log10 sqrt n)`` decimals, a step of at
+      most ``1/sqrt n``, below the standard error of a mean of ``n`` items, so no CI can resolve a
+      finer difference, and items weighted by a caller's chosen probabilities (the attack that read
+      12 labels from one full-precision nll) fall below the step together.
+
+    n = 314: 3 and 2 decimals (steps 0.001 and 0.01).
+    """
+    n = max(1, int(n_items))
+    if n == 1:
+        return 0, 0
+    return math.ceil(math.log10(n)), math.ceil(math.log10(n) / 2)
+
+
+def _is_count(name: str) -> bool:
+    return name in COUNT_METRICS or name.startswith(COUNT_METRIC_PREFIXES)
+
+
+def _round_value(value: Any, decimals: int) -> Any:
+    if isinstance(value, float) and math.isfinite(value):
+        return round(value, decimals)
+    return value
+
+
+def round_hidden_metrics(values: Mapping[str, Any], n_items: int) -> dict[str, Any]:
+    """A hidden split's aggregate metrics rounded by :func:`hidden_split_decimals` (count or score metric by name)."""
+    count, score = hidden_split_decimals(n_items)
+    return {k: _round_value(v, count if _is_count(k) else score) for k, v in values.items()}
+
+
+def round_hidden_report(report: "VerifierReport") -> "VerifierReport":
+    """The aggregate-only report with every aggregate rounded (:func:`hidden_split_decimals`)."""
+    count, score = hidden_split_decimals(report.n_items)
+    return replace(report, metrics=round_hidden_metrics(report.metrics, report.n_items),
+                   accuracy_all=_round_value(report.accuracy_all, count),
+                   mean_score=_round_value(report.mean_score, score))
+
+
+def round_hidden_paired(paired: Mapping[str, Any], n_items: int) -> dict[str, Any]:
+    """Paired deltas (``compare.paired_comparison``) rounded like their metric: delta, CI ends and se."""
+    count, score = hidden_split_decimals(n_items)
+
+    def one(metric: str, d: Any) -> Any:
+        if not isinstance(d, Mapping):
+            return d
+        decimals = count if _is_count(metric) else score
+        return {k: _round_value(v, decimals) if k in ("delta", "ci_low", "ci_high", "se") else v for k, v in d.items()}
+
+    out = dict(paired)
+    out["deltas"] = {m: one(m, d) for m, d in (paired.get("deltas") or {}).items()}
+    out["families"] = {f: one("accuracy", d) for f, d in (paired.get("families") or {}).items()}
+    out["safety"] = {f: one("false_negative_rate", d) for f, d in (paired.get("safety") or {}).items()}
+    return out
+
+
 def labels_to_bytes(labels: pa.Table) -> bytes:
     """Parquet bytes of a label table, the form the worker receives on its stdin.
 
@@ -328,6 +397,8 @@ def score_file(verifier: Verifier, predictions: bytes, fmt: str, labels: pa.Tabl
 
 
 __all__ = [
+    "COUNT_METRICS",
+    "COUNT_METRIC_PREFIXES",
     "ITEM_STATUSES",
     "ItemScore",
     "PREDICTION_COLUMNS",
@@ -342,6 +413,10 @@ __all__ = [
     "labels_to_bytes",
     "parse_predictions",
     "prediction_format",
+    "hidden_split_decimals",
+    "round_hidden_metrics",
+    "round_hidden_paired",
+    "round_hidden_report",
     "score_file",
     "write_predictions",
 ]

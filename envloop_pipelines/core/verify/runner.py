@@ -12,11 +12,19 @@ every caller (the loop, ``envloop sandbox verify``, an environment, the SDK):
   labels sha256);
 * the hidden splits (test, holdout) answer with aggregate scores only: the
   worker runs ``--aggregate-only``, so no per-item score leaves the sandbox,
-  and a predictions file that does not answer every question validly is
-  refused (the aggregate of one chosen question is that question's score);
-* the holdout is read only inside its release's one read: the caller hands
-  the ledger's slot (:class:`HoldoutSlot`, which ``Ledger`` is) and the
-  release, and a second read for the same release is refused by the slot.
+  a predictions file that does not answer every question validly is
+  refused (the aggregate of one chosen question is that question's score),
+  and every aggregate is rounded inside the sandbox to what its CI can
+  resolve (:func:`~envloop_pipelines.core.verify.protocol.round_hidden_aggregates`);
+* the hidden splits are scored only by the verifier's own runner, in the
+  sandbox the deployment configures (``$ENVLOOP_SANDBOX``), with a built-in
+  grader: a caller's runner, sandbox or grader plug-in is refused there, so
+  hidden labels never reach caller code;
+* every ``test`` read is a ``test_read`` event of the task's ledger, and the
+  holdout is read only inside its release's one read, in the task home's own
+  ledger (the verifier opens it; a slot that is not that ledger is refused),
+  for the release being published now; a retry of the same read after a
+  crash gets the stored read back, not a second one.
 
 Every outcome is a :class:`VerifierRun`: a crashed, killed or timed-out worker
 gives ``status`` from the sandbox and ``report=None``, never an exception and
@@ -28,6 +36,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,9 +45,10 @@ from typing import Any, Literal, Mapping, Protocol, Sequence, runtime_checkable
 import pyarrow as pa
 
 from envloop_pipelines.core.data.splits import HIDDEN_SPLITS
-from envloop_pipelines.core.sandbox import Sandbox, SandboxLimits, SandboxResult, sandbox_from_env
+from envloop_pipelines.core.sandbox import SANDBOX_ENV, Sandbox, SandboxLimits, SandboxResult, sandbox_from_env
 from envloop_pipelines.core.sandbox.launch import DEFAULT_WORKER_LIMITS, WORKER_ENV, verifier_worker_argv
 from envloop_pipelines.core.storage import envloop_home, sha256_bytes
+from envloop_pipelines.core.verify.grader import BUILTIN_SCORERS
 from envloop_pipelines.core.verify.labels import split_labels
 from envloop_pipelines.core.verify.protocol import VerifierReport, labels_to_bytes, prediction_format
 
@@ -53,7 +63,10 @@ class HiddenSplitQueryError(PermissionError):
 
 @runtime_checkable
 class HoldoutSlot(Protocol):
-    """The one holdout read of each release (rule 4); :class:`~envloop_pipelines.core.loop.ledger.Ledger` is one.
+    """The one holdout read of each release (rule 4): the shape of :class:`~envloop_pipelines.core.loop.ledger.Ledger`.
+
+    :func:`verify_task` takes no object of this shape on trust: it reads the holdout only in the task
+    home's own ``Ledger`` and refuses any other slot.
 
     ``read_holdout_once(release, read)`` calls ``read()`` at most once per release and keeps its
     JSON result; a second call for the same release raises
@@ -259,8 +272,15 @@ def verify_task(
 
     The labels' directory (``<home>/verifier``) is masked inside the sandbox
     even when ``home`` is not the default one. On ``test`` and ``holdout`` the
-    run answers with aggregate scores only (its reports carry no items) and
-    refuses a predictions file that does not answer every question validly.
+    run answers with aggregate scores only (its reports carry no items, and
+    every aggregate is rounded to what its CI can resolve:
+    :func:`~envloop_pipelines.core.verify.protocol.round_hidden_aggregates`),
+    refuses a predictions file that does not answer every question validly,
+    and runs in the verifier's own sandbox, the one the deployment configures
+    (``$ENVLOOP_SANDBOX``): a caller's runner, sandbox or grader plug-in never
+    receives hidden labels. Each ``test`` read is a ``test_read`` event of the
+    task's ledger; each ``holdout`` read is its release's one read in that
+    ledger, for the release being published now only.
 
     Args:
         task: the task name.
@@ -269,22 +289,36 @@ def verify_task(
         kind: ``rule`` or ``grader``.
         snapshot_id: the snapshot (default: the task's current one).
         home: the EnvLoop home.
-        runner: the sandboxed runner (default: ``$ENVLOOP_SANDBOX``, else the local backend).
-        holdout_slot: the ledger (its ``read_holdout_once``); required for ``holdout``.
-        release: the release whose one holdout read this is; required for ``holdout``.
+        runner: the sandboxed runner, on open splits only (default: ``$ENVLOOP_SANDBOX``, else the
+            local backend); refused on test and holdout.
+        holdout_slot: optional, for ``holdout``: must be the task's own ledger in ``home`` (the
+            verifier opens that ledger itself; any other object is refused).
+        release: the release whose one holdout read this is; required for ``holdout``, and it must be
+            the release being published now (``Ledger.next_release_number``).
         options: more :meth:`VerifierRunner.run` options (``safety_families``, ``baseline_predictions``, ``seed``).
 
     Raises:
-        HiddenSplitQueryError: ``holdout`` without a slot and a release (or a slot on another split).
-        HoldoutAlreadyReadError: from the slot, when the release already read the holdout.
+        HiddenSplitQueryError: ``holdout`` without a release, a caller's runner or grader plug-in on a
+            hidden split, or a slot that is not the task home's ledger.
+        HoldoutAlreadyReadError: from the ledger, when the release already read the holdout.
+        HoldoutSlotError: from the ledger, when ``release`` is not the release being published now.
     """
     hidden = split in HIDDEN_SPLITS
-    if split == "holdout" and (holdout_slot is None or release is None):
+    if split == "holdout" and release is None:
         raise HiddenSplitQueryError(
             f"task {task!r}: the holdout is read once per release, inside the ledger's read "
-            f"(Ledger.read_holdout_once): pass holdout_slot and release")
+            f"(Ledger.read_holdout_once): pass release (the release being published now)")
     if split != "holdout" and (holdout_slot is not None or release is not None):
         raise ValueError(f"holdout_slot and release apply to the holdout only, not to {split!r}")
+    if hidden and runner is not None:
+        raise HiddenSplitQueryError(
+            f"runner: {split} is scored only by the verifier's own runner in the sandbox the deployment "
+            f"configures (${SANDBOX_ENV}); a caller's runner or sandbox never receives hidden labels")
+    if hidden and kind == "grader" and options.get("grader", "text_match") not in BUILTIN_SCORERS:
+        raise HiddenSplitQueryError(
+            f"grader: {split} is scored only by a built-in grader ({', '.join(sorted(BUILTIN_SCORERS))}); "
+            f"a plug-in {options.get('grader')!r} would run with the hidden labels")
+    ledger = _task_ledger(task, home, holdout_slot) if hidden else None
     runner = runner or VerifierRunner()
 
     def score() -> VerifierRun:
@@ -293,7 +327,7 @@ def verify_task(
                           aggregate_only=hidden, **options)
 
     if split == "holdout":
-        assert holdout_slot is not None and release is not None
+        assert ledger is not None and release is not None
         kept: list[VerifierRun] = []
 
         def read() -> dict[str, Any]:
@@ -301,20 +335,70 @@ def verify_task(
             if not run.ok:
                 raise _FailedRead(run)  # a failed read does not consume the release's holdout
             kept.append(run)
-            assert run.report is not None
-            return dict(run.report.metrics)
+            return _stored_read(run)
 
         try:
-            holdout_slot.read_holdout_once(release, read)
+            stored = ledger.read_holdout_once(release, read, key=_read_key(predictions, options))
         except _FailedRead as failed:
             run = failed.run
         else:
-            run = kept[0]
+            run = kept[0] if kept else _from_stored_read(stored)
     else:
         run = score()
+    if split == "test":
+        assert ledger is not None
+        from envloop_pipelines.core.loop.ledger import EVENT_TEST_READ
+
+        ledger.append(EVENT_TEST_READ, {"split": split, "status": run.status, "verifier": kind,
+                                        "predictions_sha256": _file_sha(predictions),
+                                        "baseline_sha256": _file_sha(options.get("baseline_predictions"))},
+                      key=f"test_read:{uuid.uuid4().hex}")
     log.info("verifier run %s", json.dumps({"task": task, "split": split, "status": run.status, "release": release,
                                              "n_items": run.report.n_items if run.report else None}))
     return run
+
+
+def _task_ledger(task: str, home: str | Path | None, slot: Any) -> Any:
+    """The task home's own ledger; ``slot``, when given, must be that very ledger (same task, same folder)."""
+    from envloop_pipelines.core.loop.ledger import Ledger
+    from envloop_pipelines.core.loop.store import loop_dir
+
+    if slot is not None:
+        own = loop_dir(task, home).resolve()
+        if not isinstance(slot, Ledger) or slot.task != task or Path(slot.root).resolve() != own:
+            where = getattr(slot, "root", None)
+            raise HiddenSplitQueryError(
+                f"holdout_slot: {type(slot).__name__} at {where} is not the ledger of task {task!r} in its home "
+                f"({own}); the verifier reads the holdout only in the task home's own ledger")
+    return Ledger(task, home)
+
+
+def _file_sha(path: str | Path | None) -> str | None:
+    return None if path is None else sha256_bytes(Path(path).read_bytes())
+
+
+def _read_key(predictions: str | Path, options: Mapping[str, Any]) -> str:
+    """What a holdout read scores: the predictions' sha256 and the baseline's (a retry of the same read)."""
+    return f"{_file_sha(predictions)}:{_file_sha(options.get('baseline_predictions')) or '-'}"
+
+
+def _stored_read(run: VerifierRun) -> dict[str, Any]:
+    """What the ledger keeps of a holdout read: the aggregates the caller got, enough to give them again."""
+    assert run.report is not None
+    return {"metrics": dict(run.report.metrics), "report": run.report.aggregate(),
+            "baseline_report": None if run.baseline_report is None else run.baseline_report.aggregate(),
+            "paired": run.paired, "worker_pid": run.worker_pid, "elapsed_s": run.elapsed_s,
+            "sandbox": run.sandbox.to_dict(include_channel=False)}
+
+
+def _from_stored_read(stored: Mapping[str, Any]) -> VerifierRun:
+    """The run a stored holdout read gave (a retry after a crash between the read and the card): no new read."""
+    sandbox = SandboxResult(**{**stored["sandbox"], "detail": "the release's stored holdout read (not run again)"})
+    baseline = stored.get("baseline_report")
+    return VerifierRun("ok", VerifierReport.from_dict(stored["report"]), sandbox, worker_pid=stored.get("worker_pid"),
+                       elapsed_s=stored.get("elapsed_s"),
+                       baseline_report=None if baseline is None else VerifierReport.from_dict(baseline),
+                       paired=stored.get("paired"))
 
 
 __all__ = ["DEFAULT_WORKER_LIMITS", "WORKER_ENV", "HiddenSplitQueryError", "HoldoutSlot", "VerifierRun", "VerifierRunner",

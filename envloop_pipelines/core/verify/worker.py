@@ -13,9 +13,12 @@ by hand), scores, and writes one JSON object to the result channel
     {"ok": false, "worker_pid": 1234, "error": "..."}
 
 With ``--aggregate-only`` (the runner sets it for test and holdout) the
-reports carry no items and no extra ids, and a predictions file that leaves a
-question unanswered or invalid is refused: per-item correctness never leaves
-the sandbox.
+reports carry no items and no extra ids, a predictions file that leaves a
+question unanswered or invalid is refused, and every aggregate (and paired
+delta) is rounded to what its CI can resolve
+(:func:`~envloop_pipelines.core.verify.protocol.hidden_split_decimals`):
+per-item correctness never leaves the sandbox, not even through the digits
+of an aggregate.
 
 It imports nothing of the model side and needs no access to the labels
 directory: the sandbox masks it.
@@ -144,17 +147,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             if refused:
                 _write(fd, {"ok": False, "worker_pid": os.getpid(), "error": "; ".join(refused)})
                 return 1
-            reports = {name: r.without_items() for name, r in reports.items()}
+            from envloop_pipelines.core.verify.protocol import round_hidden_report
+
+            # Counts and aggregates only, rounded here, inside the sandbox, to what their CI can resolve.
+            reports = {name: round_hidden_report(r.without_items()) for name, r in reports.items()}
         payload = {"ok": True, "worker_pid": os.getpid(), **{name: r.to_dict() for name, r in reports.items()}}
         if args.baseline_predictions is not None:
             from envloop_pipelines.core.verify.compare import paired_comparison
-            from envloop_pipelines.core.verify.protocol import parse_predictions
+            from envloop_pipelines.core.verify.protocol import parse_predictions, round_hidden_paired
 
             payload["paired"] = paired_comparison(
                 parse_predictions(predictions, prediction_format(args.predictions)),
                 parse_predictions(baseline, baseline_fmt), labels, seed=args.seed,
                 safety_families=args.safety_family,
             )
+            if args.aggregate_only:
+                payload["paired"] = round_hidden_paired(payload["paired"], report.n_items)
         payload["elapsed_s"] = round(time.perf_counter() - started, 6)
         _write(fd, payload)
         return 0

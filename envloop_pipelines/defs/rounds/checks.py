@@ -35,13 +35,15 @@ def snapshot_schema_is_valid(context: dg.AssetCheckExecutionContext, loop: LoopR
 
 @dg.asset_check(asset=training_dataset_snapshot, blocking=True)
 def snapshot_is_uncontaminated(context: dg.AssetCheckExecutionContext, loop: LoopResource) -> dg.AssetCheckResult:
-    """No snapshot row repeats or nearly repeats a test or holdout state (exact, near-duplicate, 13-gram overlap)."""
+    """No snapshot row repeats or nearly repeats a test or holdout state (exact, near-duplicate, 13-gram overlap
+    both ways: the row's 13-grams in test/holdout, a hidden record's 13-grams contained in the row)."""
     snap: TrainingSnapshot = _value(context, loop, "training_dataset_snapshot")
     report = snap.contamination
     return dg.AssetCheckResult(
         passed=bool(report["clean"]), severity=dg.AssetCheckSeverity.ERROR,
         metadata={"n_flagged": report["n_flagged"], "exact": len(report["exact"]),
                   "near_duplicate": len(report["near_duplicate"]), "ngram_overlap": len(report["ngram_overlap"]),
+                  "containment": len(report.get("containment", [])),
                   "removed_before_check": snap.n_removed,
                   "report": dg.MetadataValue.path(str(Path(snap.path).with_suffix(".contamination.json")))},
     )
