@@ -11,7 +11,7 @@ from envloop_pipelines.defs.rl.assets import RL_ASSETS, rl_round_job
 from envloop_pipelines.defs.rounds.assets import ROUND_ASSETS, noise_floor, round_job, setup_job, task_benchmark
 from envloop_pipelines.defs.rounds.checks import ROUND_CHECKS
 from envloop_pipelines.defs.rounds.schedules import nightly_loop
-from envloop_pipelines.defs.rounds.sensors import failed_round_sensor, next_round_sensor
+from envloop_pipelines.defs.rounds.sensors import canceled_round_sensor, failed_round_sensor, next_round_sensor
 from envloop_pipelines.resources.loop import MlflowResource, loop_resource
 from envloop_pipelines.resources.round_store import RoundStoreIOManager
 
@@ -23,7 +23,7 @@ defs = dg.Definitions(
     asset_checks=ROUND_CHECKS,
     jobs=[round_job, setup_job, rl_round_job],
     schedules=[nightly_loop],
-    sensors=[next_round_sensor, failed_round_sensor],
+    sensors=[next_round_sensor, failed_round_sensor, canceled_round_sensor],
     # ENVLOOP_EXECUTOR=k8s: one Kubernetes Job per step (k8s/dagster/values.yaml); unset: Dagster's default.
     executor=select_executor(dg.EnvVar(EXECUTOR_ENV).get_value()),
     resources={"loop": loop, "mlflow": MlflowResource(), "io_manager": RoundStoreIOManager(loop=loop)},

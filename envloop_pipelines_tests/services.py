@@ -73,11 +73,12 @@ WEBSERVER_INSTANCE = {
 
 
 @contextmanager
-def dagster_webserver(root: Path, env: dict[str, str], *, startup_timeout: float = 240.0) -> Iterator[str]:
+def dagster_webserver(root: Path, env: dict[str, str], *, startup_timeout: float = 240.0,
+                      instance: dict | None = None) -> Iterator[str]:
     """A real ``dagster-webserver`` serving ``envloop_pipelines.definitions`` on loopback; yields its URL.
 
     ``root`` gets the Dagster home (``root/dagster``, :data:`WEBSERVER_INSTANCE` plus the shipped instance
-    file's ``python_logs``) and the server's log. ``env`` is the code location's environment (the
+    file's ``python_logs``, then ``instance``'s sections) and the server's log. ``env`` is the code location's environment (the
     ``ENVLOOP_*`` settings, ``ENVLOOP_HOME``, ``MLFLOW_TRACKING_URI``); runs inherit it. The server answers
     once the code location has loaded (``round_job`` is listed); it is terminated with its process group.
     """
@@ -92,7 +93,8 @@ def dagster_webserver(root: Path, env: dict[str, str], *, startup_timeout: float
     dagster_home = root / "dagster"
     dagster_home.mkdir(parents=True, exist_ok=True)
     shipped = yaml.safe_load(INSTANCE_FILE.read_text(encoding="utf-8"))
-    (dagster_home / "dagster.yaml").write_text(yaml.safe_dump({**WEBSERVER_INSTANCE, "python_logs": shipped["python_logs"]}))
+    (dagster_home / "dagster.yaml").write_text(yaml.safe_dump({**WEBSERVER_INSTANCE, "python_logs": shipped["python_logs"],
+                                                               **(instance or {})}))
     port = free_port()
     log_path = root / "webserver.log"
     full_env = {**env, "DAGSTER_HOME": str(dagster_home)}

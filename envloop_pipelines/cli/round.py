@@ -167,8 +167,11 @@ def _run_rounds(instance: Any, loop_settings: dict[str, Any], proposal: dict[str
         hypothesis = Ledger(cfg.task, cfg.home).hypothesis(key)
         power = (hypothesis.power if hypothesis is not None else None) or {}
         if power.get("mde") is not None:
-            echo(f"  test power: minimum detectable effect {power['mde']:.4f} at 80% power (se {power['se']:.4f}), "
-                 f"predicted {decision.predicted_delta:+.4f}" + ("; underpowered" if power.get("underpowered") else ""))
+            bar = f", bar {power['bar']:.4f}" if isinstance(power.get("bar"), (int, float)) else ""
+            pairs = (f", from {power['n_pairs']} candidate-vs-champion pair(s)" if power.get("n_pairs") else "")
+            echo(f"  test power: minimum detectable effect {power['mde']:.4f} at 80% power (se {power['se']:.4f}"
+                 f"{bar}{pairs}), predicted {decision.predicted_delta:+.4f}"
+                 + ("; underpowered" if power.get("underpowered") else ""))
     return timings
 
 
@@ -196,10 +199,28 @@ def run_loop(*, loop_settings: dict[str, Any], rounds: int, patience: int, max_w
                                           run_id=run_id)
     timings = [{"step": "setup (benchmark + noise floor)", "s": time.perf_counter() - started, "success": result.success}]
     echo(f"setup: benchmark and noise floor ready ({timings[-1]['s']:.0f}s)")
+    if result.success:
+        warn_out_of_reach(cfg)
     state = start_loop(cfg.task, f"cli-{int(time.time())}", LoopBudget(max_rounds=rounds, patience=patience,
                                                                        max_wall_s=max_wall_s), home=cfg.home)
     echo(f"loop {state.loop_id}: up to {rounds} rounds")
     return timings + _run_rounds(instance, loop_settings, proposal, echo)
+
+
+def warn_out_of_reach(cfg: Any) -> str | None:
+    """Say on stderr when the measured noise floor puts promotion out of reach of any candidate (and return it)."""
+    from envloop_pipelines.core.loop.ledger import LedgerError
+    from envloop_pipelines.core.loop.promotion import champion_out_of_reach
+    from envloop_pipelines.core.loop.setup import current_noise_floor
+
+    try:
+        floor = current_noise_floor(cfg).floor
+    except (LedgerError, FileNotFoundError):
+        return None
+    message = champion_out_of_reach(cfg.task, cfg.home, floor)
+    if message:
+        click.echo(f"warning: task {cfg.task}: {message}", err=True)
+    return message
 
 
 def retry_round(task: str, *, echo: Any = click.echo) -> list[dict[str, Any]]:
@@ -335,8 +356,11 @@ def decision_lines(key: str, decision: Any, seconds: float | None = None) -> lis
     from envloop_pipelines.core.loop.cards import paired_text
 
     delta = paired_text(decision.delta) or f"{decision.delta['delta']:+.4f}"
-    bar = (decision.checks or {}).get("bar")
+    checks = decision.checks or {}
+    bar, mde, half = checks.get("bar"), checks.get("mde"), checks.get("ci_half_width")
     bar_text = f", bar {bar:.4f}" if isinstance(bar, (int, float)) else ""
+    if isinstance(mde, (int, float)):  # the registered MDE (80% power) beside the bar and this round's CI
+        bar_text += f", MDE {mde:.4f}" + (f" vs CI half-width {half:.4f}" if isinstance(half, (int, float)) else "")
     return [f"round {key}: {verdict} (delta {delta}, floor {decision.noise_floor:.4f}{bar_text}{took})",
             *(f"  - {reason}" for reason in decision.reasons)]
 
@@ -367,15 +391,22 @@ def _read_hypothesis(hypothesis_file: Path | None) -> dict[str, Any] | None:
 def run_remote_loop(client: Any, *, rounds: int, patience: int, max_wall_s: float,
                     proposal: dict[str, Any] | None) -> bool:
     """``round start --remote``: the setup if the deployment has none, then rounds through the SDK. True if all decided."""
-    from envloop_pipelines.sdk import RoundFailed
+    import warnings
+
+    from envloop_pipelines.sdk import PromotionOutOfReach, RoundFailed
 
     if not _sdk_call(client.is_set_up):
         started = time.perf_counter()
         try:
-            info = _sdk_call(client.setup)
+            with warnings.catch_warnings():  # said below, once, as the CLI says it
+                warnings.simplefilter("ignore", PromotionOutOfReach)
+                info = _sdk_call(client.setup)
         except RoundFailed as exc:
             raise click.ClickException(str(exc)) from None
         click.echo(f"setup: benchmark and noise floor ready (run {info.run_id}, {time.perf_counter() - started:.0f}s)")
+    warning = _sdk_call(client.promotion_warning)
+    if warning:
+        click.echo(f"warning: task {client.task}: {warning}", err=True)
     click.echo(f"loop on {client.dagster_url} (task {client.task}): up to {rounds} rounds")
     begun = {"t": time.perf_counter()}
 
@@ -446,9 +477,38 @@ def round_start(ctx: click.Context, rounds: int, patience: int, max_wall_s: floa
 
 
 @round_group.command("retry")
-@click.option("--task", default="personal_agent", show_default=True)
-def round_retry(task: str) -> None:
-    """Finish a round whose run failed or whose worker died, then go on while the loop's budget lasts."""
+@click.argument("key", required=False)
+@click.option("--task", default=None, help="The task (default personal_agent; with --remote, the deployment's).")
+@remote_options
+def round_retry(key: str | None, task: str | None, remote: str | None, mlflow_uri: str | None) -> None:
+    """Finish a round whose run failed or whose worker died, then go on while the loop's budget lasts.
+
+    With --remote: run the deployment's round KEY (default: its last undecided round) again from the step
+    that failed (Dagster's re-execution), wait for it and print its decision. Exit status 1 when it fails again.
+    """
+    if remote:
+        client = remote_client(remote, mlflow_uri, task)
+        if key is None:
+            undecided = [r.key for r in _sdk_call(client.rounds) if r.decision is None and r.run is not None]
+            if not undecided:
+                click.echo(f"task {client.task}: no undecided round to retry")
+                return
+            key = undecided[-1]
+        from envloop_pipelines.sdk import RoundFailed
+
+        started = time.perf_counter()
+        try:
+            result = _sdk_call(client.retry, key, wait=True)
+        except RoundFailed as exc:
+            click.echo(f"error: {exc}", err=True)
+            raise SystemExit(1) from None
+        echo_decision(result.key, result.decision, time.perf_counter() - started)
+        click.echo(f"  run {result.run.run_id}")
+        return
+    if key is not None:
+        raise click.BadParameter("a local retry finishes the task's last undecided round; KEY is for --remote",
+                                 param_hint="KEY")
+    task = task or "personal_agent"
     retry_round(task)
     print_releases(task)
 
@@ -487,13 +547,39 @@ def _local_rounds(task: str) -> list[dict[str, Any]]:
         decision = store.load("promotion_decision", RoundDecision, key)
         runs = instance.get_runs(filters=dg.RunsFilter(job_name="round_job", tags={"dagster/partition": key}), limit=1)
         run = runs[0] if runs else None
-        out.append(_round_row(key, decision, run.run_id if run else None, run.status.value if run else None))
+        failed = decision is None and run is not None and run.status == dg.DagsterRunStatus.FAILURE
+        out.append(_round_row(key, decision, run.run_id if run else None, run.status.value if run else None,
+                              _local_run_error(instance, run.run_id) if failed else None))
     return out
 
 
-def _round_row(key: str, decision: Any, run_id: str | None, run_status: str | None) -> dict[str, Any]:
+def _local_run_error(instance: Any, run_id: str) -> str | None:
+    """Why a run of the local instance failed: ``<step>: <the step's own error>`` of its first failed step."""
+    import dagster as dg
+
+    records = instance.get_records_for_run(run_id, of_type={dg.DagsterEventType.STEP_FAILURE,
+                                                            dg.DagsterEventType.RUN_FAILURE}).records
+    for record in records:
+        event = record.event_log_entry.dagster_event
+        if event is None:
+            continue
+        data = event.event_specific_data
+        user = getattr(data, "user_failure_data", None)
+        error = getattr(data, "error", None)
+        while error is not None and error.cause is not None:  # Dagster's wrapper, then the step's own error
+            error = error.cause
+        message = (user.description if user is not None and user.description else
+                   error.to_string().strip().splitlines()[0] if error is not None else record.event_log_entry.message)
+        return f"{event.step_key}: {message}" if event.step_key else message
+    return None
+
+
+def _round_row(key: str, decision: Any, run_id: str | None, run_status: str | None,
+               reason: str | None = None) -> dict[str, Any]:
     row: dict[str, Any] = {"round": key, "status": "decided" if decision is not None else (run_status or "not started"),
                            "run_id": run_id, "run_status": run_status}
+    if decision is None and run_status == "FAILURE":
+        row["reason"] = reason or "unknown (the run's log has no failed step)"
     if decision is not None:
         row.update(promoted=decision.promote, release=decision.release, delta=decision.delta.get("delta"),
                    noise_floor=decision.noise_floor, reasons=list(decision.reasons))
@@ -514,8 +600,12 @@ def round_status(key: str | None, task: str | None, as_json: bool, remote: str |
     if remote:
         client = remote_client(remote, mlflow_uri, task)
         task = client.task
-        rows = [_round_row(r.key, r.decision, r.run.run_id if r.run else None, r.run.status if r.run else None)
-                for r in _sdk_call(client.rounds)]
+        rows = []
+        for r in _sdk_call(client.rounds):
+            failed = r.decision is None and r.run is not None and r.run.status == "FAILURE"
+            reason = _sdk_call(client.run_error, r.run.run_id) if failed else None
+            rows.append(_round_row(r.key, r.decision, r.run.run_id if r.run else None, r.run.status if r.run else None,
+                                   str(reason) if reason is not None else None))
     else:
         task = task or "personal_agent"
         rows = _local_rounds(task)
@@ -538,6 +628,8 @@ def round_status(key: str | None, task: str | None, as_json: bool, remote: str |
             verdict, delta, floor = "-", "-", "-"
         run = f"{r['run_id']} ({r['run_status']})" if r["run_id"] else "-"
         click.echo(f"{r['round']:<7} {r['status']:<12} {verdict:<22} {delta:>8} {floor:>7}  {run}")
+        if r.get("reason"):
+            click.echo(f"        failed: {r['reason']}")
 
 
 @click.command("releases")
@@ -547,6 +639,9 @@ def round_status(key: str | None, task: str | None, as_json: bool, remote: str |
 def releases(task: str | None, as_json: bool, remote: str | None, mlflow_uri: str | None) -> None:
     """The release chain: one card per release, holdout first, errata beside."""
     if remote:
+        if not mlflow_uri:
+            raise click.BadParameter("with --remote the releases come from the deployment's MLflow server: give its URI "
+                                     "(--mlflow http://host:port, or set MLFLOW_TRACKING_URI)", param_hint="--mlflow")
         client = remote_client(remote, mlflow_uri, task)
         echo_releases(client.task, remote_releases(client), as_json)
         return
@@ -592,7 +687,46 @@ def ui(port: int, host: str) -> None:
     argv = [str(Path(sys.executable).with_name("dagster")), "dev", "-h", host, "-p", str(port)]
     argv += ["-w", str(workspace)] if workspace.exists() else ["-m", "envloop_pipelines.definitions"]
     click.echo(f"DAGSTER_HOME={home}; {' '.join(argv)}")
-    raise SystemExit(subprocess.call(argv))
+    raise SystemExit(run_process_group(argv))
+
+
+def run_process_group(argv: list[str], *, grace_s: float = 20.0) -> int:
+    """Run ``argv`` in its own process group and return its exit status; on SIGINT/SIGTERM (or any exit of ours)
+    the whole group is stopped: ``dagster dev``'s webserver, daemon and code servers go with it.
+
+    SIGTERM to the group first, SIGKILL to what is left after ``grace_s``.
+    """
+    import signal
+
+    proc = subprocess.Popen(argv, start_new_session=True)
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline:
+                proc.poll()  # reap the leader: a zombie still counts as a member of its group
+                try:
+                    os.killpg(proc.pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.2)
+            else:
+                continue
+            break
+        proc.poll()
 
 
 #: The README's main job: two rounds on the built-in benchmark, sized to finish in minutes on 2 CPU cores.

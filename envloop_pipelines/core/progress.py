@@ -106,12 +106,18 @@ def _fmt(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def _terminal_size(stream: IO[str]) -> tuple[int, int]:
+    """``(columns, rows)`` of the terminal behind ``stream`` (0 for what it does not report)."""
+    try:
+        size = os.get_terminal_size(stream.fileno())
+        return size.columns, size.lines
+    except (AttributeError, OSError, ValueError):
+        return 0, 0
+
+
 def _terminal_width(stream: IO[str]) -> int:
     """The columns of the terminal behind ``stream`` (0 when it reports none)."""
-    try:
-        return os.get_terminal_size(stream.fileno()).columns
-    except (AttributeError, OSError, ValueError):
-        return 0
+    return _terminal_size(stream)[0]
 
 
 def mode(stream: IO[str] | None = None) -> str:
@@ -170,11 +176,14 @@ class Progress:
             from tqdm import tqdm
 
             out = stream if stream is not None else sys.stderr
-            width = _terminal_width(out)
-            # A terminal that reports no size (a fresh pseudo-terminal) would get an empty bar from tqdm: 80 columns.
+            width, rows = _terminal_size(out)
+            # A terminal that reports no size (a fresh pseudo-terminal) would get an empty bar from tqdm: 80 columns;
+            # one that reports 0 rows, no bar at all (tqdm hides bars below the last row): a fixed size then.
             # leave=None: a bar inside another (training inside a round) vanishes when done; the outer one stays.
+            dynamic = bool(width and rows)
             self._bar = tqdm(total=total, desc=desc, unit=unit, file=out, delay=quiet_s, leave=None, mininterval=0.2,
-                             dynamic_ncols=bool(width), ncols=None if width else 80)
+                             dynamic_ncols=dynamic, ncols=None if dynamic else (width or 80),
+                             nrows=None if dynamic else (rows or 24))
 
     @property
     def n(self) -> float:
@@ -331,6 +340,24 @@ def log_to_stream(stream: IO[str] | None = None) -> None:
     log.propagate = False
 
 
+def ensure_shown(stream: IO[str] | None = None) -> bool:
+    """Make sure progress lines reach a person: in ``log`` mode with nothing to print :data:`LOGGER`'s records
+    (no handler on it or above it: a notebook, a plain script), print them on ``stream`` (default stderr).
+
+    For a library call a person watches (``Client.wait``): a command line or a Dagster run has set up its own
+    handlers, and those are left alone. Returns whether a handler was added.
+    """
+    if mode(stream) != "log":
+        return False
+    logger: logging.Logger | None = log
+    while logger is not None:
+        if any(not isinstance(h, logging.NullHandler) for h in logger.handlers):
+            return False
+        logger = logger.parent if logger.propagate else None
+    log_to_stream(stream)
+    return True
+
+
 def configure_command_line(stream: IO[str] | None = None) -> str:
     """Set up progress for a command: a bar on a terminal, bare lines on ``stream`` otherwise.
 
@@ -346,4 +373,4 @@ def configure_command_line(stream: IO[str] | None = None) -> str:
 
 
 __all__ = ["EVERY_PCT", "EVERY_S", "LOGGER", "MODES", "MODE_ENV", "QUIET_S", "Figures", "Progress", "configure_command_line",
-           "log_to_stream", "mode", "track", "trainer_callback"]
+           "ensure_shown", "log_to_stream", "mode", "track", "trainer_callback"]

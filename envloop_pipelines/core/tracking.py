@@ -95,6 +95,30 @@ class Tracker(Protocol):
     def champion_version(self, model_name: str) -> str | None: ...
 
 
+#: MLflow's final run statuses: a round's runs end FINISHED (decided), FAILED (a step failed) or KILLED (cancelled).
+RUN_FINISHED, RUN_FAILED, RUN_KILLED = "FINISHED", "FAILED", "KILLED"
+
+
+def close_round_runs(tracker: Tracker, task: str, key: str, status: str, *, parent_only: bool = False) -> list[str]:
+    """End the round's MLflow runs still RUNNING with ``status``: its parent run (``envloop.kind=round``) and,
+    unless ``parent_only``, the child run of a step that died with it. Returns the ids it closed.
+
+    A failed round closes them FAILED, a cancelled one KILLED. A decided round (``parent_only``) closes its
+    parent FINISHED whatever it was: a retry's steps start fresh children under the parent an earlier
+    failure or cancel closed, and the decision is the round's last word.
+    """
+    if status not in (RUN_FINISHED, RUN_FAILED, RUN_KILLED):
+        raise ValueError(f"status: {status!r} is not one of {RUN_FINISHED}, {RUN_FAILED}, {RUN_KILLED}")
+    if parent_only:
+        parent = tracker.find_run(task, {TAG_ROUND: key, TAG_KIND: KIND_ROUND})
+        closed = [parent.run_id] if parent is not None else []
+    else:
+        closed = tracker.running_runs(task, {TAG_ROUND: key})
+    for run_id in closed:
+        tracker.end_run(run_id, status)
+    return closed
+
+
 class MlflowTracker:
     """:class:`Tracker` over ``mlflow.MlflowClient`` (SQLite, Postgres or an HTTP server)."""
 

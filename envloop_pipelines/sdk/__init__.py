@@ -8,12 +8,18 @@ and ``docs/http-api.md`` (the same requests over plain HTTP).
 from envloop_pipelines.sdk.client import (
     Client,
     ClientError,
+    NotFoundError,
+    PromotionOutOfReach,
+    RefusedError,
     ReleaseInfo,
     RoundFailed,
     RoundInfo,
     RoundRun,
+    RunError,
     RunInfo,
     StepInfo,
+    UnavailableError,
 )
 
-__all__ = ["Client", "ClientError", "ReleaseInfo", "RoundFailed", "RoundInfo", "RoundRun", "RunInfo", "StepInfo"]
+__all__ = ["Client", "ClientError", "NotFoundError", "PromotionOutOfReach", "RefusedError", "ReleaseInfo", "RoundFailed", "RoundInfo", "RoundRun",
+           "RunError", "RunInfo", "StepInfo", "UnavailableError"]

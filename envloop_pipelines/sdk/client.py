@@ -39,10 +39,11 @@ from typing import Any
 
 from envloop_pipelines.core.loop.config import LoopConfig, round_key, round_number
 from envloop_pipelines.core.loop.results import RoundDecision
-from envloop_pipelines.core.progress import Progress
+from envloop_pipelines.core.progress import Progress, ensure_shown
 from envloop_pipelines.core.tracking import CHAMPION_ALIAS, HOLDOUT_PREFIX, TAG_CHECKPOINT, TAG_RELEASE, TAG_ROUND
 from envloop_pipelines.defs.rounds.metadata import DECISION as DECISION_LABEL
 from envloop_pipelines.defs.rounds.metadata import LEDGER_EVENTS as LEDGER_EVENTS_LABEL
+from envloop_pipelines.defs.rounds.metadata import PROMOTION_WARNING as PROMOTION_WARNING_LABEL
 from envloop_pipelines.defs.rounds.metadata import RELEASE_CARD as RELEASE_CARD_LABEL
 from envloop_pipelines.sdk import queries
 
@@ -57,6 +58,8 @@ PARTITION_TAG = "dagster/partition"
 #: Tags a client puts on the runs it launches.
 CLIENT_TAG = "envloop/client"
 LOOP_TAG = "envloop/loop"
+#: The tag of a run whose hypothesis its first step refused (``defs/rounds/assets.py``): never retried.
+REFUSED_TAG = "envloop/refused"
 #: Run statuses that are final.
 FINISHED = ("SUCCESS", "FAILURE", "CANCELED")
 
@@ -65,12 +68,42 @@ class ClientError(RuntimeError):
     """A request the deployment refused, or an answer it could not give; the message says which and why."""
 
 
-class RoundFailed(ClientError):
-    """A round's run ended without a decision."""
+class PromotionOutOfReach(UserWarning):
+    """The measured noise floor puts the bar above what the metric can still gain: no round can promote."""
 
-    def __init__(self, message: str, run: "RunInfo") -> None:
+
+class RefusedError(ClientError):
+    """Bad input, refused before anything was launched or written (a hypothesis, a key, a kind): the message names the field."""
+
+
+class NotFoundError(ClientError):
+    """No such round, run, release or step at the deployment."""
+
+
+class UnavailableError(ClientError):
+    """The Dagster webserver or the MLflow server did not answer (within ``timeout_s``)."""
+
+
+@dataclass(frozen=True)
+class RunError:
+    """Why a run failed: the failed step (``None`` for a run that failed outside a step), its own error message
+    (the exception the step raised, not Dagster's wrapper) and the exception's class."""
+
+    step: str | None
+    message: str
+    error_class: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.step}: {self.message}" if self.step else self.message
+
+
+class RoundFailed(ClientError):
+    """A round's (or the setup's) run ended without a decision; ``reason`` is the failed step's own error."""
+
+    def __init__(self, message: str, run: "RunInfo", reason: RunError | None = None) -> None:
         super().__init__(message)
         self.run = run
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -160,11 +193,32 @@ class ReleaseInfo:
     card: Mapping[str, Any] | None = field(default=None, compare=False)
 
 
+def _own_error(event: Mapping[str, Any]) -> tuple[str, str | None]:
+    """``(message, exception class)`` of a failure event: the step's own error, not Dagster's wrapper around it."""
+    described = (event.get("failureMetadata") or {}).get("description")
+    error = event.get("error") or {}
+    chain = [link["error"] for link in error.get("errorChain") or []]
+    own = chain[-1] if chain else error
+    if described:
+        return described, own.get("className") or error.get("className")
+    message = (own.get("message") or event.get("message") or "").strip()
+    return message, own.get("className")
+
+
+def _jev_body(request: Mapping[str, Any]) -> dict[str, Any]:
+    """A Jev request from a request or a labelled decision record (labels, ids and meta left out)."""
+    if not isinstance(request, Mapping) or "questions" not in request or "state" not in request:
+        raise RefusedError("request: a Jev request needs 'state' and 'questions' (a decision record works too)")
+    questions = {qid: {k: v for k, v in q.items() if k in ("type", "instructions", "criteria")} if isinstance(q, Mapping)
+                 else q for qid, q in dict(request["questions"]).items()}
+    return {"model": request.get("model", "jev-latest"), "state": request["state"], "questions": questions}
+
+
 def _split_url(url: str) -> dict[str, Any]:
     """``http://host:port/prefix`` as DagsterGraphQLClient's arguments; raises ClientError naming the field."""
     parsed = urllib.parse.urlparse(url if "://" in url else f"http://{url}")
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ClientError(f"dagster_url: {url!r} is not an http(s) URL of a Dagster webserver (http://host:port)")
+        raise RefusedError(f"dagster_url: {url!r} is not an http(s) URL of a Dagster webserver (http://host:port)")
     prefix = parsed.path.rstrip("/")
     if prefix.endswith("/graphql"):
         prefix = prefix[: -len("/graphql")]
@@ -184,22 +238,22 @@ def _hypothesis_json(hypothesis: Mapping[str, Any] | str | os.PathLike[str] | No
     else:
         text = str(hypothesis)
         if not isinstance(hypothesis, os.PathLike) and not text.lstrip().startswith(("{", "[")) and not Path(text).is_file():
-            raise ClientError(f"hypothesis: {text[:80]!r} is neither JSON text nor a file")
+            raise RefusedError(f"hypothesis: {text[:80]!r} is neither JSON text nor a file")
         if isinstance(hypothesis, os.PathLike) or not text.lstrip().startswith(("{", "[")):
             source = str(hypothesis)
             try:
                 text = Path(hypothesis).read_text(encoding="utf-8")
             except OSError as exc:
-                raise ClientError(f"hypothesis: cannot read {hypothesis}: {exc.strerror}") from None
+                raise RefusedError(f"hypothesis: cannot read {hypothesis}: {exc.strerror}") from None
         try:
             proposal = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ClientError(f"{source}: line {exc.lineno}: {exc.msg}") from None
+            raise RefusedError(f"{source}: line {exc.lineno}: {exc.msg}") from None
     if not isinstance(proposal, dict):
-        raise ClientError(f"{source}: must be a JSON object (change, predicted_delta, gate, seeds, rationale)")
+        raise RefusedError(f"{source}: must be a JSON object (change, predicted_delta, gate, seeds, rationale)")
     errors = proposal_errors(proposal)
     if errors:
-        raise ClientError(f"{source}: " + "; ".join(errors))
+        raise RefusedError(f"{source}: " + "; ".join(errors))
     return json.dumps(proposal, sort_keys=True)
 
 
@@ -211,7 +265,9 @@ class Client:
         mlflow_uri: MLflow's tracking URI (``http://host:port``, or ``sqlite:///...`` on the same
             machine); default ``$MLFLOW_TRACKING_URI``. Needed for releases, the champion and
             checkpoints only.
-        timeout_s: Per request.
+        timeout_s: Per request, to both servers: a server that does not answer within it raises
+            :class:`UnavailableError` (MLflow is probed at ``/health`` first, so a dead URL fails at once
+            instead of after MLflow's own retries).
         headers: Extra HTTP headers for the webserver (an auth proxy's token, say).
 
     Example::
@@ -231,17 +287,22 @@ class Client:
 
         self.dagster_url = dagster_url.rstrip("/")
         self.mlflow_uri = mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI") or None
+        self.timeout_s = float(timeout_s)
         self._graphql = DagsterGraphQLClient(**_split_url(dagster_url), timeout=int(timeout_s),
                                              headers=dict(headers or {}))
         self._location: tuple[str, str] | None = None
         self._settings: dict[str, Any] | None = None
         self._steps: dict[str, int] = {}
         self._mlflow: Any = None
+        self._models_dir: str | None = None
+        self._servers: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ GraphQL plumbing
 
     def _query(self, document: str, variables: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        import requests.exceptions
         from dagster_graphql import DagsterGraphQLClientError
+        from gql.transport.exceptions import TransportConnectionFailed, TransportServerError
 
         try:
             with warnings.catch_warnings():  # dagster_graphql passes variables the way gql 4 deprecates
@@ -251,7 +312,10 @@ class Client:
             cause = exc.__cause__
             detail = f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
             detail = " ".join(detail.split())[:300]
-            raise ClientError(f"the Dagster webserver at {self.dagster_url} did not answer: {detail}") from None
+            unreachable = isinstance(cause, (requests.exceptions.ConnectionError, requests.exceptions.Timeout,
+                                             TransportConnectionFailed, TransportServerError))
+            kind = UnavailableError if unreachable else ClientError
+            raise kind(f"the Dagster webserver at {self.dagster_url} did not answer: {detail}") from None
 
     @staticmethod
     def _ok(result: Mapping[str, Any], *allowed: str) -> Mapping[str, Any]:
@@ -260,7 +324,11 @@ class Client:
         if kind in allowed:
             return result
         message = result.get("message") or result.get("errors") or result
-        raise ClientError(f"{kind}: {message}")
+        error = (NotFoundError if str(kind).endswith("NotFoundError")
+                 else RefusedError if kind in ("RunConfigValidationInvalid", "DuplicateDynamicPartitionError",
+                                               "InvalidStepError", "InvalidOutputError", "RunConflict")
+                 else ClientError)
+        raise error(f"{kind}: {message}")
 
     def location(self) -> tuple[str, str]:
         """``(code location, repository)`` holding ``round_job``, found once and kept."""
@@ -332,6 +400,145 @@ class Client:
             self._steps[job] = len(result["solids"])
         return self._steps[job]
 
+    def _events(self, run_id: str) -> list[dict[str, Any]]:
+        """Every event of a run's log with a message (its failures with their errors), oldest first.
+
+        Raises:
+            NotFoundError: no run ``run_id``.
+        """
+        events: list[dict[str, Any]] = []
+        cursor: str | None = None
+        for _ in range(1000):  # a page is at most 1000 events; a run has far fewer pages
+            result = self._ok(self._query(queries.RUN_FAILURES, {"runId": run_id, "after": cursor})["logsForRun"],
+                              "EventConnection")
+            events += [e for e in result["events"] if e.get("message") is not None]
+            cursor = result.get("cursor") or cursor
+            if not result.get("hasMore") or not result["events"]:
+                break
+        return events
+
+    def run_error(self, run_id: str) -> RunError | None:
+        """Why a run failed: the first failed step and the error it raised (its own message); ``None`` if none failed.
+
+        Dagster wraps a step's exception (``DagsterExecutionStepExecutionError: Error occurred while executing
+        op ...``); the step's own is the last link of the error's chain, or a ``dagster.Failure``'s description.
+
+        Raises:
+            NotFoundError: no run ``run_id``.
+        """
+        run_failure: RunError | None = None
+        for e in self._events(run_id):
+            if e["__typename"] == "ExecutionStepFailureEvent":
+                return RunError(e.get("stepKey"), *_own_error(e))
+            if e["__typename"] == "RunFailureEvent" and run_failure is None:
+                message, error_class = _own_error(e)
+                run_failure = RunError(None, message, error_class)
+        return run_failure
+
+    def logs(self, run_id: str, *, tail: int | None = 50) -> list[str]:
+        """The last ``tail`` messages of a run's log (all with ``None``): ``HH:MM:SS LEVEL step: message``.
+
+        Raises:
+            NotFoundError: no run ``run_id``.
+        """
+        lines = []
+        for e in self._events(run_id):
+            when = time.strftime("%H:%M:%S", time.gmtime(float(e.get("timestamp") or 0) / 1000))
+            step = f"{e['stepKey']}: " if e.get("stepKey") else ""
+            message = e["message"]
+            if e["__typename"] in ("ExecutionStepFailureEvent", "RunFailureEvent") and e.get("error"):
+                message = f"{message} {_own_error(e)[0]}"  # the step's own error, not only "step failed"
+            lines.append(f"{when} {e.get('level') or 'INFO'} {step}{message}")
+        return lines[-tail:] if tail else lines
+
+    def cancel(self, run_id: str, *, wait: bool = True, timeout_s: float = 120.0) -> RunInfo:
+        """Cancel a run: its steps are interrupted and the run ends ``CANCELED``; its MLflow runs end ``KILLED``.
+
+        With ``wait`` the run is followed until it has stopped (at most ``timeout_s``); a run that has
+        ended already is returned as it is. The deployment's sensor closes the round's MLflow runs; a
+        client with ``mlflow_uri`` closes them too (a deployment without a daemon runs no sensor).
+
+        Raises:
+            NotFoundError: no run ``run_id``.
+            ClientError: the webserver could not cancel it (the message says why).
+        """
+        info = self.run(run_id)
+        if info.finished:
+            return info
+        result = self._query(queries.TERMINATE_RUN, {"runId": run_id, "policy": "SAFE_TERMINATE"})["terminateRun"]
+        self._ok(result, "TerminateRunSuccess")
+        if not wait:
+            return self.run(run_id)
+        info = self.wait(run_id, progress=False, poll_s=1.0, timeout_s=timeout_s)
+        if info.partition and self.mlflow_uri:
+            self._close_mlflow_round(info.partition, "KILLED")
+        return info
+
+    def _close_mlflow_round(self, key: str, status: str) -> list[str]:
+        """End the round's MLflow runs still RUNNING with ``status`` (what the deployment's sensor does)."""
+        experiment = self.mlflow.get_experiment_by_name(self.task)
+        if experiment is None:
+            return []
+        runs = self.mlflow.search_runs([experiment.experiment_id], max_results=100,
+                                       filter_string=f"tags.`{TAG_ROUND}` = '{key}' and attributes.status = 'RUNNING'")
+        for r in runs:
+            self.mlflow.set_terminated(r.info.run_id, status=status)
+        return [r.info.run_id for r in runs]
+
+    def retry(self, run: str, *, wait: bool = False, progress: bool = True,
+              timeout_s: float | None = None) -> RoundRun | RoundInfo:
+        """Run a failed or cancelled round again: Dagster's re-execution of its run from the failed step.
+
+        The steps that succeeded are not run again (their stored values are read back); the retry has the
+        failed run's config (its hypothesis) and tags. ``run`` is a run id or a round key (its latest run
+        whose hypothesis was not refused).
+        Returns the retry's :class:`RoundRun`, or with ``wait`` the round once the retry has ended.
+
+        Raises:
+            NotFoundError: no such run or round.
+            RefusedError: the run did not fail (it succeeded or is still going), or its hypothesis was
+                refused (it would be refused again: start a new round with a corrected hypothesis).
+            RoundFailed: with ``wait``, the retry failed too.
+        """
+        if run.startswith("r") and run[1:].isdigit():
+            runs = self.runs(ROUND_JOB, partition=run, limit=20)
+            if not runs:
+                raise NotFoundError(f"round: no run of round {run!r} at {self.dagster_url}")
+            if self.decision(run) is not None:
+                raise RefusedError(f"round {run} is decided; nothing to retry")
+            # the latest run that can run again: a run whose hypothesis was refused would be refused again
+            info = next((r for r in runs if not r.tags.get(REFUSED_TAG)), runs[0])
+        else:
+            info = self.run(run)
+        if info.status not in ("FAILURE", "CANCELED"):
+            raise RefusedError(f"run {info.run_id} is {info.status}: only a failed or cancelled run is retried")
+        if info.tags.get(REFUSED_TAG):
+            reason = self.run_error(info.run_id)
+            raise RefusedError(f"run {info.run_id}: its hypothesis was refused ({reason}); a retry would be refused "
+                               f"again: start a new round with a corrected hypothesis")
+        started = time.time()
+        params = {"parentRunId": info.run_id, "strategy": "FROM_FAILURE",
+                  "extraTags": [{"key": CLIENT_TAG, "value": "sdk"}]}
+        result = self._ok(self._query(queries.REEXECUTE_RUN, {"params": params})["launchRunReexecution"],
+                          "LaunchRunSuccess")
+        launched = RoundRun(key=info.partition or "", run_id=str(result["run"]["runId"]), launched_at=started)
+        if not wait:
+            return launched
+        return self._finish_round(launched, progress=progress, timeout_s=timeout_s)
+
+    def _finish_round(self, launched: RoundRun, *, progress: bool, poll_s: float = 2.0,
+                      timeout_s: float | None = None) -> RoundInfo:
+        """Wait for a round's run; the round with its decision, or RoundFailed with the failed step's error."""
+        info = self.wait(launched.run_id, progress=progress, poll_s=poll_s, timeout_s=timeout_s)
+        decision = self.decision(launched.key) if info.success else None
+        if not info.success or decision is None:
+            reason = self.run_error(info.run_id) if info.status == "FAILURE" else None
+            why = f": {reason}" if reason is not None else " without a decision"
+            hint = "" if info.status == "CANCELED" or (reason and info.tags.get(REFUSED_TAG)) else (
+                f"; Client.retry({launched.key!r}) runs it again from the failed step")
+            raise RoundFailed(f"round {launched.key}: run {info.run_id} ended {info.status}{why}{hint}", info, reason)
+        return RoundInfo(launched.key, info, decision)
+
     def _progress_lines(self, run_id: str, cursor: str | None) -> tuple[list[tuple[str | None, str]], str | None]:
         """The run's INFO log messages after ``cursor`` as ``(step, message)`` (the steps' progress lines), and the new cursor."""
         result = self._query(queries.RUN_LOGS, {"runId": run_id, "after": cursor})["logsForRun"]
@@ -352,6 +559,8 @@ class Client:
             ClientError: ``timeout_s`` passed first (the run goes on).
         """
         info = self.run(run_id)
+        if progress:
+            ensure_shown()  # a notebook or a script: the progress lines go to stderr, where a person sees them
         bar = Progress(desc or (f"round {info.partition}" if info.partition else info.job),
                        total=self.job_steps(info.job), unit="step") if progress else None
         cursor: str | None = None
@@ -397,8 +606,18 @@ class Client:
             return self.run(run_id)
         info = self.wait(run_id, progress=progress, desc="setup")
         if not info.success:
-            raise RoundFailed(f"setup run {run_id} ended {info.status}; see it in the Dagster UI", info)
+            reason = self.run_error(run_id) if info.status == "FAILURE" else None
+            raise RoundFailed(f"setup run {run_id} ended {info.status}" + (f": {reason}" if reason else ""), info, reason)
+        warning = self.promotion_warning()
+        if warning:
+            warnings.warn(f"task {self.task}: {warning}", PromotionOutOfReach, stacklevel=2)
         return info
+
+    def promotion_warning(self) -> str | None:
+        """Why no candidate can be promoted with the measured noise floor (the bar is above what the metric can
+        still gain over the champion), or ``None`` when one can; :meth:`setup` warns with it."""
+        found = self._materializations(NOISE_FLOOR, limit=1)
+        return found[0]["metadata"].get(PROMOTION_WARNING_LABEL) if found else None
 
     def round_keys(self) -> list[str]:
         """Every ``rounds`` partition, in order."""
@@ -465,12 +684,7 @@ class Client:
             RoundFailed: the run ended without a decision.
         """
         launched = self.start_round(hypothesis, tags=tags)
-        info = self.wait(launched.run_id, progress=progress, poll_s=poll_s, timeout_s=timeout_s)
-        decision = self.decision(launched.key)
-        if not info.success or decision is None:
-            raise RoundFailed(f"round {launched.key}: run {info.run_id} ended {info.status} without a decision; "
-                              f"see the run in the Dagster UI", info)
-        return RoundInfo(launched.key, info, decision)
+        return self._finish_round(launched, progress=progress, poll_s=poll_s, timeout_s=timeout_s)
 
     def run_loop(self, *, rounds: int, patience: int = 2, max_wall_s: float = 6 * 3600,
                  hypothesis: Mapping[str, Any] | str | os.PathLike[str] | None = None, progress: bool = True,
@@ -526,11 +740,18 @@ class Client:
         return sorted(out, key=lambda m: -m["timestamp"])
 
     def decision(self, key: str) -> RoundDecision | None:
-        """The round's decision (``promotion_decision``), ``None`` until it is decided."""
+        """The round's decision (``promotion_decision``), ``None`` until it is decided.
+
+        Raises:
+            NotFoundError: there is no round ``key``.
+        """
         for m in self._materializations(PROMOTION_DECISION, partitions=[key], limit=1):
             raw = m["metadata"].get(DECISION_LABEL)
             if raw is not None:
                 return RoundDecision.from_dict(raw)
+        keys = self.round_keys()
+        if key not in keys:
+            raise NotFoundError(f"round: no round {key!r} at {self.dagster_url}; rounds: {', '.join(keys) or 'none'}")
         return None
 
     def round(self, key: str) -> RoundInfo:
@@ -540,7 +761,7 @@ class Client:
             ClientError: there is no such round.
         """
         if key not in self.round_keys():
-            raise ClientError(f"round: no round {key!r} at {self.dagster_url}; rounds: {', '.join(self.round_keys()) or 'none'}")
+            raise NotFoundError(f"round: no round {key!r} at {self.dagster_url}; rounds: {', '.join(self.round_keys()) or 'none'}")
         runs = self.runs(ROUND_JOB, partition=key, limit=1)
         return RoundInfo(key, runs[0] if runs else None, self.decision(key))
 
@@ -558,7 +779,15 @@ class Client:
         return [RoundInfo(k, latest.get(k), decisions.get(k)) for k in self.round_keys()]
 
     def ledger(self, kind: str | None = None) -> list[dict[str, Any]]:
-        """The ledger events the steps published (null arms, hypotheses, checkpoints, decisions, releases), oldest first."""
+        """The ledger events the steps published (null arms, hypotheses, checkpoints, decisions, releases), oldest first.
+
+        Raises:
+            RefusedError: ``kind`` is not a ledger event kind (the message lists them).
+        """
+        from envloop_pipelines.core.loop.ledger import EVENT_KINDS
+
+        if kind is not None and kind not in EVENT_KINDS:
+            raise RefusedError(f"kind: {kind!r} is not a ledger event kind; allowed: {', '.join(EVENT_KINDS)}")
         events: dict[str, dict[str, Any]] = {}
         for asset in (NOISE_FLOOR, PROMOTION_DECISION):
             for m in self._materializations(asset):
@@ -586,7 +815,7 @@ class Client:
         number = self._release_number(release)
         card = self.cards().get(number)
         if card is None:
-            raise ClientError(f"release: release {number} has no card at {self.dagster_url}")
+            raise NotFoundError(f"release: release {number} has no card at {self.dagster_url}")
         return card
 
     # ------------------------------------------------------------------ MLflow: releases, champion, checkpoints
@@ -600,8 +829,34 @@ class Client:
                                   "or set MLFLOW_TRACKING_URI")
             from mlflow import MlflowClient
 
+            self._probe_mlflow()
             self._mlflow = MlflowClient(tracking_uri=self.mlflow_uri, registry_uri=self.mlflow_uri)
         return self._mlflow
+
+    def _probe_mlflow(self) -> None:
+        """An MLflow server must answer ``/health`` within ``timeout_s``: a dead URL fails here, at once, not after
+        MLflow's own retries (minutes). A local store (``sqlite:///...``) needs no probe.
+
+        Raises:
+            UnavailableError: the server did not answer, or answered with an error.
+        """
+        uri = str(self.mlflow_uri)
+        if not uri.startswith(("http://", "https://")):
+            return
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=self.timeout_s) as answer:
+                ok = answer.status == 200
+                detail = f"HTTP {answer.status}"
+        except urllib.error.HTTPError as exc:
+            ok, detail = False, f"HTTP {exc.code}"
+        except (OSError, ValueError) as exc:
+            ok, detail = False, f"{type(getattr(exc, 'reason', exc)).__name__}: {getattr(exc, 'reason', exc)}"
+        if not ok:
+            raise UnavailableError(f"the MLflow server at {uri} did not answer /health within {self.timeout_s:g}s "
+                                   f"({detail}); check mlflow_uri (--mlflow, MLFLOW_TRACKING_URI)")
 
     def releases(self, *, with_cards: bool = True) -> list[ReleaseInfo]:
         """The release chain from the MLflow registry (one model version per release), oldest first."""
@@ -610,7 +865,7 @@ class Client:
         try:
             versions = self.mlflow.search_model_versions(f"name='{self.model_name}'")
         except MlflowException as exc:
-            raise ClientError(f"MLflow at {self.mlflow_uri}: {exc.message}") from None
+            raise UnavailableError(f"MLflow at {self.mlflow_uri}: {exc.message}") from None
         try:
             champion = str(self.mlflow.get_model_version_by_alias(self.model_name, CHAMPION_ALIAS).version)
         except MlflowException:
@@ -636,12 +891,12 @@ class Client:
         if release == "champion":
             champ = self.champion()
             if champ is None:
-                raise ClientError(f"release: the task {self.task!r} has no champion yet (run setup first)")
+                raise NotFoundError(f"release: the task {self.task!r} has no champion yet (run setup first)")
             return champ.release
         try:
             return int(release)
         except (TypeError, ValueError):
-            raise ClientError(f"release: {release!r} is neither a release number nor 'champion'") from None
+            raise RefusedError(f"release: {release!r} is neither a release number nor 'champion'") from None
 
     def fetch_checkpoint(self, release: int | str = "champion", dest: str | os.PathLike[str] = ".") -> Path:
         """Download a release's checkpoint from MLflow into ``dest/<sha256>`` and verify it.
@@ -657,7 +912,7 @@ class Client:
         number = self._release_number(release)
         found = next((r for r in self.releases(with_cards=False) if r.release == number), None)
         if found is None or not found.mlflow_run_id:
-            raise ClientError(f"release: no release {number} of {self.model_name} in MLflow at {self.mlflow_uri}")
+            raise NotFoundError(f"release: no release {number} of {self.model_name} in MLflow at {self.mlflow_uri}")
         dest_dir = Path(dest)
         dest_dir.mkdir(parents=True, exist_ok=True)
         target = dest_dir / str(found.checkpoint_sha256)
@@ -673,6 +928,81 @@ class Client:
             raise ClientError(f"release {number}: the downloaded checkpoint hashes to {checkpoint_hash(target)}, "
                               f"not {found.checkpoint_sha256}")
         return target
+
+    # ------------------------------------------------------------------ predict: a served release, or here
+
+    def predict(self, request: Mapping[str, Any] | Sequence[Mapping[str, Any]], *, url: str | None = None,
+                release: int | str = "champion", dest: str | os.PathLike[str] | None = None,
+                api_key: str | None = None) -> Any:
+        """A release's answers to a Jev request (``{"state": ..., "questions": {...}}``; a labelled decision record
+        works too: its labels and meta are left out), or to a list of them.
+
+        With ``url`` the request goes to a served release (``envloop serve``, ``POST <url>/v1/systemone``);
+        without, the release's checkpoint is fetched from MLflow (:meth:`fetch_checkpoint`, into ``dest``, default
+        a temporary folder kept for this client) and answered in this process by the same server code
+        (``core/serve/app.py``, in process): the numbers are the ones ``envloop serve`` gives.
+
+        Raises:
+            RefusedError: the server refused the request (the message is its own, naming the field).
+            NotFoundError: no such release.
+            UnavailableError: the server at ``url`` did not answer.
+        """
+        many = not isinstance(request, Mapping)
+        bodies = [_jev_body(r) for r in (request if many else [request])]
+        if url is None:
+            server = self._local_server(release, dest)
+            answers = [self._answer(server.post, "/v1/systemone", body, "in process") for body in bodies]
+        else:
+            import httpx
+
+            headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+            with httpx.Client(base_url=url.rstrip("/"), timeout=self.timeout_s, headers=headers) as http:
+                answers = [self._answer(http.post, "/v1/systemone", body, url) for body in bodies]
+        return answers if many else answers[0]
+
+    @staticmethod
+    def _answer(post: Callable[..., Any], path: str, body: Mapping[str, Any], where: str) -> dict[str, Any]:
+        import httpx
+
+        try:
+            response = post(path, json=body)
+        except httpx.HTTPError as exc:
+            raise UnavailableError(f"the server at {where} did not answer: {type(exc).__name__}: {exc}") from None
+        if response.status_code == 200:
+            return response.json()
+        try:
+            detail = response.json()
+        except ValueError:
+            detail = response.text[:300]
+        kind = (RefusedError if response.status_code in (400, 413, 422) else NotFoundError if response.status_code == 404
+                else UnavailableError if response.status_code >= 500 else ClientError)
+        raise kind(f"the server at {where} answered {response.status_code}: {json.dumps(detail)[:500]}")
+
+    def _local_server(self, release: int | str, dest: str | os.PathLike[str] | None) -> Any:
+        """The server app for a release's checkpoint, in this process (one per checkpoint, kept)."""
+        from fastapi.testclient import TestClient
+
+        from envloop_pipelines.core.serve.app import create_app
+        from envloop_pipelines.core.serve.settings import settings_for, source_from_checkpoint
+
+        if dest is None:
+            if self._models_dir is None:
+                self._models_dir = tempfile.mkdtemp(prefix="envloop-models-")
+            dest = self._models_dir
+        checkpoint = self.fetch_checkpoint(release, dest)
+        if checkpoint.name not in self._servers:
+            settings = settings_for(source_from_checkpoint(checkpoint), auth_off=True, preload=False,
+                                    micro_batching=False, idle_timeout_s=None)
+            server = TestClient(create_app(settings))
+            server.__enter__()  # the app's lifespan: tokenizer, batcher, model holder (closed by close())
+            self._servers[checkpoint.name] = server
+        return self._servers[checkpoint.name]
+
+    def close(self) -> None:
+        """Stop the in-process servers :meth:`predict` started (their models are unloaded)."""
+        servers, self._servers = self._servers, {}
+        for server in servers.values():
+            server.__exit__(None, None, None)
 
     # ------------------------------------------------------------------ eval (runs here)
 
@@ -712,4 +1042,5 @@ class Client:
         return {**evaluate_checkpoint(checkpoint, table, safety_families=SAFETY_FAMILIES), **source}
 
 
-__all__ = ["Client", "ClientError", "ReleaseInfo", "RoundFailed", "RoundInfo", "RoundRun", "RunInfo", "StepInfo"]
+__all__ = ["Client", "ClientError", "NotFoundError", "PromotionOutOfReach", "RefusedError", "ReleaseInfo", "RoundFailed", "RoundInfo", "RoundRun",
+           "RunError", "RunInfo", "StepInfo", "UnavailableError"]

@@ -129,6 +129,60 @@ query RunLogs($runId: ID!, $after: String) {
 }
 """
 
+_ERROR = "message className errorChain { error { message className } }"
+
+#: The failure events of a run: each failed step's error (its own message is the last link of
+#: ``errorChain``; a ``dagster.Failure`` gives it as ``failureMetadata.description``) and the run's failure.
+RUN_FAILURES = """
+query RunFailures($runId: ID!, $after: String) {
+  logsForRun(runId: $runId, afterCursor: $after) {
+    __typename
+    ... on EventConnection {
+      cursor hasMore
+      events {
+        __typename
+        ... on ExecutionStepFailureEvent { stepKey message error { %s } failureMetadata { description } }
+        ... on RunFailureEvent { message error { %s } }
+        ... on MessageEvent { message stepKey level timestamp }
+      }
+    }
+    ... on RunNotFoundError { message }
+    ... on PythonError { message }
+  }
+}
+""" % (_ERROR, _ERROR)
+
+#: Cancel a run (the run's steps are interrupted; ``MARK_AS_CANCELED_IMMEDIATELY`` for a run whose worker is gone).
+TERMINATE_RUN = """
+mutation TerminateRun($runId: String!, $policy: TerminateRunPolicy) {
+  terminateRun(runId: $runId, terminatePolicy: $policy) {
+    __typename
+    ... on TerminateRunSuccess { run { runId status } }
+    ... on TerminateRunFailure { message run { runId status } }
+    ... on RunNotFoundError { message }
+    ... on UnauthorizedError { message }
+    ... on PythonError { message }
+  }
+}
+"""
+
+#: Run a failed run again (Dagster's re-execution: ``FROM_FAILURE`` reuses the steps that succeeded).
+REEXECUTE_RUN = """
+mutation ReexecuteRun($params: ReexecutionParams!) {
+  launchRunReexecution(reexecutionParams: $params) {
+    __typename
+    ... on LaunchRunSuccess { run { runId status } }
+    ... on RunConfigValidationInvalid { errors { message path } }
+    ... on PipelineNotFoundError { message }
+    ... on RunConflict { message }
+    ... on UnauthorizedError { message }
+    ... on InvalidStepError { invalidStepKey }
+    ... on InvalidOutputError { stepKey invalidOutputName }
+    ... on PythonError { message }
+  }
+}
+"""
+
 _METADATA = """
         metadataEntries {
           label __typename
@@ -160,4 +214,5 @@ query Materializations($asset: AssetKeyInput!, $partitions: [String!], $limit: I
 
 ALL = {"REPOSITORIES": REPOSITORIES, "RESOURCES": RESOURCES, "JOB_STEPS": JOB_STEPS, "PARTITION_KEYS": PARTITION_KEYS,
        "ADD_PARTITION": ADD_PARTITION, "LAUNCH_RUN": LAUNCH_RUN, "RUN": RUN, "RUNS": RUNS, "RUN_LOGS": RUN_LOGS,
-       "MATERIALIZATIONS": MATERIALIZATIONS}
+       "MATERIALIZATIONS": MATERIALIZATIONS, "RUN_FAILURES": RUN_FAILURES, "TERMINATE_RUN": TERMINATE_RUN,
+       "REEXECUTE_RUN": REEXECUTE_RUN}

@@ -58,7 +58,7 @@ def test_asset_graph_snapshot() -> None:
     assert checks == EXPECTED_CHECKS
     assert {j.name for j in repo.get_all_jobs() if not j.name.startswith("__")} == {"round_job", "setup_job", "rl_round_job"}
     assert {s.name: s.cron_schedule for s in repo.schedule_defs} == {"nightly_loop": "0 2 * * *"}
-    assert {s.name for s in repo.sensor_defs} == {"next_round_sensor", "failed_round_sensor"}
+    assert {s.name for s in repo.sensor_defs} == {"next_round_sensor", "failed_round_sensor", "canceled_round_sensor"}
     training = graph.get(dg.AssetKey("lora_checkpoint"))
     assert "dagster-k8s/config" in repo.assets_defs_by_key[dg.AssetKey("lora_checkpoint")].op.tags
     assert training.group_name == "round"

@@ -172,6 +172,15 @@ def parse_options(
     qtype: str, criteria: Any, where: Callable[[str, str], None], prefix: str
 ) -> tuple[tuple[str, ...], tuple[str | None, ...]] | None:
     """Options of a question from its criteria, or None after reporting errors."""
+    # a description is text, an object or an array (or null but for a score level), as the server's schema says
+    described = (list(criteria.items()) if isinstance(criteria, dict)
+                 else list(enumerate(criteria)) if isinstance(criteria, list) and qtype == "score" else [])
+    wrong = [(k, d) for k, d in described if not (d is None and qtype != "score") and not _is_text_like(d)]
+    for key, desc in wrong:
+        allowed = "text, an object or an array" + ("" if qtype == "score" else ", or null")
+        where(f"{prefix}.criteria", f"criteria[{key!r}] must be {allowed}, got {type(desc).__name__}")
+    if wrong:
+        return None
     if qtype == "noul":
         texts: dict[str, str | None] = {"true": None, "false": None}
         if criteria is None:
@@ -444,6 +453,12 @@ def records_from_objects(
     if not objects and not errors:
         errors.append(FieldError(file, None, "<file>", "empty file: no records"))
     check_duplicate_ids(((o.get("id") if isinstance(o, dict) else None, line) for o, line in objects), file, errors)
+    from envloop_pipelines.core.data.snapshots import declared_splits
+
+    try:  # meta.split: a known split, the same for a whole group; each error on its record's line
+        declared_splits([r for r, _ in pairs], file, [line for _, line in pairs])
+    except DataValidationError as exc:
+        errors.extend(exc.errors)
     if token_budget is not None:
         if count_tokens is None:
             from envloop_pipelines.core.tokens import count_tokens as default_counter
@@ -453,6 +468,29 @@ def records_from_objects(
     if errors:
         raise DataValidationError(errors)
     return tuple(r for r, _ in pairs)
+
+
+def utf8_errors(raw: bytes, file: str, max_errors: int = 50) -> list[FieldError]:
+    """Every byte of ``raw`` that is not UTF-8, by line and column (the first ``max_errors``, then a count)."""
+    errors: list[FieldError] = []
+    bad = 0
+    for number, line in enumerate(raw.split(b"\n"), start=1):
+        start = 0
+        while True:
+            try:
+                line[start:].decode("utf-8")
+                break
+            except UnicodeDecodeError as exc:
+                at = start + exc.start
+                bad += 1
+                if len(errors) < max_errors:
+                    errors.append(FieldError(file, number, "<encoding>",
+                                             f"not UTF-8: byte 0x{line[at]:02x} at column {at + 1}"))
+                start = start + max(exc.end, exc.start + 1)
+    if bad > len(errors):
+        errors.append(FieldError(file, None, "<encoding>", f"{bad - len(errors)} more bytes that are not UTF-8 "
+                                                           f"({bad} in all)"))
+    return errors
 
 
 def load_jsonl(
@@ -476,11 +514,8 @@ def load_jsonl(
     errors: list[FieldError] = []
     try:
         text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise DataValidationError(
-            [FieldError(file, line, "<encoding>", f"not UTF-8: byte 0x{raw[exc.start]:02x} at offset {exc.start}")]
-        ) from None
+    except UnicodeDecodeError:
+        raise DataValidationError(utf8_errors(raw, file)) from None
     if text.startswith("\ufeff"):
         text = text[1:]
     objects: list[tuple[Any, int | None]] = []

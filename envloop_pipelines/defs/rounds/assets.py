@@ -6,6 +6,7 @@ stores and hands to the downstream assets, so the graph's edges are the data flo
 
 
 import json
+from typing import NoReturn
 
 import dagster as dg
 import pyarrow.parquet as pq
@@ -24,11 +25,69 @@ from envloop_pipelines.core.loop.results import (
     TrainedCheckpoint,
     TrainingSnapshot,
 )
-from envloop_pipelines.defs.rounds.metadata import DECISION, ledger_metadata, metrics_table, mlflow_link, run_tags
+from envloop_pipelines.defs.rounds.metadata import DECISION, PROMOTION_WARNING, ledger_metadata, metrics_table, mlflow_link, run_tags
 from envloop_pipelines.defs.rounds.partitions import rounds
+from envloop_pipelines.core.tracking import RUN_FAILED, RUN_FINISHED, close_round_runs
 from envloop_pipelines.resources.loop import LoopResource, MlflowResource
 
 ROUND_GROUP = "round"
+
+#: Run tags of a run whose hypothesis was refused. Dagster's own tag keeps the instance's run retries
+#: (``run_retries`` in dagster.yaml) from launching it again (a refusal fails the same way every time);
+#: ``envloop/refused`` tells the failed-round sensor to write nothing (a refusal writes nothing).
+NO_RETRY_TAG = "dagster/retry_on_asset_or_op_failure"
+REFUSED_TAG = "envloop/refused"
+
+
+def refuse_bad_proposal(context: dg.AssetExecutionContext, proposal_json: str) -> dict | None:
+    """The person's hypothesis of this run (``registered_hypothesis``'s ``proposal_json``), checked.
+
+    A refusal (``steps.proposal_errors``, every problem named) tags the run so that it is not retried
+    and raises ``dg.Failure(allow_retries=False)`` with the reasons; called by the round's first step
+    as well, so a refused round stops before anything of it is written (no file, ledger event or MLflow
+    run), and its partition, used by no other run, is removed again.
+    """
+    if not proposal_json.strip():
+        return None
+    key = context.partition_key
+    try:
+        proposal = json.loads(proposal_json)
+        errors = ([] if isinstance(proposal, dict) else ["must be a JSON object (change, predicted_delta, gate, "
+                                                         "seeds, rationale)"])
+    except json.JSONDecodeError as exc:
+        proposal, errors = None, [f"proposal_json: line {exc.lineno}: {exc.msg}"]
+    if not errors:
+        errors = steps.proposal_errors(proposal)
+    if not errors:
+        return proposal
+    refuse(context, f"round {key}: hypothesis refused: " + "; ".join(errors))
+
+
+def refuse(context: dg.AssetExecutionContext, message: str) -> NoReturn:
+    """Fail the step with a refusal: the run tagged never to be retried, and ``dg.Failure(allow_retries=False)``
+    with ``message``; a round that has written nothing yet and has no other run gives its partition back."""
+    key = context.partition_key
+    instance = context.instance
+    instance.add_run_tags(context.run_id, {NO_RETRY_TAG: "false", REFUSED_TAG: "hypothesis"})
+    runs = instance.get_runs_count(dg.RunsFilter(tags={"dagster/partition": key}))
+    if runs <= 1 and not _round_started(context, key):
+        instance.delete_dynamic_partition(rounds.name, key)
+        message += f" (nothing of round {key} was written; its partition is removed)"
+    raise dg.Failure(description=message, allow_retries=False)
+
+
+def _round_started(context: dg.AssetExecutionContext, key: str) -> bool:
+    """Whether anything of round ``key`` is on disk (an earlier run's steps)."""
+    from envloop_pipelines.core.loop.store import RoundStore
+
+    cfg = context.resources.loop.config()
+    return (RoundStore(cfg.task, cfg.home).loop / "rounds" / key).exists()  # round_dir() would create it
+
+
+def _run_proposal_json(context: dg.AssetExecutionContext) -> str:
+    """The hypothesis config of this run's ``registered_hypothesis`` step ('' when none)."""
+    ops = (context.run.run_config or {}).get("ops") or {}
+    return str(((ops.get("registered_hypothesis") or {}).get("config") or {}).get("proposal_json") or "")
 
 # The label store's own volume on a cluster (k8s/storage.yaml: PVC envloop-verifier), mounted over
 # <ENVLOOP_HOME>/verifier (ENVLOOP_HOME=/envloop-home, k8s/dagster/values.yaml) only in the step pods that
@@ -61,9 +120,14 @@ def task_benchmark(loop: LoopResource) -> dg.Output[Benchmark]:
 def noise_floor(context: dg.AssetExecutionContext, loop: LoopResource,
                 mlflow: MlflowResource) -> dg.Output[MeasuredNoiseFloor]:
     """Spread of the primary metric over K null arms of the control recipe; cached per benchmark version and recipe."""
+    from envloop_pipelines.core.loop.promotion import champion_out_of_reach
+
     cfg = loop.config()
     result = setup.measure_noise_floor(cfg, mlflow.tracker(), run_tags=run_tags(context))
     arms = {f"seed {a['seed']}": a["metrics"] for a in result.floor.arms}
+    out_of_reach = champion_out_of_reach(cfg.task, cfg.home, result.floor)
+    if out_of_reach:
+        context.log.warning(f"task {cfg.task}: {out_of_reach}")
     return dg.Output(result, metadata={
         "noise_floor": result.floor.floor,
         "key": result.floor.key,
@@ -71,6 +135,7 @@ def noise_floor(context: dg.AssetExecutionContext, loop: LoopResource,
         "benchmark_version": result.benchmark_version,
         "recipe_hash": result.recipe_hash,
         "arms": metrics_table(arms),
+        **({PROMOTION_WARNING: out_of_reach} if out_of_reach else {}),
         **mlflow_link(result),
         # the null arms and the bootstrap release (release 1, the control arm), for clients (docs/http-api.md)
         **ledger_metadata(cfg.task, cfg.home, noise_key=result.floor.key, release=1),
@@ -82,6 +147,7 @@ def baseline_eval(context: dg.AssetExecutionContext, loop: LoopResource) -> dg.O
     """The champion on dev: per-question predictions and metrics."""
     from envloop_pipelines.core.loop.plots import reliability_diagram
 
+    refuse_bad_proposal(context, _run_proposal_json(context))  # before anything of the round is written
     cfg = loop.config()
     result = steps.evaluate_champion(cfg, context.partition_key)
     preds = pq.read_table(result.predictions).to_pylist()
@@ -146,9 +212,14 @@ def registered_hypothesis(context: dg.AssetExecutionContext, config: HypothesisC
                           mlflow: MlflowResource,
                           environment_synthesis: EnvironmentSynthesis) -> dg.Output[RegisteredHypothesis]:
     """The round's hypothesis (change, predicted delta, gate, seeds), in MLflow and the ledger before training; immutable."""
-    proposal = json.loads(config.proposal_json) if config.proposal_json.strip() else None
-    result = steps.register_hypothesis(loop.config(), environment_synthesis, mlflow.tracker(), proposal=proposal,
-                                       run_tags=run_tags(context))
+    from envloop_pipelines.core.loop.ledger import GateTooLooseError, HypothesisRefusedError
+
+    proposal = refuse_bad_proposal(context, config.proposal_json)
+    try:
+        result = steps.register_hypothesis(loop.config(), environment_synthesis, mlflow.tracker(), proposal=proposal,
+                                           run_tags=run_tags(context))
+    except (GateTooLooseError, HypothesisRefusedError) as exc:  # refused at registration: the same next time
+        refuse(context, str(exc))
     h = result.hypothesis
     return dg.Output(result, metadata={
         "hash": result.hash,
@@ -235,6 +306,7 @@ def promotion_decision(context: dg.AssetExecutionContext, loop: LoopResource, ml
     cfg = loop.config()
     result = decide.decide_round(cfg, registered_hypothesis, training_dataset_snapshot, lora_checkpoint,
                                  independent_reeval, noise_floor, mlflow.tracker(), run_tags=run_tags(context))
+    close_round_runs(mlflow.tracker(), cfg.task, context.partition_key, RUN_FINISHED, parent_only=True)
     releases = Ledger(cfg.task, cfg.home).releases()
     plot = metric_by_round([str(r["release"]) for r in releases],
                            {"holdout family-macro accuracy": [r["holdout"].get("family_macro_accuracy") for r in releases]},
@@ -258,9 +330,21 @@ ROUND_ASSETS = [baseline_eval, failure_mining, environment_synthesis, registered
 # Run tag of the round (it trains): the cluster's run queue allows one running round per value
 # (k8s/dagster/values.yaml, tagConcurrencyLimits); the local instance sets no tag limit.
 GPU_POOL_TAG = "envloop/gpu-pool"
+
+
+@dg.failure_hook(required_resource_keys={"loop", "mlflow"})
+def close_failed_round(context: dg.HookContext) -> None:
+    """A step of a round failed: the round's MLflow runs still RUNNING (its parent, the step's) end FAILED."""
+    run = context.instance.get_run_by_id(context.run_id)
+    key = run.tags.get("dagster/partition") if run is not None else None
+    if key:
+        cfg = context.resources.loop.config()
+        close_round_runs(context.resources.mlflow.tracker(), cfg.task, key, RUN_FAILED)
+
+
 round_job = dg.define_asset_job("round_job", selection=dg.AssetSelection.assets(*ROUND_ASSETS),
                                 description="One round of the loop, for one partition of `rounds`.",
-                                tags={GPU_POOL_TAG: "training"})
+                                tags={GPU_POOL_TAG: "training"}, hooks={close_failed_round})
 setup_job = dg.define_asset_job("setup_job", selection=dg.AssetSelection.assets(task_benchmark, noise_floor),
                                 description="The benchmark and the noise floor (and the first champion).")
 

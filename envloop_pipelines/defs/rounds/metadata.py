@@ -33,6 +33,8 @@ def metrics_table(columns: Mapping[str, Mapping[str, Any]]) -> dg.MetadataValue:
 DECISION = "decision"
 RELEASE_CARD = "release_card"
 LEDGER_EVENTS = "ledger_events"
+#: Text, on ``noise_floor`` when its floor puts promotion out of reach of any candidate (``unreachable_bar``).
+PROMOTION_WARNING = "promotion_warning"
 
 
 def ledger_metadata(task: str, home: str | None, *, round_key: str | None = None, noise_key: str | None = None,

@@ -5,9 +5,10 @@ import dagster as dg
 
 from envloop_pipelines.core.loop.budget import next_round
 from envloop_pipelines.core.loop.ledger import EVENT_ROUND_FAILED, Ledger
-from envloop_pipelines.defs.rounds.assets import promotion_decision, round_job
+from envloop_pipelines.core.tracking import RUN_KILLED, close_round_runs
+from envloop_pipelines.defs.rounds.assets import REFUSED_TAG, promotion_decision, round_job
 from envloop_pipelines.defs.rounds.partitions import rounds
-from envloop_pipelines.resources.loop import LoopResource
+from envloop_pipelines.resources.loop import LoopResource, MlflowResource
 
 
 @dg.asset_sensor(asset_key=promotion_decision.key, job=round_job, minimum_interval_seconds=30,
@@ -27,12 +28,24 @@ def next_round_sensor(context: dg.SensorEvaluationContext, asset_event: dg.Event
 
 @dg.run_failure_sensor(monitored_jobs=[round_job], default_status=dg.DefaultSensorStatus.RUNNING)
 def failed_round_sensor(context: dg.RunFailureSensorContext, loop: LoopResource) -> None:
-    """Record a failed round in the ledger (with the Dagster run and its error)."""
+    """Record a failed round in the ledger (with the Dagster run and its error); a refused hypothesis writes nothing."""
     cfg = loop.config()
     run = context.dagster_run
+    if run.tags.get(REFUSED_TAG):
+        return
     Ledger(cfg.task, cfg.home).append(
         EVENT_ROUND_FAILED,
         {"round": run.tags.get("dagster/partition"), "dagster_run_id": run.run_id,
          "error": context.failure_event.message if context.failure_event else None},
         key=f"failed:{run.run_id}",
     )
+
+
+@dg.run_status_sensor(run_status=dg.DagsterRunStatus.CANCELED, monitored_jobs=[round_job],
+                      default_status=dg.DefaultSensorStatus.RUNNING)
+def canceled_round_sensor(context: dg.RunStatusSensorContext, loop: LoopResource, mlflow: MlflowResource) -> None:
+    """A cancelled round: its MLflow runs still RUNNING (the parent, the interrupted step's) end KILLED."""
+    key = context.dagster_run.tags.get("dagster/partition")
+    if key:
+        cfg = loop.config()
+        close_round_runs(mlflow.tracker(), cfg.task, key, RUN_KILLED)
