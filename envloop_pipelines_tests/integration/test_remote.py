@@ -16,8 +16,10 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -54,16 +56,22 @@ class Deployment:
         return Client(self.dagster, self.mlflow)
 
 
-@pytest.fixture(scope="module")
-def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    root = tmp_path_factory.mktemp("deployment")
+@contextmanager
+def running_deployment(root: Path, *, instance: dict[str, Any] | None = None) -> Iterator[Deployment]:
+    """An MLflow server and a Dagster webserver on loopback, the loop's env set for the small test benchmark."""
     home = root / "home"
     with services.mlflow_server(root / "mlflow", f"sqlite:///{root / 'mlflow' / 'mlflow.db'}") as mlflow_url:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ENVLOOP_")}
         env.update(LOOP_ENV, ENVLOOP_HOME=str(home), MLFLOW_TRACKING_URI=mlflow_url, HF_HUB_OFFLINE="1",
                    TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
-        with services.dagster_webserver(root, env) as dagster_url:
+        with services.dagster_webserver(root, env, instance=instance) as dagster_url:
             yield Deployment(dagster_url, mlflow_url, home, env)
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    with running_deployment(tmp_path_factory.mktemp("deployment")) as d:
+        yield d
 
 
 def _progress_lines(caplog: pytest.LogCaptureFixture) -> list[str]:

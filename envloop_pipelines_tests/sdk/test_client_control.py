@@ -10,7 +10,6 @@ launches a refused hypothesis over plain GraphQL, reads the reasons, and retries
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -24,7 +23,8 @@ from envloop_pipelines.core.loop.store import RoundStore
 from envloop_pipelines.sdk import Client, NotFoundError, RefusedError, RoundFailed, RoundRun, UnavailableError
 from envloop_pipelines.sdk.client import PARTITION_TAG, REFUSED_TAG, ROUND_JOB
 from envloop_pipelines_tests import services
-from envloop_pipelines_tests.integration.test_remote import ENVLOOP, HYPOTHESIS, LOOP_ENV, TASK, Deployment
+from envloop_pipelines_tests.integration.test_remote import (ENVLOOP, HYPOTHESIS, TASK, Deployment,
+                                                          running_deployment)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -44,14 +44,9 @@ print(json.dumps({"status": info.status}), flush=True)
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    root = tmp_path_factory.mktemp("deployment")
-    home = root / "home"
-    with services.mlflow_server(root / "mlflow", f"sqlite:///{root / 'mlflow' / 'mlflow.db'}") as mlflow_url:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ENVLOOP_")}
-        env.update(LOOP_ENV, ENVLOOP_HOME=str(home), MLFLOW_TRACKING_URI=mlflow_url, HF_HUB_OFFLINE="1",
-                   TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1")
-        with services.dagster_webserver(root, env, instance={"run_retries": {"enabled": True, "max_retries": 1}}) as url:
-            yield Deployment(url, mlflow_url, home, env)
+    with running_deployment(tmp_path_factory.mktemp("deployment"),
+                            instance={"run_retries": {"enabled": True, "max_retries": 1}}) as d:
+        yield d
 
 
 def _mlflow_runs(client: Client, key: str) -> dict[str, str]:

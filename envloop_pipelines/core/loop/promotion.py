@@ -221,11 +221,8 @@ def unreachable_bar(floor: NoiseFloor, champion_score: float, gate: Gate | None 
     gate = applied_gate(gate or Gate())
     if gate.primary_metric != floor.metric:
         return None
-    sign = 1.0 if gate.direction == "increase" else -1.0
-    multiplier = max(gate.floor_multiplier, MIN_FLOOR_MULTIPLIER)
-    seed_gap = sign * (floor.seed_bound(gate.direction) - float(champion_score)) if len(floor.values) >= 2 else 0.0
-    bar = max(gate.min_delta, multiplier * floor.floor, seed_gap)
-    headroom = 1.0 - float(champion_score) if sign > 0 else float(champion_score)
+    bar = gate_bar(gate, floor, champion_score)["bar"]
+    headroom = 1.0 - float(champion_score) if gate.direction == "increase" else float(champion_score)
     if bar < headroom:
         return None
     return (f"no candidate can be promoted: the bar {bar:.4f} (noise floor {floor.floor:.4f}, seed bound "

@@ -45,16 +45,8 @@ def walk(root: str | Path) -> Iterator[tuple[str, list[str], list[str]]]:
     stack = [os.fspath(root)]
     while stack:
         top = stack.pop()
-        dirs: list[str] = []
-        files: list[str] = []
         try:
-            with os.scandir(top) as it:
-                for entry in it:
-                    try:
-                        is_dir = entry.is_dir(follow_symlinks=False)
-                    except OSError:
-                        is_dir = False
-                    (dirs if is_dir else files).append(entry.name)
+            dirs, files = _scan(top)
         except OSError:
             continue
         dirs.sort()
@@ -107,9 +99,11 @@ def _remove(name: str, dir_fd: int, *, is_dir: bool) -> None:
         remove(name, dir_fd=dir_fd)
 
 
-def _scan(fd: int) -> tuple[list[str], list[str]]:
-    dirs, others = [], []
-    with os.scandir(fd) as it:
+def _scan(folder: str | int) -> tuple[list[str], list[str]]:
+    """A folder's (path or descriptor) entries split into sub-folders and the rest (symlinks never followed)."""
+    dirs: list[str] = []
+    others: list[str] = []
+    with os.scandir(folder) as it:
         for entry in it:
             try:
                 is_dir = entry.is_dir(follow_symlinks=False)

@@ -47,7 +47,7 @@ import pyarrow as pa
 from envloop_pipelines.core.data.splits import HIDDEN_SPLITS
 from envloop_pipelines.core.sandbox import SANDBOX_ENV, Sandbox, SandboxLimits, SandboxResult, sandbox_from_env
 from envloop_pipelines.core.sandbox.launch import DEFAULT_WORKER_LIMITS, WORKER_ENV, verifier_worker_argv
-from envloop_pipelines.core.storage import envloop_home, sha256_bytes
+from envloop_pipelines.core.storage import envloop_home, sha256_bytes, sha256_file
 from envloop_pipelines.core.verify.grader import BUILTIN_SCORERS
 from envloop_pipelines.core.verify.labels import split_labels
 from envloop_pipelines.core.verify.protocol import VerifierReport, labels_to_bytes, prediction_format
@@ -374,7 +374,7 @@ def _task_ledger(task: str, home: str | Path | None, slot: Any) -> Any:
 
 
 def _file_sha(path: str | Path | None) -> str | None:
-    return None if path is None else sha256_bytes(Path(path).read_bytes())
+    return None if path is None else sha256_file(path)
 
 
 def _read_key(predictions: str | Path, options: Mapping[str, Any]) -> str:
