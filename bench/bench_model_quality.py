@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/bench_model_quality.py [--users 240] [--wide-users 1920] [--override epochs=2 ...]
         [--skip-untrained]
+    .venv/bin/python bench/bench_model_quality.py --data bench/user_data/data/sms_spam.csv \
+        --mapping bench/user_data/sms_spam.yaml --skip-untrained [--override ...]
 
 Three models on the same splits, each calibrated on val (one temperature per
 question type), each scored on test by the sandboxed verifier:
@@ -21,6 +23,12 @@ therefore also scored on a **wide test**: the test users of the same generator
 at ``--wide-users`` users (same seed, same rules distribution, half rendered
 by the unseen renderer "b"), minus every user the base benchmark puts in
 train, val or dev, imported as its own task so the verifier scores it.
+
+``--data FILE --mapping YAML`` runs the same comparison on a user's data set
+instead (imported as ``envloop data import`` would, default split fractions;
+the fetch scripts in ``bench/user_data/`` write SMS spam and TREC questions):
+TF-IDF + LR is fitted on the same train split, both are scored on its test
+split, with the paired CI. There is no wide test there.
 """
 
 from __future__ import annotations
@@ -39,7 +47,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from envloop_pipelines.cli.options import parse_recipe_overrides  # noqa: E402
 from envloop_pipelines.core.baseline import TfidfBaseline  # noqa: E402
 from envloop_pipelines.core.benchmark import SAFETY_FAMILIES  # noqa: E402
-from envloop_pipelines.core.data.datasets import generate_builtin_task  # noqa: E402
+from envloop_pipelines.core.data.datasets import generate_builtin_task, import_file  # noqa: E402
+from envloop_pipelines.core.data.tabular import ColumnMapping  # noqa: E402
 from envloop_pipelines.core.model.calibration import fit_calibration  # noqa: E402
 from envloop_pipelines.core.model.checkpoint import METRICS_FILE  # noqa: E402
 from envloop_pipelines.core.model.predict import DecisionModel, predictions_table  # noqa: E402
@@ -54,9 +63,14 @@ from envloop_pipelines.core.progress import configure_command_line  # noqa: E402
 KEYS = ("family_macro_accuracy", "brier", "ece", "coverage_at_5pct", "nll", "fnr/needs_approval")
 
 
+def safety_families(task: str) -> tuple[str, ...]:
+    """The built-in benchmark's safety families; a user's data set declares none here."""
+    return tuple(SAFETY_FAMILIES) if task.startswith("personal_agent") else ()
+
+
 def score(task: str, home: Path, name: str, table) -> dict:  # noqa: ANN001
     path = atomic_write_parquet(home / f"{name}-{task}-test.parquet", table, overwrite=True)
-    run = verify_task(task, "test", path, home=home, safety_families=SAFETY_FAMILIES)
+    run = verify_task(task, "test", path, home=home, safety_families=safety_families(task))
     if not run.ok:
         raise SystemExit(f"verifier failed for {name}: {run.error}")
     return dict(run.report.metrics)
@@ -115,7 +129,7 @@ def paired_line(task: str, home: Path, candidate: str = "trained", baseline: str
     ``candidate`` and ``baseline`` name predictions :func:`score` wrote for ``task``.
     """
     paired = verify_task(task, "test", home / f"{candidate}-{task}-test.parquet", home=home,
-                         safety_families=SAFETY_FAMILIES, baseline_predictions=home / f"{baseline}-{task}-test.parquet")
+                         safety_families=safety_families(task), baseline_predictions=home / f"{baseline}-{task}-test.parquet")
     if not (paired.ok and paired.paired):
         return None
     print(f"paired {label} (95% record-clustered bootstrap CI): " + "; ".join(
@@ -134,17 +148,28 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--skip-untrained", action="store_true",
                         help="leave out the untrained model (its prediction pass); compare with TF-IDF alone")
+    parser.add_argument("--data", type=Path, default=None,
+                        help="a user's data file (CSV/Parquet/JSONL) instead of the built-in benchmark")
+    parser.add_argument("--mapping", type=Path, default=None, help="column mapping (YAML/JSON) for --data")
     args = parser.parse_args()
     configure_command_line()  # progress: a bar on a terminal, lines elsewhere (ENVLOOP_PROGRESS)
 
     home = Path(tempfile.mkdtemp(prefix="bench-quality-"))
-    gen = generate_builtin_task(task="personal_agent", n_users=args.users, home=home)
-    snapshot = open_task("personal_agent", home=home)
+    if args.data is not None:
+        main_task = args.data.stem
+        snapshot = import_file(args.data, main_task, home=home,
+                               mapping=ColumnMapping.from_file(args.mapping) if args.mapping else None)
+        source = f"user data {args.data.name}"
+    else:
+        main_task = "personal_agent"
+        gen = generate_builtin_task(task=main_task, n_users=args.users, home=home)
+        snapshot = open_task(main_task, home=home)
+        source = f"benchmark {snapshot.benchmark_version} ({gen['records']} records)"
     train, val, test = snapshot.table("train"), snapshot.table("val"), snapshot.table("test")
-    print(f"benchmark {snapshot.benchmark_version}: train={train.num_rows} val={val.num_rows} test={test.num_rows} "
-          f"questions ({gen['records']} records)")
-    wide = wide_test_task(home, snapshot, args.users, args.wide_users) if args.wide_users else None
-    tasks = {"personal_agent": test}
+    print(f"{source}: train={train.num_rows} val={val.num_rows} test={test.num_rows} questions")
+    wide = (wide_test_task(home, snapshot, args.users, args.wide_users)
+            if args.wide_users and args.data is None else None)
+    tasks = {main_task: test}
     if wide:
         tasks[wide] = open_task(wide, home=home).table("test")
         print(f"wide test: {tasks[wide].num_rows} questions of users unseen in training "
@@ -189,12 +214,12 @@ def main() -> None:
           f"({fit['questions_per_second']:.1f} training examples/s over {epochs:.2g} epochs, {fit['steps']} steps)")
     verdicts, paired = {}, {}
     for name, table in tasks.items():
-        label = "built-in test split" if name == "personal_agent" else "wide test (unseen users)"
+        label = {main_task: "test split", wide: "wide test (unseen users)"}[name]
         verdicts[name] = report(f"{label}: {table.num_rows} questions", results[name],
-                                timings if name == "personal_agent" else None)
+                                timings if name == main_task else None)
         paired[name] = paired_line(name, home)
-    print(f"\ntarget (beats both on accuracy and Brier, calibrated ECE <= 0.05) on the built-in test split: "
-          f"{'MET' if verdicts['personal_agent'] else 'NOT MET'}")
+    print(f"\ntarget (beats both on accuracy and Brier, calibrated ECE <= 0.05) on the test split: "
+          f"{'MET' if verdicts[main_task] else 'NOT MET'}")
     if wide:
         print(f"the same target on the wide test: {'MET' if verdicts[wide] else 'NOT MET'}")
     if args.out:
