@@ -47,7 +47,10 @@ def test_every_shipped_recipe_loads_and_documents_itself(path: Path) -> None:
 def test_cpu_default_recipe_is_the_packaged_decision_head() -> None:
     recipe = load_recipe(Path(shipped_recipes()[0]).parent / "decision_head_cpu.yaml")
     assert recipe.readout == "decision_head" and recipe.base_model == PACKAGED_MINILM
-    assert recipe.deepspeed is None and recipe.max_length == 384  # no built-in benchmark state is cut at 384
+    assert recipe.deepspeed is None
+    # Issue 24's measured arm: the hybrid with a per-family head over 3 frozen layers, 300 steps at 256 tokens.
+    assert (recipe.max_length, recipe.frozen_layers, recipe.max_steps) == (256, 3, 300)
+    assert recipe.family_head and recipe.lexical and recipe.length_grouped
     assert resolve_base_model(recipe).joinpath("model.safetensors").is_file()
 
 
