@@ -41,6 +41,7 @@ from envloop_pipelines.core.storage import atomic_write_json, atomic_write_parqu
 from envloop_pipelines.core.tracking import KIND_HYPOTHESIS, TAG_KIND, TAG_ROUND, MlflowTracker
 
 from .data.test_snapshots import dataset
+from .measured_power import measured_power
 
 METRIC = "family_macro_accuracy"
 Z975, Z80 = 1.959964, 0.841621
@@ -140,7 +141,8 @@ def test_the_mde_pools_earlier_rounds_of_this_ledger(loop: dict[str, Any]) -> No
     first = paired_noise(config)["deltas"][METRIC]["se"]
     ledger = Ledger(config.task, config.home)
     h = Hypothesis(task=config.task, round="r0001", benchmark_version=loop["benchmark"], change={},
-                   predicted_delta=0.01, gate=Gate(), seeds=(1,), recipe_hash=config.recipe_hash())
+                   predicted_delta=0.01, gate=Gate(), seeds=(1,), recipe_hash=config.recipe_hash(),
+                   power=measured_power(0.01))
     ledger.register_hypothesis(h)
     RoundStore(config.task, config.home).save("independent_reeval", Reevaluation(
         round="r0001", benchmark_version=loop["benchmark"], candidate={}, champion={}, tfidf_baseline={},

@@ -23,6 +23,7 @@ from envloop_pipelines.core.loop.ledger import (
 )
 from envloop_pipelines.core.loop.promotion import decide_promotion, noise_floor_from_arms
 from envloop_pipelines.core.loop.steps import proposal_errors
+from envloop_pipelines_tests.core.measured_power import measured_power
 
 #: The audit's reproduction: accepted at every door before, and then a candidate 0.20 worse was promoted.
 UPSIDE_DOWN = {"direction": "decrease", "family_drop_tolerance": 1, "max_safety_fnr_increase": 1, "max_ece": 1}
@@ -31,7 +32,7 @@ UPSIDE_DOWN_FIELDS = ("gate.direction", "gate.max_ece", "gate.max_safety_fnr_inc
 
 def _hypothesis(gate: Gate | None = None, seeds: tuple[int, ...] = (1,)) -> Hypothesis:
     return Hypothesis(task="t", round="r0001", benchmark_version="t@abc", change={"kind": "data"}, predicted_delta=0.01,
-                      gate=gate or Gate(), seeds=seeds, recipe_hash="h")
+                      gate=gate or Gate(), seeds=seeds, recipe_hash="h", power=measured_power(0.01))
 
 
 def _files(root: Path) -> dict[str, bytes]:

@@ -22,6 +22,7 @@ from envloop_pipelines.core.loop.promotion import (
 )
 from envloop_pipelines.core.loop.synthesis import SNAPSHOT_SCHEMA, SynthesisRequest, VariantGenerator, allocate, load_generator
 from envloop_pipelines.core.data.records import QUESTION_SCHEMA
+from envloop_pipelines_tests.core.measured_power import measured_power
 
 
 def question_rows(n: int = 12) -> list[dict]:
@@ -345,7 +346,7 @@ def test_a_checkpoints_safety_thresholds_are_read_from_its_calibration(tmp_path:
 
 def hypothesis(round_key: str = "r0001", gate: Gate | None = None, **kw) -> Hypothesis:
     return Hypothesis(task="t", round=round_key, benchmark_version="t@abc", change={"kind": "data"}, predicted_delta=0.01,
-                      gate=gate or Gate(), seeds=(1,), recipe_hash="h", **kw)
+                      gate=gate or Gate(), seeds=(1,), recipe_hash="h", **{"power": measured_power(0.01), **kw})
 
 
 def test_gate_amendment_is_recorded_beside_the_original(tmp_path: Path) -> None:

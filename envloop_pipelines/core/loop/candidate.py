@@ -125,7 +125,13 @@ def train_candidate(config: LoopConfig, hypothesis: RegisteredHypothesis, snapsh
 
 def reevaluate(config: LoopConfig, candidate: TrainedCheckpoint, snapshot: TrainingSnapshot, tracker: Tracker, *,
                run_tags: Mapping[str, str] | None = None) -> Reevaluation:
-    """Candidate vs champion on the hidden test set through the sandboxed verifier, with the TF-IDF baseline."""
+    """Candidate vs champion on the hidden test set through the sandboxed verifier, with the TF-IDF baseline.
+
+    The round's reads of test (reader ``round:<key>``): the candidate's predictions paired with the
+    champion's, and the TF-IDF baseline's, three files, its whole budget
+    (:data:`~envloop_pipelines.core.loop.ledger.ROUND_TEST_READ_BUDGET`, one more per gate amendment, whose
+    fresh-seed candidate is a new file); a retry reads the same files again and is not counted twice.
+    """
     key = candidate.round
     d = RoundStore(config.task, config.home).round_dir(key)
     task = open_task(config.task, home=envloop_home(config.home))
@@ -136,11 +142,14 @@ def reevaluate(config: LoopConfig, candidate: TrainedCheckpoint, snapshot: Train
                                    home=envloop_home(config.home))
     champ_preds = write_predictions(d / "champion_test_predictions.parquet", champ["checkpoint_dir"], test,
                                     home=envloop_home(config.home))
+    reader = f"round:{key}"
     run = verify_predictions(config, "test", cand_preds, baseline=champ_preds, seed=round_number(key),
-                             checkpoint=candidate.checkpoint, baseline_checkpoint=champ["checkpoint_dir"])
+                             checkpoint=candidate.checkpoint, baseline_checkpoint=champ["checkpoint_dir"],
+                             reader=reader)
     tfidf = tfidf_baseline(config, task, snapshot_rows(snapshot))
     tfidf_preds = atomic_write_parquet(d / "tfidf_test_predictions.parquet", tfidf.predict_table(test), overwrite=True)
-    tfidf_run = verify_predictions(config, "test", tfidf_preds, safety_thresholds=tfidf.calibration.safety_thresholds)
+    tfidf_run = verify_predictions(config, "test", tfidf_preds, safety_thresholds=tfidf.calibration.safety_thresholds,
+                                   reader=reader)
     mrun = child_run(tracker, config, key, KIND_REEVAL, run_tags)
     result = Reevaluation(
         round=key, benchmark_version=task.benchmark_version, candidate=dict(run.report.metrics),

@@ -10,7 +10,9 @@ Rules enforced here (``docs/rsi-rules.md``):
 3. A gate moves only as a recorded amendment (:meth:`Ledger.amend_gate`, a reason, a ``gate_amended``
    event with the file's sha256), shown beside the original, passed on fresh seeds; every read of a
    hypothesis or an amendment is checked against its ledger event.
-4. The holdout is read once per release: the read is a write-once marker.
+4. The holdout is read once per release: the read is a write-once marker. Every read of ``test`` is a
+   ``test_read`` event naming its reader; a round or the loop's setup reads test only within its budget
+   of distinct predictions files (:meth:`Ledger.reading_test`).
 5. Every arm, hypothesis and rejected candidate stays with its numbers.
 6. Release cards are never rewritten; corrections are appended as errata.
 
@@ -30,6 +32,8 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -86,6 +90,70 @@ class HypothesisRefusedError(LedgerError, ValueError):
 
 class GateTooLooseError(LedgerError, ValueError):
     """A gate would be looser than the measured noise floor and a paired CI above zero (rule 2)."""
+
+
+class TestReadBudgetError(LedgerError, PermissionError):
+    """A loop reader's read of ``test`` beyond its budget of distinct predictions files (rule 4).
+
+    Raised before any label is read; nothing is appended to the ledger.
+    """
+
+    __test__ = False  # an exception, not a pytest test class
+
+
+#: Who reads ``test`` when no loop step does: a person's CLI, SDK or environment call (logged, not limited).
+ADHOC_READER = "adhoc"
+#: What a round reads of ``test`` (``candidate.reevaluate``): its candidate, its champion (the candidate's
+#: paired baseline) and the TF-IDF baseline, three distinct predictions files; one more per gate amendment of
+#: the round (its candidate is trained again on the amendment's fresh seeds, rule 3, and read again).
+ROUND_TEST_READ_BUDGET = 3
+#: What each kind of loop reader reads of ``test``, for the refusal's message.
+_READER_READS = {"round": "its candidate, its champion and the TF-IDF baseline",
+                 "setup": "its null arms, its continuation arms and the TF-IDF baseline of release 1"}
+
+
+def reader_budget(reader: Any, budget: Any = None) -> int | None:
+    """How many distinct predictions files ``reader`` may score on ``test``; ``None`` when not limited.
+
+    ``adhoc`` (a person's call): not limited, each read logged. ``round:<round key>``:
+    :data:`ROUND_TEST_READ_BUDGET`, fixed (``budget`` may not change it; :meth:`Ledger.reading_test` adds one
+    per gate amendment of the round, whose fresh-seed candidate is a new file). ``setup:<noise floor key>``: the
+    ``budget`` the loop's setup counts (``setup.setup_reader``: its null arms, continuation arms
+    and TF-IDF baseline).
+
+    Raises:
+        ValueError: an unknown reader, or a budget that is missing, not a positive integer or not the round's.
+    """
+    if reader == ADHOC_READER:
+        if budget is not None:
+            raise ValueError(f"read_budget: an {ADHOC_READER} read is not limited; got a budget of {budget!r}")
+        return None
+    kind, _, name = reader.partition(":") if isinstance(reader, str) else ("", "", "")
+    if kind not in _READER_READS or not name:
+        raise ValueError(f"reader: must be {ADHOC_READER!r}, 'round:<round key>' or 'setup:<noise floor key>', "
+                         f"got {reader!r}")
+    if kind == "round":
+        if budget is not None and budget != ROUND_TEST_READ_BUDGET:
+            raise ValueError(f"read_budget: a round reads test for at most {ROUND_TEST_READ_BUDGET} predictions files "
+                             f"({_READER_READS['round']}); its budget is not settable (got {budget!r})")
+        return ROUND_TEST_READ_BUDGET
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise ValueError(f"read_budget: the setup reader {reader!r} needs its budget, a positive integer "
+                         f"({_READER_READS['setup']}), got {budget!r}")
+    return budget
+
+
+def power_errors(power: Any) -> list[str]:
+    """What is wrong with a hypothesis's recorded power (rule 2: every hypothesis records the smallest effect its
+    test can detect): ``power`` an object whose ``mde`` is a finite number ≥ 0; one message naming ``power.mde``."""
+    if not isinstance(power, Mapping):
+        return [f"power.mde: a hypothesis is registered with its minimum detectable effect; got no power "
+                f"({json.dumps(power, default=str)})"]
+    mde = power.get("mde")
+    if not _is_number(mde) or not math.isfinite(mde) or mde < 0:
+        return [f"power.mde: must be a finite number ≥ 0 (the minimum detectable effect of the hypothesis's test), "
+                f"got {json.dumps(mde, default=str)}"]
+    return []
 
 
 #: The loosest gate any hypothesis or amendment may set (rule 2): the gain must clear at least the measured
@@ -410,12 +478,14 @@ class Ledger:
         """Write the hypothesis once; re-registering the same content is a no-op.
 
         The hypothesis is checked first (:func:`hypothesis_errors`: its change, predicted delta, seeds and
-        a gate no looser than the default), so nothing is written for one that is refused.
+        a gate no looser than the default; :func:`power_errors`: a minimum detectable effect, ``power.mde``),
+        so nothing is written for one that is refused. A hypothesis registered before the MDE was required
+        is still read, and re-registering it unchanged is still a no-op.
 
         Raises:
             HypothesisImmutableError: the round already has a different hypothesis.
             GateTooLooseError: its gate is looser than the default in any field (rule 2).
-            HypothesisRefusedError: another field is invalid (each named).
+            HypothesisRefusedError: another field is invalid, or it has no MDE (``power.mde``), each named.
         """
         path = self.hypothesis_path(hypothesis.round)
         if path.exists():
@@ -431,6 +501,7 @@ class Ledger:
         errors = hypothesis_errors(change=hypothesis.change, predicted_delta=hypothesis.predicted_delta,
                                    seeds=list(hypothesis.seeds), gate=hypothesis.gate,
                                    require_kind=False)  # for every caller
+        errors += power_errors(hypothesis.power)
         if errors:
             what = f"round {hypothesis.round}: hypothesis refused: " + "; ".join(errors)
             raise (GateTooLooseError if any(e.startswith("gate") for e in errors) else HypothesisRefusedError)(what)
@@ -679,6 +750,81 @@ class Ledger:
         """The stored result of the release's one holdout read, or None."""
         marker = self.release_dir(release) / "holdout.json"
         return json.loads(marker.read_text())["result"] if marker.exists() else None
+
+    # -- test reads --------------------------------------------------------------------------
+    def test_files_read(self, reader: str) -> dict[str, str | None]:
+        """The distinct predictions files ``reader`` has scored on ``test``: sha256 → the path it was read from.
+
+        Both files of a paired read count (the predictions and their baseline). Reads recorded before
+        readers were named are ``adhoc``'s.
+        """
+        seen: dict[str, str | None] = {}
+        for event in self.events(EVENT_TEST_READ):
+            if event.get("reader", ADHOC_READER) != reader:
+                continue
+            for sha, path in ((event.get("predictions_sha256"), event.get("predictions")),
+                              (event.get("baseline_sha256"), event.get("baseline"))):
+                if sha and sha not in seen:
+                    seen[sha] = path
+        return seen
+
+    @contextmanager
+    def reading_test(self, reader: str, predictions_sha256: str, baseline_sha256: str | None = None, *,
+                     budget: int | None = None, predictions: str | None = None,
+                     baseline: str | None = None) -> Iterator[Callable[..., dict[str, Any]]]:
+        """Hold ``reader``'s budget of ``test`` reads around one read (rule 4): refuse it first, or record it after.
+
+        A read is within the budget when the distinct predictions files ``reader`` has scored on test
+        (:meth:`test_files_read`), with this read's predictions and baseline added, number at most
+        ``budget`` (``None``: not limited, an ``adhoc`` read; :func:`reader_budget`), plus, for a round, one
+        per ``gate_amended`` event of the round (the candidate it trains again on fresh seeds). Beyond it
+        :class:`TestReadBudgetError` is raised before the body runs (before any label is read) and
+        nothing is appended. Within it the body reads and calls the yielded ``record(status, **fields)``,
+        which appends the ``test_read`` event keyed by reader, predictions sha256 and baseline sha256: a
+        retry of the same read is not a new event and never counts twice (a failed read's event also
+        carries its status, so the retry that succeeds is recorded beside it). Two processes of one
+        limited reader never check and read at once (an exclusive lock, released by the OS if its holder
+        dies).
+
+        Raises:
+            TestReadBudgetError: the read would exceed ``reader``'s budget; names the reader, the budget and
+                what it has read.
+        """
+        import fcntl
+
+        fd = None
+        if budget is not None:
+            fd = os.open(self.root / "test_reads.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            kind, _, name = reader.partition(":")
+            amended = 0 if kind != "round" else sum(1 for e in self.events(EVENT_GATE_AMENDED) if e.get("round") == name)
+            if budget is not None:
+                budget += amended
+            read = self.test_files_read(reader)
+            wanted = {predictions_sha256: predictions, **({baseline_sha256: baseline} if baseline_sha256 else {})}
+            new = {sha: path for sha, path in wanted.items() if sha not in read}
+            if budget is not None and len(read) + len(new) > budget:
+                why = _READER_READS.get(kind, "its own") + (
+                    f", and a fresh-seed candidate for each of its {amended} gate amendments" if amended else "")
+                listed = "; ".join(f"{path or '?'} ({sha[:12]})" for sha, path in read.items()) or "nothing"
+                adding = "; ".join(f"{path or '?'} ({sha[:12]})" for sha, path in new.items())
+                raise TestReadBudgetError(
+                    f"reader {reader!r}: test read refused before any label is read: its budget is {budget} distinct "
+                    f"predictions files on test ({why}) and it has read {len(read)}: "
+                    f"{listed}; this read would add {len(new)}: {adding}")
+
+            def record(status: str, **fields: Any) -> dict[str, Any]:
+                key = f"test_read:{reader}:{predictions_sha256}:{baseline_sha256 or '-'}"
+                return self.append(EVENT_TEST_READ, {
+                    "split": "test", "reader": reader, "status": status, "predictions_sha256": predictions_sha256,
+                    "baseline_sha256": baseline_sha256, "predictions": predictions, "baseline": baseline, **fields},
+                    key=key if status == "ok" else f"{key}:{status}")
+
+            yield record
+        finally:
+            if fd is not None:
+                os.close(fd)  # releases the lock
 
     def write_release_card(self, release: int, card: Mapping[str, Any], markdown: str) -> Path:
         """Write a release card once; an identical retry is a no-op, any change is refused."""

@@ -4,9 +4,10 @@ One round (:func:`run_rl_round`) over an environment dataset whose environments
 are split ``train`` / ``heldout``:
 
 1. **Hypothesis** (rule 1): the change (SFT of the recipe's causal LM on this round's verified attempts),
-   the predicted gain in held-out pass@1, the gate and the seeds are registered in the ledger and MLflow
-   before any attempt is sampled. The gate may be stricter, never looser, than the measured floor and a
-   paired CI above zero (rule 2, enforced by :meth:`Ledger.register_hypothesis`).
+   the predicted gain in held-out pass@1, the gate, the seeds and the test's minimum detectable effect
+   (:func:`rl_hypothesis_power`, analytic from the held-out evaluation's size) are registered in the ledger
+   and MLflow before any attempt is sampled. The gate may be stricter, never looser, than the measured
+   floor and a paired CI above zero (rule 2, enforced by :meth:`Ledger.register_hypothesis`).
 2. **Sampling**: K attempts per training environment by the sampler: by default the current policy (the
    latest RL release's adapter, else the base model) served by ``envloop serve``'s policy app
    (:func:`~envloop_pipelines.core.serve.generation.serving_policy`), driven by the agent runner
@@ -15,8 +16,9 @@ are split ``train`` / ``heldout``:
    contamination-checked against the held-out environments, content-addressed
    (:mod:`~envloop_pipelines.core.loop.sft_snapshot`).
 4. **Training**: LoRA SFT of the base model on the snapshot, loss on the assistant's tokens
-   (:func:`~envloop_pipelines.core.model.causal_sft.train_causal_sft`); the candidate's identity is its
-   checkpoint hash.
+   (:func:`~envloop_pipelines.core.model.causal_sft.train_causal_sft`), on the hypothesis's seed or, after a
+   gate amendment, the fresh seed it requires (:meth:`Ledger.candidate_seeds`; the decision refuses a
+   candidate trained on another, rule 3); the candidate's identity is its checkpoint hash.
 5. **Noise floor** (rule 2): ``noise_arms`` null arms, the candidate's recipe and snapshot with other seeds
    (identity checked before any compute), each re-evaluated like the candidate; the spread of their
    held-out pass@1 is the floor.
@@ -69,10 +71,17 @@ from envloop_pipelines.core.loop.ledger import (
 )
 from envloop_pipelines.core.loop.promotion import NoiseFloor, PromotionDecision, check_arm_identity, decide_promotion, noise_floor_from_arms
 from envloop_pipelines.core.loop.runs import child_run, flat_metrics, round_run
-from envloop_pipelines.core.loop.sft_snapshot import SftSnapshot, build_sft_snapshot, environment_text
+from envloop_pipelines.core.loop.sft_snapshot import build_sft_snapshot, environment_text
 from envloop_pipelines.core.loop.store import RoundStore
-from envloop_pipelines.core.model.causal_sft import CausalSftRecipe, PolicyCheckpoint, read_policy_checkpoint, train_causal_sft
-from envloop_pipelines.core.storage import atomic_write_json, staging_dir
+from envloop_pipelines.core.metrics import DEFAULT_POWER, minimum_detectable_effect
+from envloop_pipelines.core.model.causal_sft import (
+    RECIPE_FILE,
+    CausalSftRecipe,
+    PolicyCheckpoint,
+    read_policy_checkpoint,
+    train_causal_sft,
+)
+from envloop_pipelines.core.storage import staging_dir
 from envloop_pipelines.core.tracking import (
     KIND_HYPOTHESIS,
     KIND_NOISE_FLOOR,
@@ -83,6 +92,7 @@ from envloop_pipelines.core.tracking import (
     TAG_CHECKPOINT,
     TAG_HYPOTHESIS,
     TAG_RELEASE,
+    TAG_UNDERPOWERED,
     Tracker,
 )
 
@@ -95,6 +105,8 @@ TRAIN_SPLIT = "train"
 HELDOUT_SPLIT = "heldout"
 RL_DECISION = "rl_decision"
 SAMPLED_ATTEMPTS = "sampled_attempts"
+#: The confidence level of the held-out comparison's CIs (the gate's CI above zero is at this level).
+CONFIDENCE_LEVEL = 0.95
 
 
 @dataclass(frozen=True)
@@ -305,8 +317,8 @@ def heldout_comparison(dataset: Any, candidate: AgentSpec, parent: AgentSpec, co
     if sorted(c_rates) != sorted(p_rates):
         raise RuntimeError("the two arms were scored on different held-out environments")
     diffs = np.array([c_rates[k] - p_rates[k] for k in sorted(c_rates)], dtype=float)
-    low, high = _mean_ci(diffs, config.bootstrap_seed)
-    delta = {"delta": float(diffs.mean()), "ci_low": low, "ci_high": high, "confidence_level": 0.95,
+    low, high = _mean_ci(diffs, config.bootstrap_seed, CONFIDENCE_LEVEL)
+    delta = {"delta": float(diffs.mean()), "ci_low": low, "ci_high": high, "confidence_level": CONFIDENCE_LEVEL,
              "n_environments": len(diffs)}
     return HeldoutComparison(_arm_score(c_rates, len(cand), config.bootstrap_seed),
                              _arm_score(p_rates, len(par), config.bootstrap_seed), delta, config.eval_attempts)
@@ -331,23 +343,73 @@ def _environment_texts(dataset: Any, split: str) -> dict[str, str]:
     return {e.id: environment_text(e) for e in dataset.environments if e.split == split}
 
 
+def rl_hypothesis_power(config: RlRoundConfig, n_environments: int) -> dict[str, Any]:
+    """The RL round's minimum detectable effect before registration, analytic from its held-out evaluation's size.
+
+    The round's floor is measured after registration (its null arms train on this round's snapshot), so
+    the MDE registered with the hypothesis comes from the size of the held-out comparison alone. Each
+    arm's pass@1 is a mean over ``n = n_environments · eval_attempts`` attempts, each a pass or a fail;
+    at the worst case ``p = 0.5`` an attempt's variance is ``p(1 − p) = 0.25``, and with no credit for
+    the pairing (the same sampling seeds for both arms only lowers it), the paired difference of the two
+    pass rates has
+
+        ``se = sqrt(2 · 0.25 / n) = sqrt(0.5 / n)``,  ``MDE = (z_{1−α/2} + z_{0.8}) · se``
+
+    with ``1 − α`` the gate's confidence level (:data:`CONFIDENCE_LEVEL`, 0.95: ``z = 1.96``) and
+    ``z_{0.8} = 0.84`` for 80% power (:func:`~envloop_pipelines.core.metrics.minimum_detectable_effect`
+    with no bar: ``2.80 · se``). The bar (the floor) is not known yet, so it is not in this MDE. The
+    hypothesis is ``underpowered`` when ``predicted_delta < mde``. With no held-out environment there is
+    no MDE (``mde`` is ``None``) and the ledger refuses the hypothesis.
+    """
+    n = n_environments * config.eval_attempts
+    out: dict[str, Any] = {"metric": PRIMARY_METRIC, "predicted_effect": float(config.predicted_delta),
+                           "power": DEFAULT_POWER, "confidence_level": CONFIDENCE_LEVEL,
+                           "n_environments": n_environments, "attempts_per_environment": config.eval_attempts,
+                           "method": "analytic: worst-case p = 0.5 over the held-out attempts, before the floor",
+                           "formula": "se = sqrt(2 * 0.25 / (n_environments * eval_attempts)); "
+                                      "mde = (z_(1-alpha/2) + z_power) * se", "mde": None, "underpowered": None}
+    if n < 1:
+        out["why_unmeasured"] = "no held-out environment to evaluate on"
+        return out
+    se = float(np.sqrt(2 * 0.25 / n))
+    mde = minimum_detectable_effect(se, confidence_level=CONFIDENCE_LEVEL, power=DEFAULT_POWER)
+    return {**out, "se": se, "mde": mde, "underpowered": bool(config.predicted_delta < mde)}
+
+
 def register_rl_hypothesis(config: RlRoundConfig, dataset: Any, key: str, sampler: Mapping[str, Any],
                            tracker: Tracker, *, rationale: str = "") -> Hypothesis:
-    """Write the round's hypothesis to the ledger and MLflow before any attempt is sampled (rules 1 and 2)."""
+    """Write the round's hypothesis to the ledger and MLflow before any attempt is sampled (rules 1 and 2).
+
+    It records the test's power (:func:`rl_hypothesis_power`: the MDE from the held-out evaluation's size,
+    ``underpowered`` when the predicted delta is below it); a retry of a round registered before the MDE
+    was required re-registers it as it was.
+    """
     seeds = (config.recipe.seed, *null_arm_seeds(config))
+    n_heldout = sum(1 for e in dataset.environments if e.split == HELDOUT_SPLIT)
     hypothesis = Hypothesis(
         task=config.task, round=key, benchmark_version=f"{dataset.name}@{dataset.version}",
         change={"kind": CHANGE_KIND, "sampler": dict(sampler), "attempts_per_environment": config.attempts,
                 "eval_attempts": config.eval_attempts, "recipe": config.recipe.to_dict(),
                 "contamination_policy": config.contamination_policy},
         predicted_delta=config.predicted_delta, gate=config.gate, seeds=seeds, recipe_hash=config.recipe.hash,
-        rationale=rationale or "SFT on the attempts the verifier passed raises held-out pass@1")
+        rationale=rationale or "SFT on the attempts the verifier passed raises held-out pass@1",
+        power=rl_hypothesis_power(config, n_heldout))
     ledger = Ledger(config.task, config.home)
+    registered = ledger.hypothesis(key)
+    if registered is not None and registered.power is None:
+        hypothesis = replace(hypothesis, power=None)  # registered before the MDE was required: compared as it was
     h = ledger.register_hypothesis(hypothesis)
+    if hypothesis.underpowered:
+        log.warning("round %s: hypothesis underpowered: predicted %+.4f held-out pass@1, below the test's minimum "
+                    "detectable effect %.4f (80%% power, %d held-out environments x %d attempts)", key,
+                    config.predicted_delta, hypothesis.power["mde"], n_heldout, config.eval_attempts)
     run = child_run(tracker, config.loop_config(), key, KIND_HYPOTHESIS, {TAG_HYPOTHESIS: h})
     tracker.log_params(run.run_id, {"change.kind": CHANGE_KIND, "predicted_delta": config.predicted_delta,
                                     "gate": json.dumps(asdict(config.gate)), "seeds": list(seeds),
                                     "dataset": hypothesis.benchmark_version, "recipe_hash": config.recipe.hash})
+    if hypothesis.power is not None and hypothesis.power.get("mde") is not None:
+        tracker.log_params(run.run_id, {"mde": hypothesis.power["mde"], "mde_se": hypothesis.power["se"]})
+        tracker.set_tags(run.run_id, {TAG_UNDERPOWERED: str(hypothesis.underpowered).lower()})
     tracker.end_run(run.run_id)
     return ledger.require_hypothesis(key)
 
@@ -434,18 +496,21 @@ def run_rl_round(
     arm_recipes = [config.recipe.replace(seed=s) for s in null_arm_seeds(config)]
     check_arm_identity([(r.to_dict(), snapshot.sha256) for r in arm_recipes])
     t = time.monotonic()
-    candidate = train_policy(rows, config.recipe, store.checkpoints / "policies", snapshot.sha256)
+    # The hypothesis's seed, or after a gate amendment the fresh seed it requires (rule 3).
+    recipe = config.recipe.replace(seed=ledger.candidate_seeds(key)[0])
+    candidate = train_policy(rows, recipe, store.checkpoints / "policies", snapshot.sha256)
     seconds["training"] = round(time.monotonic() - t, 3)
     metrics = candidate.metrics()
     run = child_run(tracker, loop, key, KIND_TRAINING, {TAG_CHECKPOINT: candidate.sha256, TAG_HYPOTHESIS: hypothesis.hash})
-    tracker.log_params(run.run_id, {f"recipe.{k}": v for k, v in config.recipe.to_dict().items()} | {"sft_snapshot": snapshot.sha256})
+    tracker.log_params(run.run_id, {f"recipe.{k}": v for k, v in recipe.to_dict().items()} | {"sft_snapshot": snapshot.sha256})
     for step, loss in enumerate(metrics["loss_per_step"]):
         tracker.log_metrics(run.run_id, {"loss": loss}, step=step)
     tracker.log_metrics(run.run_id, {k: metrics[k] for k in ("steps", "rows", "tokens", "assistant_tokens")})
     tracker.end_run(run.run_id)
     ledger.append(EVENT_CHECKPOINT_TRAINED, {"round": key, "checkpoint_sha256": candidate.sha256, "policy_checkpoint": candidate.path,
-                                             "sft_snapshot": snapshot.sha256, "first_loss": metrics["first_loss"],
-                                             "last_loss": metrics["last_loss"]}, key=f"trained:{key}")
+                                             "sft_snapshot": snapshot.sha256, "seed": recipe.seed,
+                                             "first_loss": metrics["first_loss"], "last_loss": metrics["last_loss"]},
+                  key=f"trained:{key}:{candidate.sha256}")
     candidate_id = f"policy-{candidate.sha256[:12]}"
 
     # 6. re-evaluation on the held-out environments, and the null arms' spread
@@ -482,7 +547,8 @@ def run_rl_round(
     # 7. the registered gate
     undecided = RlRoundResult(**base, promoted=False, reasons=(),
                               candidate={"checkpoint_sha256": candidate.sha256, "path": candidate.path, "model": candidate_id,
-                                         "first_loss": metrics["first_loss"], "last_loss": metrics["last_loss"]},
+                                         "seed": recipe.seed, "first_loss": metrics["first_loss"],
+                                         "last_loss": metrics["last_loss"]},
                               seconds={**seconds, "total": round(time.monotonic() - t0, 3)})
     return decide_rl_round(config, tracker, undecided, comparison, floor, parent_run_id=parent_run.run_id)
 
@@ -493,7 +559,12 @@ def decide_rl_round(config: RlRoundConfig, tracker: Tracker, result: RlRoundResu
 
     A rejection is written to the ledger with its numbers (``candidate_rejected``, ``hypothesis_refuted``); a
     promotion reads the held-out split once for the new release and writes its card (rule 4, rule 6).
-    ``round_decided`` either way, and the decision is stored so that a retry returns it.
+    ``round_decided`` either way, and the decision is stored so that a retry returns it. After a gate
+    amendment the candidate must have been trained on the fresh seeds it requires (rule 3): its seed is
+    read from its policy checkpoint's recipe (:func:`candidate_seed`).
+
+    Raises:
+        LedgerError: after an amendment, a candidate trained on a seed used before it (nothing is recorded).
     """
     key = result.round
     store = RoundStore(config.task, config.home)
@@ -503,6 +574,8 @@ def decide_rl_round(config: RlRoundConfig, tracker: Tracker, result: RlRoundResu
     ledger = Ledger(config.task, config.home)
     hypothesis = ledger.require_hypothesis(key)
     gate = ledger.effective_gate(key)
+    if ledger.amendments(key):  # rule 3: an amended gate is passed on fresh seeds only
+        ledger.require_fresh_seed(key, candidate_seed(result.candidate))
     # The arms are seeds of the candidate's recipe, not draws of the parent: the spread is the floor, and
     # the seed bound (arms' prediction bound minus the parent) does not apply.
     verdict = decide_promotion(gate, comparison.delta, floor, {PRIMARY_METRIC: comparison.candidate.pass_at_1},
@@ -516,6 +589,17 @@ def decide_rl_round(config: RlRoundConfig, tracker: Tracker, result: RlRoundResu
     if not verdict.promote:
         return _record_rejection(config, ledger, store, tracker, parent_run_id, result, hypothesis)
     return _publish(config, ledger, store, tracker, parent_run_id, result, hypothesis, comparison, floor, verdict)
+
+
+def candidate_seed(candidate: Mapping[str, Any] | None) -> Any:
+    """The seed a candidate policy was trained on: its checkpoint's recipe (the manifest checked), else the
+    ``seed`` the result records; ``None`` when neither says."""
+    if candidate and candidate.get("path"):
+        import yaml
+
+        checkpoint = read_policy_checkpoint(candidate["path"])  # refuses a checkpoint whose files changed
+        return yaml.safe_load((Path(checkpoint.path) / RECIPE_FILE).read_text(encoding="utf-8")).get("seed")
+    return (candidate or {}).get("seed")
 
 
 def _record_rejection(config: RlRoundConfig, ledger: Ledger, store: RoundStore, tracker: Tracker, parent_run_id: str,
@@ -576,6 +660,6 @@ def _publish(config: RlRoundConfig, ledger: Ledger, store: RoundStore, tracker: 
     return result
 
 
-__all__ = ["ArmScore", "CHANGE_KIND", "HeldoutComparison", "PRIMARY_METRIC", "RlRoundConfig", "RlRoundResult",
-           "current_policy", "decide_rl_round", "heldout_comparison", "heldout_score", "null_arm_seeds", "register_rl_hypothesis",
-           "run_rl_round", "serving", "train_policy"]
+__all__ = ["ArmScore", "CHANGE_KIND", "CONFIDENCE_LEVEL", "HeldoutComparison", "PRIMARY_METRIC", "RlRoundConfig",
+           "RlRoundResult", "candidate_seed", "current_policy", "decide_rl_round", "heldout_comparison", "heldout_score",
+           "null_arm_seeds", "register_rl_hypothesis", "rl_hypothesis_power", "run_rl_round", "serving", "train_policy"]

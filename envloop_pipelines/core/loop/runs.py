@@ -78,7 +78,8 @@ def verify_predictions(config: LoopConfig, split: str, predictions: Path, baseli
                        seed: int = 0, *, holdout_slot: Any = None, release: int | None = None,
                        checkpoint: str | Path | None = None, baseline_checkpoint: str | Path | None = None,
                        safety_thresholds: Mapping[str, float] | None = None,
-                       baseline_safety_thresholds: Mapping[str, float] | None = None) -> Any:
+                       baseline_safety_thresholds: Mapping[str, float] | None = None,
+                       reader: str = "adhoc", read_budget: int | None = None) -> Any:
     """Score predictions on a hidden split in the sandboxed verifier (a separate process), aggregate scores only.
 
     Args:
@@ -89,10 +90,17 @@ def verify_predictions(config: LoopConfig, split: str, predictions: Path, baseli
             would give. ``baseline_checkpoint``: the same for ``baseline``.
         safety_thresholds: thresholds given directly (a model that is no checkpoint, such as TF-IDF);
             ``baseline_safety_thresholds``: the same for ``baseline``.
+        reader: who reads ``test`` (the ``test_read`` event names it; rule 4): ``round:<round key>`` for a
+            round's step (its candidate, champion and TF-IDF baseline, at most
+            :data:`~envloop_pipelines.core.loop.ledger.ROUND_TEST_READ_BUDGET` files),
+            ``setup:<noise floor key>`` for the loop's setup (with ``read_budget``:
+            ``setup.setup_reader``), ``adhoc`` (default) for a person's own call (not limited).
+            Every loop step passes its reader.
 
     Raises:
         RuntimeError: the verifier failed; the message carries its status and the worker's stderr.
         HoldoutAlreadyReadError: the release already read the holdout.
+        TestReadBudgetError: a ``test`` read beyond the reader's budget (refused before the labels are read).
     """
     from envloop_pipelines.core.verify.runner import verify_task
 
@@ -102,7 +110,8 @@ def verify_predictions(config: LoopConfig, split: str, predictions: Path, baseli
                        else baseline_safety_thresholds)
     run = verify_task(config.task, split, predictions, home=config.home, safety_families=config.safety_families,
                       baseline_predictions=baseline, seed=seed, holdout_slot=holdout_slot, release=release,
-                      safety_thresholds=safety_thresholds, baseline_safety_thresholds=baseline_safety)
+                      safety_thresholds=safety_thresholds, baseline_safety_thresholds=baseline_safety,
+                      reader=reader, read_budget=read_budget)
     if not run.ok:
         raise RuntimeError(f"verifier on {split} failed ({run.status}): {run.error}; "
                            f"worker stderr: {run.sandbox.stderr_tail[-1000:]!r}")

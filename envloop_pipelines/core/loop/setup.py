@@ -106,6 +106,20 @@ def measure_noise_floor(config: LoopConfig, tracker: Tracker, *, run_tags: Mappi
 
 
 
+def setup_reader(config: LoopConfig, noise_key: str) -> dict[str, Any]:
+    """The loop's setup as a reader of ``test`` (rule 4): ``{"reader": "setup:<noise key>", "read_budget": n}``.
+
+    What the setup of one floor scores on test, each a distinct predictions file: its ``noise_arms`` null
+    arms (``_measure``; the control arm among them is release 1, whose card shows that read, so release 1
+    reads no test file of its own), its continuation arms, each paired with the control arm
+    (``steps.paired_noise``: at least :data:`CONTINUATION_ARMS`, or as many as are listed), and the TF-IDF
+    baseline of release 1 (``_release_control_arm``). Passed to ``runs.verify_predictions`` by each of them.
+    """
+    path = continuation_path(RoundStore(config.task, config.home), noise_key)
+    listed = len(json.loads(path.read_text(encoding="utf-8"))["arms"]) if path.is_file() else 0
+    return {"reader": f"setup:{noise_key}", "read_budget": config.noise_arms + max(CONTINUATION_ARMS, listed) + 1}
+
+
 def continuation_path(store: RoundStore, noise_key: str) -> Path:
     """Where a floor's continuation arms are listed: ``noise/<key>.continuation.json``."""
     return store.noise / f"{noise_key}.continuation.json"
@@ -179,7 +193,7 @@ def _measure(config: LoopConfig, tracker: Tracker, snapshot: TaskSnapshot, store
                                 safety_families=config.safety_families, safety_fnr_target=config.safety_fnr_target)
         preds = write_predictions(store.noise / key / f"arm-seed{arm.seed}-test.parquet", ckpt, test,
                                   home=envloop_home(config.home))
-        run = verify_predictions(config, "test", preds, checkpoint=ckpt)
+        run = verify_predictions(config, "test", preds, checkpoint=ckpt, **setup_reader(config, key))
         metrics = dict(run.report.metrics)
         child = tracker.start_run(config.task, f"null arm seed {arm.seed}", parent_run_id=parent.run_id,
                                   tags={TAG_KIND: KIND_NULL_ARM, TAG_NOISE_KEY: key})
@@ -238,7 +252,8 @@ def _release_control_arm(config: LoopConfig, tracker: Tracker, measured: Measure
     tfidf_preds = atomic_write_parquet(store.noise / "tfidf-test.parquet", tfidf.predict_table(snapshot.table("test")),
                                        overwrite=True)
     tfidf_test = dict(verify_predictions(config, "test", tfidf_preds,
-                                         safety_thresholds=tfidf.calibration.safety_thresholds).report.metrics)
+                                         safety_thresholds=tfidf.calibration.safety_thresholds,
+                                         **setup_reader(config, measured.floor.key)).report.metrics)
     limitations = ["The first champion is the control recipe on the base data; it passed no gate.",
                    *benchmark_limitations(snapshot)]
 
@@ -274,4 +289,5 @@ def current_noise_floor(config: LoopConfig) -> MeasuredNoiseFloor:
 
 
 __all__ = ["CONTINUATION_ARMS", "PRIMARY_METRIC", "continuation_path", "current_noise_floor",
-           "ensure_task_benchmark", "measure_continuation_arms", "measure_noise_floor", "noise_floor_key"]
+           "ensure_task_benchmark", "measure_continuation_arms", "measure_noise_floor", "noise_floor_key",
+           "setup_reader"]

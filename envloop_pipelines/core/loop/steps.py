@@ -203,7 +203,7 @@ def paired_noise(config: LoopConfig) -> dict[str, Any] | None:
         config or no pair exists.
     """
     from envloop_pipelines.core.loop.results import Reevaluation
-    from envloop_pipelines.core.loop.setup import continuation_path, current_noise_floor
+    from envloop_pipelines.core.loop.setup import continuation_path, current_noise_floor, setup_reader
 
     try:
         measured = current_noise_floor(config)
@@ -222,8 +222,10 @@ def paired_noise(config: LoopConfig) -> dict[str, Any] | None:
         control = measured.floor.arms[0]
         measured_pairs = []
         for i, arm in enumerate(arms, 1):
+            # The setup's reads of test (the floor's), not the round's, though a round's registration asks.
             run = verify_predictions(config, "test", Path(arm["test_predictions"]),
-                                     baseline=Path(control["test_predictions"]), seed=i)
+                                     baseline=Path(control["test_predictions"]), seed=i,
+                                     **setup_reader(config, measured.floor.key))
             measured_pairs.append({"source": f"continuation arm seed {arm.get('seed')} (trained from the control "
                                              f"arm, seed {control.get('seed')}) vs the control arm",
                                    "deltas": dict(run.paired["deltas"])})

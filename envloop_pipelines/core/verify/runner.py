@@ -20,8 +20,12 @@ every caller (the loop, ``envloop sandbox verify``, an environment, the SDK):
   sandbox the deployment configures (``$ENVLOOP_SANDBOX``), with a built-in
   grader: a caller's runner, sandbox or grader plug-in is refused there, so
   hidden labels never reach caller code;
-* every ``test`` read is a ``test_read`` event of the task's ledger, and the
-  holdout is read only inside its release's one read, in the task home's own
+* every ``test`` read is a ``test_read`` event of the task's ledger naming its
+  reader (``adhoc`` for a person's call, ``round:<key>``, ``setup:<noise floor key>``);
+  a loop reader reads test only within its budget of distinct predictions
+  files, refused before the labels are read beyond it
+  (:class:`~envloop_pipelines.core.loop.ledger.TestReadBudgetError`);
+  the holdout is read only inside its release's one read, in the task home's own
   ledger (the verifier opens it; a slot that is not that ledger is refused),
   for the release being published now; a retry of the same read after a
   crash gets the stored read back, not a second one.
@@ -36,7 +40,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -266,6 +269,8 @@ def verify_task(
     runner: VerifierRunner | None = None,
     holdout_slot: HoldoutSlot | None = None,
     release: int | None = None,
+    reader: str = "adhoc",
+    read_budget: int | None = None,
     **options: Any,
 ) -> VerifierRun:
     """Score a predictions file on a task's split in a sandboxed worker: the one door to the labels.
@@ -279,8 +284,13 @@ def verify_task(
     and runs in the verifier's own sandbox, the one the deployment configures
     (``$ENVLOOP_SANDBOX``): a caller's runner, sandbox or grader plug-in never
     receives hidden labels. Each ``test`` read is a ``test_read`` event of the
-    task's ledger; each ``holdout`` read is its release's one read in that
-    ledger, for the release being published now only.
+    task's ledger naming its ``reader``, keyed by the reader and the sha256 of the
+    predictions and baseline (a retry of the same read is not a new event); a
+    loop reader (a round, the loop's setup) may score at most its budget of
+    distinct predictions files on test, and a read beyond it is refused before
+    the labels are read (``Ledger.reading_test``); an ``adhoc`` read is not
+    limited, only logged. Each ``holdout`` read is its release's one read in
+    that ledger, for the release being published now only.
 
     Args:
         task: the task name.
@@ -295,6 +305,10 @@ def verify_task(
             verifier opens that ledger itself; any other object is refused).
         release: the release whose one holdout read this is; required for ``holdout``, and it must be
             the release being published now (``Ledger.next_release_number``).
+        reader: who reads ``test``: ``adhoc`` (default: a person's CLI, SDK or environment call),
+            ``round:<round key>`` (its candidate, champion and TF-IDF baseline: 3 files) or
+            ``setup:<noise floor key>`` (with ``read_budget``); see ``ledger.reader_budget``.
+        read_budget: a setup reader's budget of distinct predictions files on test.
         options: more :meth:`VerifierRunner.run` options (``safety_families``, ``baseline_predictions``, ``seed``).
 
     Raises:
@@ -302,7 +316,12 @@ def verify_task(
             hidden split, or a slot that is not the task home's ledger.
         HoldoutAlreadyReadError: from the ledger, when the release already read the holdout.
         HoldoutSlotError: from the ledger, when ``release`` is not the release being published now.
+        TestReadBudgetError: a ``test`` read beyond the reader's budget (nothing read, nothing appended).
+        ValueError: an unknown reader or a bad budget.
     """
+    from envloop_pipelines.core.loop.ledger import reader_budget
+
+    budget = reader_budget(reader, read_budget)
     hidden = split in HIDDEN_SPLITS
     if split == "holdout" and release is None:
         raise HiddenSplitQueryError(
@@ -343,17 +362,18 @@ def verify_task(
             run = failed.run
         else:
             run = kept[0] if kept else _from_stored_read(stored)
+    elif split == "test":
+        assert ledger is not None
+        baseline = options.get("baseline_predictions")
+        with ledger.reading_test(reader, _file_sha(predictions), _file_sha(baseline), budget=budget,
+                                 predictions=str(predictions), baseline=None if baseline is None else str(baseline)
+                                 ) as record:  # refused here, before any label is read, beyond the budget
+            run = score()
+            record(run.status, verifier=kind)
     else:
         run = score()
-    if split == "test":
-        assert ledger is not None
-        from envloop_pipelines.core.loop.ledger import EVENT_TEST_READ
-
-        ledger.append(EVENT_TEST_READ, {"split": split, "status": run.status, "verifier": kind,
-                                        "predictions_sha256": _file_sha(predictions),
-                                        "baseline_sha256": _file_sha(options.get("baseline_predictions"))},
-                      key=f"test_read:{uuid.uuid4().hex}")
     log.info("verifier run %s", json.dumps({"task": task, "split": split, "status": run.status, "release": release,
+                                             "reader": reader if split == "test" else None,
                                              "n_items": run.report.n_items if run.report else None}))
     return run
 
