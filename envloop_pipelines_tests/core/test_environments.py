@@ -136,6 +136,16 @@ def test_a_hidden_split_answers_aggregate_scores_of_every_question(home: Path) -
         env.evaluate({"nope#queue": "billing"})
 
 
+def _predictions_key(env: DecisionEnvironment, answers: dict) -> str:
+    """The holdout slot key of the predictions file ``env.evaluate(answers)`` writes."""
+    import tempfile
+
+    from envloop_pipelines.core.verify.runner import holdout_read_key
+
+    with tempfile.TemporaryDirectory() as tmp:
+        return holdout_read_key(env.write_answers(answers, Path(tmp) / "predictions.jsonl"))
+
+
 def test_a_second_holdout_read_through_an_environment_is_refused(tmp_path: Path) -> None:
     """Rule 4 through an environment: the holdout is read as a release's one read, in the task home's own ledger."""
     from envloop_pipelines.core.loop.ledger import EVENT_HOLDOUT_READ, HoldoutAlreadyReadError, Ledger
@@ -150,8 +160,16 @@ def test_a_second_holdout_read_through_an_environment_is_refused(tmp_path: Path)
     with pytest.raises(HiddenSplitQueryError, match="holdout_slot: Ledger at .* is not the ledger of task"):
         env.evaluate(oracle, holdout_slot=Ledger("tickets", tmp_path / "elsewhere"), release=1)  # another home's
     ledger = Ledger("tickets", home)
+    # An environment's read is a person's: no slot the release step opened for its predictions, no read.
+    with pytest.raises(HiddenSplitQueryError, match="no holdout slot is open for these predictions"):
+        env.evaluate(oracle, holdout_slot=ledger, release=1)
+    assert ledger.holdout_result(1) is None
+    # With the release step's slot open for exactly these predictions (the environment writes them
+    # deterministically), the read is the release's one read.
+    ledger.open_holdout_slot(1, _predictions_key(env, dict(list(oracle.items())[:1])), by="release step")
     failed = env.evaluate(dict(list(oracle.items())[:1]), holdout_slot=ledger, release=1)
     assert not failed.ok and ledger.holdout_result(1) is None  # a refused or failed read does not consume it
+    ledger.open_holdout_slot(1, _predictions_key(env, oracle), by="release step")
     first = env.evaluate(oracle, release=1)  # the verifier opens the home's ledger itself
     assert first.ok and first.report.accuracy_all == 1.0 and first.report.items == ()
     assert ledger.holdout_result(1)["metrics"] == dict(first.report.metrics)

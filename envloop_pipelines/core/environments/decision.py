@@ -140,6 +140,18 @@ class DecisionEnvironment:
             HoldoutAlreadyReadError: from the ledger, when the release already read the holdout.
             HoldoutSlotError: from the ledger, when ``release`` is not the release being published now.
         """
+        with tempfile.TemporaryDirectory(prefix="envloop-evaluate-") as tmp:
+            path = self.write_answers(answers, Path(tmp) / "predictions.jsonl")
+            return verify_task(self.task, self.split, path, snapshot_id=self.snapshot_id, home=self.home,
+                               runner=self.runner, holdout_slot=holdout_slot, release=release,
+                               safety_families=safety_families)
+
+    def write_answers(self, answers: Mapping[str, Any], path: Path) -> Path:
+        """The predictions file :meth:`evaluate` scores for ``answers`` (the same bytes for the same answers).
+
+        Raises:
+            ValueError: an answer to a question that is not this environment's.
+        """
         by_id = {f"{r['record_id']}#{r['question_id']}": r for r in self._rows}
         rows = []
         for task_id, answer in answers.items():
@@ -149,11 +161,7 @@ class DecisionEnvironment:
             task = Task(env=self.name, seed=0, task_id=task_id, prompt=row["instructions_text"],
                         inputs={k: row[k] for k in _INPUT_COLUMNS if k != "instructions_text"})
             rows.append(answer_row(task, answer))
-        with tempfile.TemporaryDirectory(prefix="envloop-evaluate-") as tmp:
-            path = write_predictions(Path(tmp) / "predictions.jsonl", rows)
-            return verify_task(self.task, self.split, path, snapshot_id=self.snapshot_id, home=self.home,
-                               runner=self.runner, holdout_slot=holdout_slot, release=release,
-                               safety_families=safety_families)
+        return write_predictions(path, rows)
 
     def _labels_for(self, keys: set[tuple[str, str]]) -> pa.Table:
         if self._labels is None:

@@ -32,6 +32,7 @@ import json
 import math
 import os
 import time
+import uuid
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
@@ -56,10 +57,11 @@ EVENT_HOLDOUT_READ = "holdout_read"
 EVENT_RELEASE_PROMOTED = "release_promoted"
 EVENT_ERRATUM = "erratum"
 EVENT_TEST_READ = "test_read"
+EVENT_HOLDOUT_SLOT = "holdout_slot_opened"
 EVENT_KINDS = (EVENT_LOOP_STARTED, EVENT_LOOP_STOPPED, EVENT_NULL_ARM, EVENT_HYPOTHESIS_REGISTERED,
                EVENT_HYPOTHESIS_REFUTED, EVENT_GATE_AMENDED, EVENT_CHECKPOINT_TRAINED, EVENT_CANDIDATE_REJECTED,
                EVENT_ROUND_DECIDED, EVENT_ROUND_FAILED, EVENT_HOLDOUT_READ, EVENT_RELEASE_PROMOTED, EVENT_ERRATUM,
-               EVENT_TEST_READ)
+               EVENT_TEST_READ, EVENT_HOLDOUT_SLOT)
 #: Kinds written by earlier versions, read under their current name (the line on disk is never rewritten).
 LEGACY_EVENT_KINDS = {"arm_trained": EVENT_CHECKPOINT_TRAINED}
 
@@ -686,6 +688,52 @@ class Ledger:
     def next_release_number(self) -> int:
         return len(list((self.root / "releases").glob("*/card.json"))) + 1
 
+    def open_holdout_slot(self, release: int, key: str, *, by: str) -> dict[str, Any]:
+        """Open the release's holdout slot for one read: the predictions (and baseline) that ``key`` names.
+
+        The release step calls this for the checkpoint it publishes, right before its read; the
+        verifier reads the holdout only through an open slot whose key is the read's
+        (``verify_task``), so a person's read (CLI, SDK, an environment) of the release being published
+        next finds no slot for its predictions and is refused before any label is read. Opening again
+        before the read replaces the slot (the latest open is the slot): an early opener cannot block
+        the real publish, which opens its own slot right before reading.
+
+        Raises:
+            HoldoutAlreadyReadError / HoldoutSlotError: as :meth:`read_holdout_once` (a published release,
+                or not the release being published now).
+        """
+        self.require_publishable(release)
+        return self.append(EVENT_HOLDOUT_SLOT, {"release": release, "read_key": key, "by": by},
+                           key=f"holdout_slot:{release}:{uuid.uuid4().hex}")
+
+    def holdout_slot(self, release: int) -> dict[str, Any] | None:
+        """The release's open holdout slot (the latest :meth:`open_holdout_slot`), or None."""
+        slots = [e for e in self.events(EVENT_HOLDOUT_SLOT) if e.get("release") == release]
+        return slots[-1] if slots else None
+
+    def require_publishable(self, release: Any) -> None:
+        """Refuse a release that is published or is not the one being published now (the holdout's only slot).
+
+        Raises:
+            HoldoutAlreadyReadError: the release is published (it read its holdout).
+            HoldoutSlotError: not an integer, or not :meth:`next_release_number`.
+        """
+        if isinstance(release, bool) or not isinstance(release, int):
+            raise HoldoutSlotError(f"release: must be an integer release number, got {release!r}")
+        d = self.release_dir(release)
+        if (d / "card.json").exists():
+            if (d / "holdout.json").exists():
+                raise HoldoutAlreadyReadError(
+                    f"release {release} already read the holdout ({d / 'holdout.json'}); each release reads it once")
+            raise HoldoutAlreadyReadError(
+                f"release {release} is published ({d / 'card.json'}); a release reads the holdout only when it is "
+                f"published, once")
+        expected = self.next_release_number()
+        if release != expected:
+            raise HoldoutSlotError(
+                f"release {release}: the holdout is read only for the release being published now, release "
+                f"{expected} of task {self.task!r} (the release step reads it when it publishes)")
+
     def read_holdout_once(self, release: int, read: Any, *, key: str | None = None) -> Any:
         """Call ``read()`` for the release's one holdout read and record it.
 
@@ -704,22 +752,9 @@ class Ledger:
         """
         import fcntl
 
-        if isinstance(release, bool) or not isinstance(release, int):
-            raise HoldoutSlotError(f"release: must be an integer release number, got {release!r}")
+        self.require_publishable(release)
         d = self.release_dir(release)
         marker = d / "holdout.json"
-        if (d / "card.json").exists():
-            if marker.exists():
-                raise HoldoutAlreadyReadError(
-                    f"release {release} already read the holdout ({marker}); each release reads it once")
-            raise HoldoutAlreadyReadError(
-                f"release {release} is published ({d / 'card.json'}); a release reads the holdout only when it is "
-                f"published, once")
-        expected = self.next_release_number()
-        if release != expected:
-            raise HoldoutSlotError(
-                f"release {release}: the holdout is read only for the release being published now, release "
-                f"{expected} of task {self.task!r} (the release step reads it when it publishes)")
         d.mkdir(parents=True, exist_ok=True)
         fd = os.open(d / "holdout.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:

@@ -75,8 +75,9 @@ def holdout_metrics(config: LoopConfig, checkpoint: Path, snapshot: TaskSnapshot
                     release: int, tfidf: Any = None) -> HoldoutRead:
     """The checkpoint's holdout metrics from the verifier, as the release's one holdout read.
 
-    The verifier takes the ledger's slot for ``release`` (``Ledger.read_holdout_once``) around the
-    run, so this is the read, and a second one for the release is refused. TF-IDF + LR's predictions
+    It opens the release's holdout slot for these predictions (``Ledger.open_holdout_slot``) and the
+    verifier takes it (``Ledger.read_holdout_once``) around the run, so this is the read, and a second
+    one for the release (or any read of other predictions) is refused. TF-IDF + LR's predictions
     are scored in the same run as its baseline, so the classical figure costs no second read. ``tfidf``:
     the fitted baseline whose test column the card shows (default: :func:`tfidf_baseline` on train).
 
@@ -95,6 +96,10 @@ def holdout_metrics(config: LoopConfig, checkpoint: Path, snapshot: TaskSnapshot
     else:
         preds = write_predictions(out, checkpoint, holdout)
         tfidf_preds = atomic_write_parquet(tfidf_out, tfidf.predict_table(holdout), overwrite=True)
+    from envloop_pipelines.core.verify.runner import holdout_read_key
+
+    if ledger.holdout_result(release) is None:  # the slot is for this checkpoint's predictions and nothing else
+        ledger.open_holdout_slot(release, holdout_read_key(preds, tfidf_preds), by=f"release step: {checkpoint.name}")
     run = verify_predictions(config, "holdout", preds, baseline=tfidf_preds, holdout_slot=ledger, release=release,
                              checkpoint=checkpoint, baseline_safety_thresholds=tfidf.calibration.safety_thresholds)
     return HoldoutRead(metrics=dict(run.report.metrics), tfidf=dict(run.baseline_report.metrics),

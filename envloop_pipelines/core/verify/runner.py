@@ -347,6 +347,14 @@ def verify_task(
 
     if split == "holdout":
         assert ledger is not None and release is not None
+        ledger.require_publishable(release)  # a published or far-ahead release says so first
+        read_key = holdout_read_key(predictions, options.get("baseline_predictions"))
+        slot = ledger.holdout_slot(release)
+        if slot is None or slot.get("read_key") != read_key:
+            raise HiddenSplitQueryError(
+                f"release {release}: no holdout slot is open for these predictions; the release step opens it "
+                f"(Ledger.open_holdout_slot) for the checkpoint it publishes, right before its one read, so the "
+                f"holdout is never read for anything else")
         kept: list[VerifierRun] = []
 
         def read() -> dict[str, Any]:
@@ -357,7 +365,7 @@ def verify_task(
             return _stored_read(run)
 
         try:
-            stored = ledger.read_holdout_once(release, read, key=_read_key(predictions, options))
+            stored = ledger.read_holdout_once(release, read, key=read_key)
         except _FailedRead as failed:
             run = failed.run
         else:
@@ -397,9 +405,9 @@ def _file_sha(path: str | Path | None) -> str | None:
     return None if path is None else sha256_file(path)
 
 
-def _read_key(predictions: str | Path, options: Mapping[str, Any]) -> str:
-    """What a holdout read scores: the predictions' sha256 and the baseline's (a retry of the same read)."""
-    return f"{_file_sha(predictions)}:{_file_sha(options.get('baseline_predictions')) or '-'}"
+def holdout_read_key(predictions: str | Path, baseline: str | Path | None = None) -> str:
+    """What a holdout read scores: the predictions' sha256 and the baseline's (the slot's key; a retry of the same read)."""
+    return f"{_file_sha(predictions)}:{_file_sha(baseline) or '-'}"
 
 
 def _stored_read(run: VerifierRun) -> dict[str, Any]:
@@ -422,4 +430,5 @@ def _from_stored_read(stored: Mapping[str, Any]) -> VerifierRun:
 
 
 __all__ = ["DEFAULT_WORKER_LIMITS", "WORKER_ENV", "HiddenSplitQueryError", "HoldoutSlot", "VerifierRun", "VerifierRunner",
+           "holdout_read_key",
            "verify_task"]
