@@ -89,6 +89,44 @@ def _safety_section(card: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _gain_section(card: Mapping[str, Any]) -> list[str]:
+    """Where the gain came from: each family's test accuracy, release beside its parent and TF-IDF, and the change.
+
+    Cards without a parent (release 1) show the release beside TF-IDF only."""
+    test, parent, tfidf = card.get("test") or {}, card.get("parent_test") or {}, card.get("tfidf_baseline_test") or {}
+    families = sorted(k.split("/", 1)[1] for k in test if k.startswith("acc/"))
+    if not families:
+        return []
+    lines = ["", "## Where the gain came from (test accuracy by family)", ""]
+    change = card.get("change") or {}
+    if change.get("clusters"):
+        lines += [f"The round's change ({change.get('kind')}): {change.get('n_new_examples')} new examples aimed at "
+                  f"the champion's failure clusters on dev: " + ", ".join(f"`{c}`" for c in change["clusters"]) + ".",
+                  ""]
+    lines += ["| family | release | parent | release − parent | TF-IDF + LR |", "|---|---|---|---|---|"]
+    for fam in families:
+        now, before = test.get(f"acc/{fam}"), parent.get(f"acc/{fam}")
+        gain = now - before if isinstance(now, float) and isinstance(before, float) else None
+        lines.append(f"| {fam} | {_fmt(now)} | {_fmt(before)} | {'—' if gain is None else f'{gain:+.4f}'} | "
+                     f"{_fmt(tfidf.get(f'acc/{fam}'))} |")
+    return lines
+
+
+def _readout_section(card: Mapping[str, Any]) -> list[str]:
+    """The hybrid's make-up: the lexical weight chosen on val and the head's share of the fused logits."""
+    readout = card.get("readout")
+    if not readout:
+        return []
+    if not readout.get("hybrid"):
+        return ["", "## Readout", "", "The encoder's head alone (no lexical part)."]
+    share = readout.get("head_share")
+    return ["", "## Readout", "",
+            f"Hybrid: the head's logits + {_fmt(readout.get('lexical_weight'))} x TF-IDF + LR log-probabilities "
+            f"(weight chosen on val: calibrated NLL {_fmt(readout.get('val_nll'))}, head alone "
+            f"{_fmt(readout.get('val_nll_head_alone'))}). The head's share of the fused logits on val: "
+            + ("—" if share is None else f"{share:.0%}") + " (0% is TF-IDF + LR under another name)."]
+
+
 def paired_text(d: Mapping[str, Any] | None) -> str | None:
     """A paired delta with its CI as ``+0.0300 [+0.0110, +0.0490]``; None when a part is missing."""
     if not d or not all(isinstance(d.get(x), float) for x in ("delta", "ci_low", "ci_high")):
@@ -127,6 +165,8 @@ def render_card(card: Mapping[str, Any]) -> str:
     parent, tfidf = card.get("parent_test") or {}, card.get("tfidf_baseline_test") or {}
     for k, v in (card.get("test") or {}).items():
         lines.append(f"| {k} | {_fmt(v)} | {_fmt(parent.get(k))} | {_fmt(tfidf.get(k))} |")
+    lines += _gain_section(card)
+    lines += _readout_section(card)
     lines += _safety_section(card)
     if card.get("paired_deltas"):
         lines += ["", "## Paired deltas vs parent (record-clustered bootstrap, 95%)", "",

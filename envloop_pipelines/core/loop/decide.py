@@ -81,6 +81,8 @@ def decide_round(config: LoopConfig, hypothesis: RegisteredHypothesis, snapshot:
                 "amendments": ledger.amendments(key), "noise_floor": noise_floor.floor.floor, "guards": verdict.checks,
                 "hypothesis_hash": registered.hash, "predicted_delta": registered.predicted_delta,
                 "power": registered.power,
+                "change": {"kind": registered.change.get("kind"), "clusters": registered.change.get("clusters"),
+                           "n_new_examples": registered.change.get("n_new_examples")},
                 "limitations": limitations,
             }
 

@@ -147,6 +147,7 @@ def publish_release(config: LoopConfig, tracker: Tracker, *, checkpoint: Path, s
     from envloop_pipelines.core.model.checkpoint import read_recipe
 
     body = {**card(release, holdout), "inference_precision": read_recipe(checkpoint).inference_precision,
+            "readout": readout_summary(checkpoint),
             "release": release, "holdout": holdout, "holdout_tfidf": dict(read.tfidf),
             "holdout_vs_tfidf": dict(read.vs_tfidf), "model_version": version,
             "mlflow_run_id": mrun.run_id}
@@ -154,4 +155,24 @@ def publish_release(config: LoopConfig, tracker: Tracker, *, checkpoint: Path, s
     return Release(release=release, model_version=version, card=body)
 
 
-__all__ = ["HoldoutRead", "Release", "champion", "holdout_metrics", "publish_release", "tfidf_baseline"]
+def readout_summary(checkpoint: Path) -> dict[str, Any]:
+    """What the release's answers are made of, from its training metrics: the hybrid's lexical weight and the head's share.
+
+    ``head_share`` is the head's part of the fused logits' spread on val
+    (:func:`~envloop_pipelines.core.model.lexical.head_share`: 1.0 the head alone, 0.0 the TF-IDF part
+    alone); ``val_nll_head_alone`` and ``val_nll`` are the calibrated val NLL at weight 0 and at the
+    chosen weight. A checkpoint without the lexical part is the head alone.
+    """
+    import json
+
+    metrics = json.loads((checkpoint / "metrics.json").read_text(encoding="utf-8"))
+    lexical = (metrics.get("train") or {}).get("lexical")
+    if not lexical:
+        return {"hybrid": False, "head_share": 1.0}
+    tried = lexical.get("val_nll_by_weight") or {}
+    weight = lexical.get("weight")
+    return {"hybrid": True, "lexical_weight": weight, "head_share": lexical.get("head_share"),
+            "val_nll_head_alone": tried.get("0"), "val_nll": tried.get(f"{weight:g}") if weight is not None else None}
+
+
+__all__ = ["HoldoutRead", "Release", "champion", "holdout_metrics", "publish_release", "readout_summary", "tfidf_baseline"]

@@ -214,6 +214,22 @@ def fuse(logits: Sequence[np.ndarray], lexical_log_probs: Sequence[np.ndarray], 
     return [(np.asarray(z, dtype=np.float64) + weight * lp).astype(np.float32) for z, lp in zip(logits, lexical_log_probs)]
 
 
+def head_share(logits: Sequence[np.ndarray], lexical_log_probs: Sequence[np.ndarray], weight: float) -> float | None:
+    """How much of the hybrid's answer is the head's: its part of the fused logits' spread, averaged over questions.
+
+    Per question, each part is centred over its options (a constant shift changes no probability) and
+    measured by its mean absolute value: ``share = |z_head| / (|z_head| + weight · |log p_lexical|)``.
+    1.0 is the head alone (``weight`` 0), 0.0 the lexical part alone (a head with constant logits).
+    """
+    shares = []
+    for z, lp in zip(logits, lexical_log_probs):
+        head = np.abs(np.asarray(z, dtype=np.float64) - np.mean(z)).mean()
+        lex = weight * np.abs(np.asarray(lp, dtype=np.float64) - np.mean(lp)).mean()
+        if head + lex > 0:
+            shares.append(head / (head + lex))
+    return float(np.mean(shares)) if shares else None
+
+
 def fit_lexical_weight(
     logits: Sequence[np.ndarray],
     lexical_log_probs: Sequence[np.ndarray],
@@ -246,5 +262,5 @@ def fit_lexical_weight(
     return best_w, tried
 
 
-__all__ = ["LEXICAL_ARRAYS", "LEXICAL_JSON", "LexicalModel", "UNSEEN_FLOOR", "WEIGHT_GRID", "fit_lexical_weight", "fuse",
+__all__ = ["LEXICAL_ARRAYS", "LEXICAL_JSON", "LexicalModel", "UNSEEN_FLOOR", "WEIGHT_GRID", "fit_lexical_weight", "fuse", "head_share",
            "lexical_text"]

@@ -43,7 +43,7 @@ import torch
 from torch.utils.data import Dataset, RandomSampler
 
 from envloop_pipelines.core.model.calibration import DEFAULT_SAFETY_FNR_TARGET, fit_calibration
-from envloop_pipelines.core.model.lexical import LexicalModel, fit_lexical_weight, fuse
+from envloop_pipelines.core.model.lexical import LexicalModel, fit_lexical_weight, fuse, head_share
 from envloop_pipelines.core.model.checkpoint import (
     build_provenance,
     load_checkpoint,
@@ -510,9 +510,11 @@ def _fit_lexical(recipe: Recipe, train_q: Sequence[QuestionInput], val_q: Sequen
     weight, tried = fit_lexical_weight([p.logits for p in val_raw], lexical.log_probs(val_q), val_q,
                                        error_budget=recipe.error_budget)
     lexical.weight = weight
-    log.info("lexical readout: weight %g on val (calibrated val NLL by weight: %s)", weight, tried)
-    return lexical, {"weight": weight, "val_nll_by_weight": tried, "seconds": time.perf_counter() - t0,
-                     "families": len(lexical.families)}
+    share = head_share([p.logits for p in val_raw], lexical.log_probs(val_q), weight)
+    log.info("lexical readout: weight %g on val (calibrated val NLL by weight: %s); the head's share %s", weight,
+             tried, "n/a" if share is None else f"{share:.2f}")
+    return lexical, {"weight": weight, "val_nll_by_weight": tried, "head_share": share,
+                     "seconds": time.perf_counter() - t0, "families": len(lexical.families)}
 
 
 def train_checkpoint(
