@@ -21,7 +21,8 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /src
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
-COPY pyproject.toml constraints.txt README.md ./
+# dagster.yaml: the instance file, which envloop_pipelines/dagster.yaml links to (the wheel ships its content).
+COPY pyproject.toml constraints.txt README.md dagster.yaml ./
 COPY envloop_pipelines ./envloop_pipelines
 # DS_BUILD_OPS=0 (above): DeepSpeed compiles its CUDA ops at first use on a GPU, not at install.
 RUN sed -i "s/^torch==2\.13\.0+cpu$/torch==2.13.0+${TORCH_VARIANT}/" constraints.txt \

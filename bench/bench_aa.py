@@ -194,7 +194,7 @@ def decide(config: Any, pool: list[dict[str, Any]], rep: Replicate, pairs: dict[
 
 
 def main() -> None:
-    from envloop_pipelines.cli.options import parse_recipe_overrides
+    from envloop_pipelines.cli.options import add_recipe_override_argument, parse_recipe_overrides
     from envloop_pipelines.cli.round import DEMO_BUILTIN_USERS, DEMO_OVERRIDES
     from envloop_pipelines.core.data.snapshots import open_task
     from envloop_pipelines.core.loop import setup
@@ -213,8 +213,8 @@ def main() -> None:
     parser.add_argument("--separate-champion", action="store_true",
                         help="draw the champion apart from the floor's arms (default: the control arm, as release 1 is)")
     demo = [o for o in DEMO_OVERRIDES if not o.startswith("max_steps=")]
-    parser.add_argument("--override", action="append", default=None,
-                        help=f"recipe overrides KEY=VALUE, for every checkpoint (default: the demo's {' '.join(demo)})")
+    add_recipe_override_argument(parser, help=f"recipe override KEY=VALUE, for every checkpoint (default: the demo's "
+                                              f"{' '.join(demo)})")
     parser.add_argument("--home", type=Path, default=None,
                         help="EnvLoop home (default: a fresh temporary one); a pool trained there before is reused")
     parser.add_argument("--seed", type=int, default=0, help="seed of the replicate draws")

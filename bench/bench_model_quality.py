@@ -1,9 +1,9 @@
 """Decision-model quality on the built-in benchmark's test split, measured side by side in one run.
 
-    .venv/bin/python bench/bench_model_quality.py [--users 240] [--wide-users 1920] [--override epochs=2 ...]
+    .venv/bin/python bench/bench_model_quality.py [--users 240] [--wide-users 1920] [--recipe-override epochs=2 ...]
         [--skip-untrained]
     .venv/bin/python bench/bench_model_quality.py --data bench/user_data/data/sms_spam.csv \
-        --mapping bench/user_data/sms_spam.yaml --skip-untrained [--override ...]
+        --mapping bench/user_data/sms_spam.yaml --skip-untrained [--recipe-override ...]
 
 Three models on the same splits, each calibrated on val (one temperature per
 question type), each scored on test by the sandboxed verifier:
@@ -44,7 +44,7 @@ import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from envloop_pipelines.cli.options import parse_recipe_overrides  # noqa: E402
+from envloop_pipelines.cli.options import add_recipe_override_argument, parse_recipe_overrides  # noqa: E402
 from envloop_pipelines.core.baseline import TfidfBaseline  # noqa: E402
 from envloop_pipelines.core.benchmark import SAFETY_FAMILIES  # noqa: E402
 from envloop_pipelines.core.data.datasets import generate_builtin_task, import_file  # noqa: E402
@@ -142,7 +142,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--users", type=int, default=None, help="benchmark users (default: the benchmark default)")
     parser.add_argument("--recipe", default=DEFAULT_RECIPE)
-    parser.add_argument("--override", action="append", default=[], help="recipe override KEY=VALUE")
+    add_recipe_override_argument(parser, default=[])
     parser.add_argument("--wide-users", type=int, default=1920,
                         help="users of the generator whose unseen test users form the wide test (0: skip it)")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")

@@ -1,6 +1,6 @@
 """One round on the default benchmark: wall time per asset, and Dagster's orchestration overhead.
 
-    .venv/bin/python bench/bench_round.py [--override max_steps=40 ...]
+    .venv/bin/python bench/bench_round.py [--recipe-override max_steps=40 ...]
 
 Sets up the benchmark and the noise floor once, copies the EnvLoop home, then
 runs the same round (r0001) twice from identical state: once as the Dagster
@@ -23,7 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import dagster as dg  # noqa: E402
 
-from envloop_pipelines.cli.options import parse_recipe_overrides  # noqa: E402
+from envloop_pipelines.cli.options import add_recipe_override_argument, parse_recipe_overrides  # noqa: E402
 from envloop_pipelines.cli.round import DEMO_OVERRIDES, QUIET  # noqa: E402
 from envloop_pipelines.core.data.snapshots import open_task  # noqa: E402
 from envloop_pipelines.core.loop import candidate, decide, setup, steps  # noqa: E402
@@ -48,7 +48,7 @@ def resources_for(home: Path, overrides: dict) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--override", action="append", default=list(DEMO_OVERRIDES))
+    add_recipe_override_argument(parser, default=list(DEMO_OVERRIDES))
     args = parser.parse_args()
     configure_command_line()  # progress: a bar on a terminal, lines elsewhere (ENVLOOP_PROGRESS)
     overrides = parse_recipe_overrides(tuple(args.override))

@@ -1,7 +1,7 @@
 """The decision model as its own agent (issue 17, item 6): do its verified self-answers help on the wide test?
 
     .venv/bin/python bench/bench_self_answers.py                     # 240 users, 24-step champion and arms
-    .venv/bin/python bench/bench_self_answers.py --users 40 --wide-users 120 --steps 2 --override max_steps=2  # smoke
+    .venv/bin/python bench/bench_self_answers.py --users 40 --wide-users 120 --steps 2 --recipe-override max_steps=2  # smoke
 
 In one fresh temporary ``ENVLOOP_HOME``:
 
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pyarrow as pa  # noqa: E402
 
 from bench_model_quality import paired_line, score, wide_test_task  # noqa: E402
-from envloop_pipelines.cli.options import parse_recipe_overrides  # noqa: E402
+from envloop_pipelines.cli.options import add_recipe_override_argument, parse_recipe_overrides  # noqa: E402
 from envloop_pipelines.core.baseline import TfidfBaseline  # noqa: E402
 from envloop_pipelines.core.data.datasets import generate_builtin_task  # noqa: E402
 from envloop_pipelines.core.data.records import QUESTION_SCHEMA  # noqa: E402
@@ -67,8 +67,8 @@ def main() -> None:
     parser.add_argument("--wide-users", type=int, default=1920,
                         help="users of the generator whose unseen test users form the wide test")
     parser.add_argument("--recipe", default=DEFAULT_RECIPE)
-    parser.add_argument("--override", action="append", default=None,
-                        help=f"recipe override KEY=VALUE, repeatable (default: {' '.join(DEFAULT_OVERRIDES)})")
+    add_recipe_override_argument(parser, help=f"recipe override KEY=VALUE, repeatable "
+                                              f"(default: {' '.join(DEFAULT_OVERRIDES)})")
     parser.add_argument("--steps", type=int, default=24, help="optimizer steps of each continuation (both arms)")
     parser.add_argument("--seed", type=int, default=0, help="the self-answers' sampling seed")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")

@@ -2,18 +2,33 @@
 
 import os
 
-import dagster as dg
+from envloop_pipelines.console import quiet_third_party
 
-from envloop_pipelines.core.loop.config import settings_from_env
-from envloop_pipelines.defs.agents.assets import AGENT_ASSETS
-from envloop_pipelines.defs.executor import EXECUTOR_ENV, select_executor
-from envloop_pipelines.defs.rl.assets import RL_ASSETS, rl_round_job
-from envloop_pipelines.defs.rounds.assets import ROUND_ASSETS, noise_floor, round_job, setup_job, task_benchmark
-from envloop_pipelines.defs.rounds.checks import ROUND_CHECKS
-from envloop_pipelines.defs.rounds.schedules import nightly_loop
-from envloop_pipelines.defs.rounds.sensors import canceled_round_sensor, failed_round_sensor, next_round_sensor
-from envloop_pipelines.resources.loop import MlflowResource, loop_resource
-from envloop_pipelines.resources.round_store import RoundStoreIOManager
+quiet_third_party()  # the code location and its run and step processes: third-party notes off the console
+
+import dagster as dg  # noqa: E402
+
+from envloop_pipelines.core.loop.config import settings_from_env  # noqa: E402
+from envloop_pipelines.defs.agents.assets import AGENT_ASSETS  # noqa: E402
+from envloop_pipelines.defs.executor import EXECUTOR_ENV, select_executor  # noqa: E402
+from envloop_pipelines.defs.rl.assets import RL_ASSETS, rl_round_job  # noqa: E402
+from envloop_pipelines.defs.rl.resources import rl_resources  # noqa: E402
+from envloop_pipelines.defs.rounds.assets import (  # noqa: E402
+    ROUND_ASSETS,
+    noise_floor,
+    round_job,
+    setup_job,
+    task_benchmark,
+)
+from envloop_pipelines.defs.rounds.checks import ROUND_CHECKS  # noqa: E402
+from envloop_pipelines.defs.rounds.schedules import nightly_loop  # noqa: E402
+from envloop_pipelines.defs.rounds.sensors import (  # noqa: E402
+    canceled_round_sensor,
+    failed_round_sensor,
+    next_round_sensor,
+)
+from envloop_pipelines.resources.loop import MlflowResource, loop_resource  # noqa: E402
+from envloop_pipelines.resources.round_store import RoundStoreIOManager  # noqa: E402
 
 # The code location's loop: every LoopConfig field from ENVLOOP_<FIELD> when set (core/loop/config.py).
 loop = loop_resource(settings_from_env(os.environ))
@@ -26,5 +41,6 @@ defs = dg.Definitions(
     sensors=[next_round_sensor, failed_round_sensor, canceled_round_sensor],
     # ENVLOOP_EXECUTOR=k8s: one Kubernetes Job per step (k8s/dagster/values.yaml); unset: Dagster's default.
     executor=select_executor(dg.EnvVar(EXECUTOR_ENV).get_value()),
-    resources={"loop": loop, "mlflow": MlflowResource(), "io_manager": RoundStoreIOManager(loop=loop)},
+    resources={"loop": loop, "mlflow": MlflowResource(), "io_manager": RoundStoreIOManager(loop=loop),
+               **rl_resources()},
 )

@@ -19,7 +19,8 @@ def test_train_then_eval_on_an_open_split(tmp_path: Path) -> None:
     assert runner.invoke(main, ["data", "generate", "--users", "20", "--records-per-user", "3"], env=env).exit_code == 0
     out = tmp_path / "ckpt"
     result = runner.invoke(main, ["train", "--task", "personal_agent", "--recipe", "packaged:decision_head_cpu.yaml",
-                                  "--out", str(out), "--override", "max_steps=2", "--override", "max_length=128"], env=env,
+                                  "--out", str(out), "--recipe-override", "max_steps=2",
+                                  "--recipe-override", "max_length=128"], env=env,
                            catch_exceptions=False)
     assert result.exit_code == 0, result.output
     trained = json.loads(result.output[result.output.index("{"):])
@@ -39,5 +40,5 @@ def test_train_then_eval_on_an_open_split(tmp_path: Path) -> None:
                                  "--out", str(out)], env=env)
     assert again.exit_code == 2 and "never overwritten" in again.output
     bad = runner.invoke(main, ["train", "--task", "personal_agent", "--recipe", "packaged:decision_head_cpu.yaml",
-                               "--out", str(tmp_path / "x"), "--override", "lr=-1"], env=env)
+                               "--out", str(tmp_path / "x"), "--recipe-override", "lr=-1"], env=env)
     assert bad.exit_code == 2 and "lr" in bad.output

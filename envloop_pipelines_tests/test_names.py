@@ -79,11 +79,12 @@ def test_step_records_and_run_kinds_are_the_asset_names() -> None:
     from envloop_pipelines.definitions import defs
 
     assets = {k.to_user_string() for k in defs.get_repository_def().asset_graph.get_all_asset_keys()}
-    # Assets that keep their values in their own stores and hand Dagster metadata only (MaterializeResult):
-    # the RL round records its steps in its own loop folder, ledger and MLflow (core/loop/rl_round.py).
-    # So does an agent's evaluation (its run folder under agent_evals/ and MLflow; core/agents/evaluate.py).
-    own_store = {"rl_round", "agent_evaluation"}
-    assert set(STEP_RECORDS) == assets - own_store
+    # An agent's evaluation keeps its value in its own store and hands Dagster metadata only (its run folder under
+    # agent_evals/ and MLflow; core/agents/evaluate.py). The RL round's steps have their records in RL_STEP_RECORDS.
+    from envloop_pipelines.core.loop.rl_results import RL_STEP_RECORDS
+
+    assert not set(STEP_RECORDS) & set(RL_STEP_RECORDS)
+    assert set(STEP_RECORDS) | set(RL_STEP_RECORDS) == assets - {"agent_evaluation"}
     for kind in (tracking.KIND_HYPOTHESIS, tracking.KIND_TRAINING, tracking.KIND_REEVAL, tracking.KIND_NOISE_FLOOR):
         assert kind in assets, kind
 

@@ -11,7 +11,10 @@ import click
 @click.option("-v", "--verbose", is_flag=True, help="Log at INFO level.")
 def main(verbose: bool) -> None:
     """EnvLoop pipelines: typed decision models and the self-improvement loop."""
+    from envloop_pipelines.console import quiet_third_party
     from envloop_pipelines.core.progress import configure_command_line
+
+    quiet_third_party()  # before any subcommand imports transformers, DeepSpeed or Dagster
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     configure_command_line()  # a bar on a terminal; a line every few percent or 30 s on stderr otherwise

@@ -12,253 +12,130 @@ API and its MLflow server (``--mlflow``). CLI, SDK and HTTP are one path.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import click
 
 from envloop_pipelines.cli.options import loop_options, loop_settings, parse_recipe_overrides, remote_options
-from envloop_pipelines.core.storage import atomic_write_bytes, envloop_home
-
-
-#: The one Dagster instance file of every local entry point (shipped in the package).
-INSTANCE_FILE = Path(__file__).resolve().parents[1] / "dagster.yaml"
-#: What earlier versions wrote as the instance file; replaced by INSTANCE_FILE when found.
-_LEGACY_INSTANCE = "telemetry:\n  enabled: false\n"
+from envloop_pipelines.core.storage import envloop_home
+from envloop_pipelines.names import PARTITION_TAG, ROUNDS_PARTITIONS
 
 
 def dagster_home() -> Path:
-    """``$DAGSTER_HOME``, or ``<envloop home>/dagster``; its ``dagster.yaml`` is the package's instance file.
+    """``$DAGSTER_HOME`` with the package's instance file (:func:`envloop_pipelines.sdk.local.dagster_home`)."""
+    from envloop_pipelines.sdk.local import dagster_home as home
 
-    A ``dagster.yaml`` a person put there (Postgres, say) is kept; a missing one, or the
-    telemetry-only file earlier versions wrote, becomes a copy of :data:`INSTANCE_FILE`.
-    """
-    home = Path(os.environ.get("DAGSTER_HOME") or envloop_home() / "dagster").resolve()
-    home.mkdir(parents=True, exist_ok=True)
-    config = home / "dagster.yaml"
-    if not config.exists() or config.read_text(encoding="utf-8") == _LEGACY_INSTANCE:
-        atomic_write_bytes(config, INSTANCE_FILE.read_bytes(), overwrite=True)
-    os.environ["DAGSTER_HOME"] = str(home)
-    return home
+    return home()
 
 
-#: Dagster's console logger at WARNING: the CLI prints its own one line per step.
-QUIET: dict[str, Any] = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+def __getattr__(name: str) -> Any:
+    """The local runner's names (``INSTANCE_FILE``, ``QUIET``, ``watch_steps``) live in ``sdk/local.py``; read
+    from here too (the benches and tests import them from the CLI), without importing Dagster at CLI start."""
+    if name in ("INSTANCE_FILE", "QUIET", "watch_steps"):
+        from envloop_pipelines.sdk import local
+
+        return getattr(local, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-#: Loop settings as earlier versions recorded them in a run's tags (read back by ``round retry``).
-_LEGACY_SETTINGS = {"recipe_overrides_json": "recipe_overrides"}
+def local_client(settings: dict[str, Any] | None = None, task: str | None = None) -> Any:
+    """The in-process client of this home (the loop resource built once, here); a bad setting is a bad option."""
+    from envloop_pipelines.sdk.local import LocalClient
 
-
-def _resources(settings: dict[str, Any]) -> dict[str, Any]:
-    """The Dagster resources of a loop with these settings (``LoopConfig`` names), as ``definitions.py`` binds them."""
-    from envloop_pipelines.resources.loop import MlflowResource, loop_resource
-    from envloop_pipelines.resources.round_store import RoundStoreIOManager
-
-    loop = loop_resource({_LEGACY_SETTINGS.get(k, k): v for k, v in settings.items()})
-    return {"loop": loop, "mlflow": MlflowResource(), "io_manager": RoundStoreIOManager(loop=loop)}
-
-
-@contextlib.contextmanager
-def watch_steps(instance: Any, run_id: str, total: int, desc: str, poll_s: float = 1.0) -> Iterator[None]:
-    """A progress bar over the steps of a run executing in this process (read from the instance's event log).
-
-    On a terminal the bar sits above the steps' own bars (training, prediction); elsewhere it is a line
-    every few percent or 30 s, naming the step that runs.
-    """
-    import dagster as dg
-
-    from envloop_pipelines.core.progress import Progress
-
-    stop = threading.Event()
-    bar = Progress(desc, total=total, unit="step")
-    ended = {dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.STEP_SKIPPED}
-
-    def poll() -> None:
-        while True:
-            finished = stop.wait(poll_s)
-            try:
-                records = instance.get_records_for_run(run_id, of_type={dg.DagsterEventType.STEP_START, *ended}).records
-            except Exception:  # noqa: BLE001 - the run's storage is not there yet; progress is best effort
-                records = []
-            done, started = set(), set()
-            for r in records:
-                event = r.event_log_entry.dagster_event
-                if event is not None and event.step_key:
-                    (done if event.event_type in ended else started).add(event.step_key)
-            bar.update(len(done) - bar.n, now=",".join(sorted(started - done)) or None)
-            if finished:
-                return
-
-    thread = threading.Thread(target=poll, name=f"progress {desc}", daemon=True)
-    thread.start()
     try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=30)
-        bar.close()
+        return LocalClient(settings, task=task, notify=click.echo)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
-def _run_rounds(instance: Any, loop_settings: dict[str, Any], proposal: dict[str, Any] | None, echo: Any,
-                first: str | None = None, retry_of: Any = None) -> list[dict[str, Any]]:
-    """Run round partitions while the loop's budget lasts (``first``: a round to run before asking the budget)."""
-    from envloop_pipelines.core.loop.budget import load_loop, next_round
-    from envloop_pipelines.definitions import defs
-    from envloop_pipelines.defs.rounds.partitions import rounds as rounds_partitions
-    from envloop_pipelines.defs.rounds.recovery import (
-        RETRY_OF_TAG,
-        SETTINGS_TAG,
-        worker_tags,
-    )
-    from dagster._core.utils import make_new_run_id
-
+def _power_line(client: Any, key: str, decision: Any) -> str | None:
+    """The registered test power of round ``key`` beside its predicted delta (local rounds: read from the ledger)."""
     from envloop_pipelines.core.loop.ledger import Ledger
-    from envloop_pipelines.core.loop.results import RoundDecision
-    from envloop_pipelines.core.loop.store import RoundStore
 
-    resources = _resources(loop_settings)
-    cfg = resources["loop"].config()
-    loop_settings = cfg.to_settings()
-    job = defs.resolve_job_def("round_job")
+    hypothesis = Ledger(client.task, client.config.home).hypothesis(key)
+    power = (hypothesis.power if hypothesis is not None else None) or {}
+    if power.get("mde") is None:
+        return None
+    bar = f", bar {power['bar']:.4f}" if isinstance(power.get("bar"), (int, float)) else ""
+    pairs = (f", from {power['n_pairs']} candidate-vs-champion pair(s)" if power.get("n_pairs") else "")
+    return (f"  test power: minimum detectable effect {power['mde']:.4f} at 80% power (se {power['se']:.4f}"
+            f"{bar}{pairs}), predicted {decision.predicted_delta:+.4f}"
+            + ("; underpowered" if power.get("underpowered") else ""))
+
+
+def _drive_local(client: Any, step: Any, echo: Any) -> list[dict[str, Any]]:
+    """Run ``step(on_round)`` (the local client's loop or retry), printing each round; the rounds' timings."""
+    from envloop_pipelines.sdk import RoundFailed
+
     timings: list[dict[str, Any]] = []
-    while True:
-        if first is not None:
-            key, run_key, first = first, (retry_of.tags.get("envloop/loop") if retry_of else None), None
-        else:
-            nxt = next_round(cfg.task, home=cfg.home)
-            if nxt.round is None:
-                state = load_loop(cfg.task, cfg.home)
-                echo(f"loop {state.loop_id if state else '-'} stops: {nxt.reason}")
-                break
-            key, run_key, retry_of = nxt.round, nxt.run_key, None
-        instance.add_dynamic_partitions(rounds_partitions.name, [key])
-        t0 = time.perf_counter()
-        run_config: dict[str, Any] = dict(QUIET)
-        if proposal is not None:
-            run_config["ops"] = {"registered_hypothesis": {"config": {"proposal_json": json.dumps(proposal)}}}
-        tags = {**worker_tags(), SETTINGS_TAG: json.dumps(loop_settings, sort_keys=True)}
-        if run_key:
-            tags["envloop/loop"] = run_key
-        if retry_of is not None:
-            run_config = {**run_config, **{k: v for k, v in retry_of.run_config.items() if k == "ops"}}
-            tags.update({RETRY_OF_TAG: retry_of.run_id, "dagster/parent_run_id": retry_of.run_id,
-                         "dagster/root_run_id": retry_of.tags.get("dagster/root_run_id", retry_of.run_id)})
-        run_id = make_new_run_id()
-        with watch_steps(instance, run_id, len(job.graph.nodes), f"round {key}"):
-            out = job.execute_in_process(instance=instance, resources=resources, partition_key=key,
-                                         run_config=run_config, tags=tags, raise_on_error=False, run_id=run_id)
-        timings.append({"step": f"round {key}", "s": time.perf_counter() - t0, "success": out.success})
-        if not out.success:
-            echo(f"round {key} failed; see `envloop ledger` and the Dagster run {out.run_id}; "
-                 f"`envloop round retry` runs it again")
-            break
-        decision = RoundStore(cfg.task, cfg.home).load("promotion_decision", RoundDecision, key)
-        for line in decision_lines(key, decision, timings[-1]["s"]):
+    begun = {"t": time.perf_counter()}
+
+    def on_round(result: Any) -> None:
+        seconds = time.perf_counter() - begun["t"]
+        timings.append({"step": f"round {result.key}", "s": seconds, "success": True})
+        for line in decision_lines(result.key, result.decision, seconds):
             echo(line)
-        hypothesis = Ledger(cfg.task, cfg.home).hypothesis(key)
-        power = (hypothesis.power if hypothesis is not None else None) or {}
-        if power.get("mde") is not None:
-            bar = f", bar {power['bar']:.4f}" if isinstance(power.get("bar"), (int, float)) else ""
-            pairs = (f", from {power['n_pairs']} candidate-vs-champion pair(s)" if power.get("n_pairs") else "")
-            echo(f"  test power: minimum detectable effect {power['mde']:.4f} at 80% power (se {power['se']:.4f}"
-                 f"{bar}{pairs}), predicted {decision.predicted_delta:+.4f}"
-                 + ("; underpowered" if power.get("underpowered") else ""))
+        power = _power_line(client, result.key, result.decision)
+        if power:
+            echo(power)
+        begun["t"] = time.perf_counter()
+
+    try:
+        step(on_round)
+    except RoundFailed as exc:
+        timings.append({"step": f"round {exc.run.partition}", "s": time.perf_counter() - begun["t"], "success": False})
+        echo(str(exc))
     return timings
 
 
 def run_loop(*, loop_settings: dict[str, Any], rounds: int, patience: int, max_wall_s: float,
-             proposal: dict[str, Any] | None = None, echo: Any = click.echo) -> list[dict[str, Any]]:
-    """Set up the benchmark and noise floor, then run rounds while the loop's budget lasts."""
-    import dagster as dg
-    from dagster._core.utils import make_new_run_id
+             proposal: dict[str, Any] | None = None, echo: Any = click.echo,
+             client: Any = None) -> list[dict[str, Any]]:
+    """Set up the benchmark and noise floor, then run rounds while the loop's budget lasts (in this process)."""
+    from envloop_pipelines.sdk import RoundFailed
 
-    from envloop_pipelines.core.loop.budget import LoopBudget, start_loop
-    from envloop_pipelines.definitions import defs
-    from envloop_pipelines.defs.rounds.recovery import reap_orphaned_runs, worker_tags
-
-    dagster_home()
-    instance = dg.DagsterInstance.get()
-    for run in reap_orphaned_runs(instance):
+    client = client or local_client(loop_settings)
+    for run in client.reap_orphans():
         echo(f"marked run {run.run_id} ({run.job_name}) failed: its worker is gone")
-    resources = _resources(loop_settings)
-    cfg = resources["loop"].config()
     started = time.perf_counter()
-    setup = defs.resolve_job_def("setup_job")
-    run_id = make_new_run_id()
-    with watch_steps(instance, run_id, len(setup.graph.nodes), "setup"):
-        result = setup.execute_in_process(instance=instance, resources=resources, run_config=QUIET, tags=worker_tags(),
-                                          run_id=run_id)
-    timings = [{"step": "setup (benchmark + noise floor)", "s": time.perf_counter() - started, "success": result.success}]
-    echo(f"setup: benchmark and noise floor ready ({timings[-1]['s']:.0f}s)")
-    if result.success:
-        warn_out_of_reach(cfg)
-    state = start_loop(cfg.task, f"cli-{int(time.time())}", LoopBudget(max_rounds=rounds, patience=patience,
-                                                                       max_wall_s=max_wall_s), home=cfg.home)
-    echo(f"loop {state.loop_id}: up to {rounds} rounds")
-    return timings + _run_rounds(instance, loop_settings, proposal, echo)
-
-
-def warn_out_of_reach(cfg: Any) -> str | None:
-    """Say on stderr when the measured noise floor puts promotion out of reach of any candidate (and return it)."""
-    from envloop_pipelines.core.loop.ledger import LedgerError
-    from envloop_pipelines.core.loop.promotion import champion_out_of_reach
-    from envloop_pipelines.core.loop.setup import current_noise_floor
-
     try:
-        floor = current_noise_floor(cfg).floor
-    except (LedgerError, FileNotFoundError):
-        return None
-    message = champion_out_of_reach(cfg.task, cfg.home, floor)
-    if message:
-        click.echo(f"warning: task {cfg.task}: {message}", err=True)
-    return message
+        client.setup()
+        ok = True
+    except RoundFailed as exc:
+        echo(f"setup failed: {exc}")
+        ok = False
+    timings = [{"step": "setup (benchmark + noise floor)", "s": time.perf_counter() - started, "success": ok}]
+    if not ok:
+        return timings
+    echo(f"setup: benchmark and noise floor ready ({timings[-1]['s']:.0f}s)")
+    warning = client.promotion_warning()
+    if warning:
+        click.echo(f"warning: task {client.task}: {warning}", err=True)
+    return timings + _drive_local(client, lambda on_round: client.run_loop(
+        rounds=rounds, patience=patience, max_wall_s=max_wall_s, hypothesis=proposal, on_round=on_round), echo)
 
 
 def retry_round(task: str, *, echo: Any = click.echo) -> list[dict[str, Any]]:
     """Finish the task's undecided round (its worker died or it failed), then go on while the budget lasts.
 
-    Unfinished runs whose worker is gone are marked failed first. The retry runs the
-    round's job again for the same partition with the failed run's loop settings and
-    hypothesis config; every step is idempotent (content-addressed snapshots and
-    checkpoints, write-once ledger entries and hypothesis), so what the dead run
-    finished is found again, not duplicated.
+    Unfinished runs whose worker is gone are marked failed first (see :meth:`LocalClient.retry`).
     """
-    import dagster as dg
+    from envloop_pipelines.sdk import ClientError
 
-    from envloop_pipelines.core.loop.budget import decided_rounds, last_round_number
-    from envloop_pipelines.core.loop.config import round_key
-    from envloop_pipelines.defs.rounds.recovery import SETTINGS_TAG, reap_orphaned_runs
-
-    dagster_home()
-    instance = dg.DagsterInstance.get()
-    for run in reap_orphaned_runs(instance):
-        echo(f"marked run {run.run_id} ({run.job_name}, round {run.tags.get('dagster/partition')}) failed: "
+    client = local_client(task=task)
+    for run in client.reap_orphans():
+        echo(f"marked run {run.run_id} ({run.job_name}, round {run.tags.get(PARTITION_TAG)}) failed: "
              f"its worker is gone")
-    last = last_round_number(task)
-    key = round_key(last) if last else None
-    if key is None or key in decided_rounds(task):
-        echo(f"task {task}: no undecided round to retry" + (f" (last round {key} is decided)" if key else ""))
-        return []
-    runs = instance.get_runs(filters=dg.RunsFilter(job_name="round_job", tags={"dagster/partition": key}), limit=1)
-    if not runs or SETTINGS_TAG not in runs[0].tags:
-        raise click.ClickException(f"round {key} has no run started by `envloop round` to take its settings from")
-    failed = runs[0]
-    if failed.status not in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED):
-        raise click.ClickException(f"round {key}: its last run {failed.run_id} is {failed.status.value}, not failed")
-    settings = json.loads(failed.tags[SETTINGS_TAG])
-    if settings.get("task") != task:
-        raise click.ClickException(f"round {key}'s run belongs to task {settings.get('task')!r}, not {task!r}")
-    echo(f"retrying round {key} (run {failed.run_id} {failed.status.value})")
-    return _run_rounds(instance, settings, None, echo, first=key, retry_of=failed)
+    try:
+        return _drive_local(client, lambda on_round: client.retry(on_round=on_round), echo)
+    except ClientError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def echo_releases(task: str, releases: list[dict[str, Any]], as_json: bool = False) -> None:
@@ -285,12 +162,11 @@ def echo_releases(task: str, releases: list[dict[str, Any]], as_json: bool = Fal
             click.echo(f"         erratum {e['erratum']}: {e['field']} {e['old']} -> {e['new']} ({e['reason']})")
 
 
-def echo_champion_vs_tfidf(task: str) -> None:
+def echo_champion_vs_tfidf(task: str, client: Any = None) -> None:
     """One line: the champion's holdout family-macro accuracy beside TF-IDF + LR's, paired, from its one read."""
     from envloop_pipelines.core.loop.cards import paired_text
-    from envloop_pipelines.core.loop.ledger import Ledger
 
-    releases = Ledger(task).releases()
+    releases = (client or local_client(task=task)).release_cards()
     if not releases:
         return
     card = releases[-1]
@@ -305,10 +181,10 @@ def echo_champion_vs_tfidf(task: str) -> None:
                f"{paired}: {verdict} the classical baseline")
 
 
-def print_releases(task: str, as_json: bool = False) -> None:
-    from envloop_pipelines.core.loop.ledger import Ledger
-
-    echo_releases(task, Ledger(task).releases(), as_json)
+def print_releases(task: str, as_json: bool = False, client: Any = None) -> None:
+    """The release chain of ``client`` (default: this home's ``task``), as :func:`echo_releases` prints it."""
+    client = client or local_client(task=task)
+    echo_releases(client.task, _sdk_call(client.release_cards), as_json)
 
 
 def remote_client(remote: str, mlflow_uri: str | None, task: str | None = None) -> Any:
@@ -328,6 +204,12 @@ def remote_client(remote: str, mlflow_uri: str | None, task: str | None = None) 
     return client
 
 
+def any_client(remote: str | None, mlflow_uri: str | None, task: str | None) -> Any:
+    """The client a command drives (a :class:`~envloop_pipelines.sdk.protocol.LoopClient`): the deployment's
+    with ``--remote``, else this home's (``--task``, default personal_agent)."""
+    return remote_client(remote, mlflow_uri, task) if remote else local_client(task=task)
+
+
 def _sdk_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
     """Call the SDK; its errors become the command's (exit 1)."""
     from envloop_pipelines.sdk import ClientError
@@ -339,14 +221,8 @@ def _sdk_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def remote_releases(client: Any) -> list[dict[str, Any]]:
-    """A deployment's releases as the local cards look (the card, with MLflow's version, holdout and champion flag)."""
-    out = []
-    for r in _sdk_call(client.releases):
-        card = dict(r.card or {"release": r.release, "round": r.round, "checkpoint_sha256": r.checkpoint_sha256})
-        card.setdefault("errata", [])
-        out.append({**card, "model_version": r.model_version, "mlflow_run_id": r.mlflow_run_id,
-                    "holdout": card.get("holdout") or dict(r.holdout), "champion": r.champion})
-    return out
+    """A deployment's releases as the local cards look (``Client.release_cards``)."""
+    return _sdk_call(client.release_cards)
 
 
 def decision_lines(key: str, decision: Any, seconds: float | None = None) -> list[str]:
@@ -372,20 +248,12 @@ def echo_decision(key: str, decision: Any, seconds: float | None = None) -> None
 
 def _read_hypothesis(hypothesis_file: Path | None) -> dict[str, Any] | None:
     """A person's hypothesis file, checked (every problem named) before anything runs."""
-    if hypothesis_file is None:
-        return None
-    try:
-        proposal = json.loads(hypothesis_file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"{hypothesis_file}: line {exc.lineno}: {exc.msg}", param_hint="--hypothesis") from None
-    if not isinstance(proposal, dict):
-        raise click.BadParameter(f"{hypothesis_file}: must be a JSON object", param_hint="--hypothesis")
-    from envloop_pipelines.core.loop.steps import proposal_errors
+    from envloop_pipelines.core.loop.proposals import ProposalError, parse_proposal
 
-    errors = proposal_errors(proposal)
-    if errors:
-        raise click.BadParameter(f"{hypothesis_file}: " + "; ".join(errors), param_hint="--hypothesis")
-    return proposal
+    try:
+        return parse_proposal(hypothesis_file)
+    except ProposalError as exc:
+        raise click.BadParameter(str(exc), param_hint="--hypothesis") from None
 
 
 def run_remote_loop(client: Any, *, rounds: int, patience: int, max_wall_s: float,
@@ -461,17 +329,15 @@ def round_start(ctx: click.Context, rounds: int, patience: int, max_wall_s: floa
         client = remote_client(remote, mlflow_uri)
         ok = run_remote_loop(client, rounds=rounds, patience=patience, max_wall_s=max_wall_s, proposal=proposal)
         if client.mlflow_uri:
-            echo_releases(client.task, remote_releases(client))
+            print_releases(client.task, client=client)
         if not ok:
             raise SystemExit(1)
         return
     settings = loop_settings(options)
-    try:
-        _resources(settings)["loop"].config()
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-    timings = run_loop(loop_settings=settings, rounds=rounds, patience=patience, max_wall_s=max_wall_s, proposal=proposal)
-    print_releases(settings["task"])
+    client = local_client(settings)  # the loop resource, built once for the whole command
+    timings = run_loop(loop_settings=settings, rounds=rounds, patience=patience, max_wall_s=max_wall_s,
+                       proposal=proposal, client=client)
+    print_releases(client.task, client=client)
     if timings and not all(t.get("success", True) for t in timings):
         raise SystemExit(1)
 
@@ -524,54 +390,10 @@ def round_add(task: str) -> None:
 
     dagster_home()
     instance = dg.DagsterInstance.get()
-    existing = instance.get_dynamic_partitions("rounds")
+    existing = instance.get_dynamic_partitions(ROUNDS_PARTITIONS)
     key = round_key(max([last_round_number(task)] + [int(k[1:]) for k in existing]) + 1)
-    instance.add_dynamic_partitions("rounds", [key])
+    instance.add_dynamic_partitions(ROUNDS_PARTITIONS, [key])
     click.echo(key)
-
-
-def _local_rounds(task: str) -> list[dict[str, Any]]:
-    """This home's rounds: each with its decision (if decided) and its latest Dagster run on the local instance."""
-    import dagster as dg
-
-    from envloop_pipelines.core.loop.config import round_key
-    from envloop_pipelines.core.loop.results import RoundDecision
-    from envloop_pipelines.core.loop.store import RoundStore
-
-    dagster_home()
-    instance = dg.DagsterInstance.get()
-    store = RoundStore(task)
-    keys = sorted(set(round_key(n) for n in store.started_rounds()) | set(instance.get_dynamic_partitions("rounds")))
-    out = []
-    for key in keys:
-        decision = store.load("promotion_decision", RoundDecision, key)
-        runs = instance.get_runs(filters=dg.RunsFilter(job_name="round_job", tags={"dagster/partition": key}), limit=1)
-        run = runs[0] if runs else None
-        failed = decision is None and run is not None and run.status == dg.DagsterRunStatus.FAILURE
-        out.append(_round_row(key, decision, run.run_id if run else None, run.status.value if run else None,
-                              _local_run_error(instance, run.run_id) if failed else None))
-    return out
-
-
-def _local_run_error(instance: Any, run_id: str) -> str | None:
-    """Why a run of the local instance failed: ``<step>: <the step's own error>`` of its first failed step."""
-    import dagster as dg
-
-    records = instance.get_records_for_run(run_id, of_type={dg.DagsterEventType.STEP_FAILURE,
-                                                            dg.DagsterEventType.RUN_FAILURE}).records
-    for record in records:
-        event = record.event_log_entry.dagster_event
-        if event is None:
-            continue
-        data = event.event_specific_data
-        user = getattr(data, "user_failure_data", None)
-        error = getattr(data, "error", None)
-        while error is not None and error.cause is not None:  # Dagster's wrapper, then the step's own error
-            error = error.cause
-        message = (user.description if user is not None and user.description else
-                   error.to_string().strip().splitlines()[0] if error is not None else record.event_log_entry.message)
-        return f"{event.step_key}: {message}" if event.step_key else message
-    return None
 
 
 def _round_row(key: str, decision: Any, run_id: str | None, run_status: str | None,
@@ -597,18 +419,14 @@ def round_status(key: str | None, task: str | None, as_json: bool, remote: str |
     Status is ``decided``, or the latest run's (``STARTED``, ``FAILURE`` ...), or ``not started``.
     Exit status 1 when KEY is not a round.
     """
-    if remote:
-        client = remote_client(remote, mlflow_uri, task)
-        task = client.task
-        rows = []
-        for r in _sdk_call(client.rounds):
-            failed = r.decision is None and r.run is not None and r.run.status == "FAILURE"
-            reason = _sdk_call(client.run_error, r.run.run_id) if failed else None
-            rows.append(_round_row(r.key, r.decision, r.run.run_id if r.run else None, r.run.status if r.run else None,
-                                   str(reason) if reason is not None else None))
-    else:
-        task = task or "personal_agent"
-        rows = _local_rounds(task)
+    client = any_client(remote, mlflow_uri, task)
+    task = client.task
+    rows = []
+    for r in _sdk_call(client.rounds):
+        failed = r.decision is None and r.run is not None and r.run.status == "FAILURE"
+        reason = _sdk_call(client.run_error, r.run.run_id) if failed else None
+        rows.append(_round_row(r.key, r.decision, r.run.run_id if r.run else None, r.run.status if r.run else None,
+                               str(reason) if reason is not None else None))
     if key is not None:
         rows = [r for r in rows if r["round"] == key]
         if not rows:
@@ -638,14 +456,11 @@ def round_status(key: str | None, task: str | None, as_json: bool, remote: str |
 @remote_options
 def releases(task: str | None, as_json: bool, remote: str | None, mlflow_uri: str | None) -> None:
     """The release chain: one card per release, holdout first, errata beside."""
-    if remote:
-        if not mlflow_uri:
-            raise click.BadParameter("with --remote the releases come from the deployment's MLflow server: give its URI "
-                                     "(--mlflow http://host:port, or set MLFLOW_TRACKING_URI)", param_hint="--mlflow")
-        client = remote_client(remote, mlflow_uri, task)
-        echo_releases(client.task, remote_releases(client), as_json)
-        return
-    print_releases(task or "personal_agent", as_json)
+    if remote and not mlflow_uri:
+        raise click.BadParameter("with --remote the releases come from the deployment's MLflow server: give its URI "
+                                 "(--mlflow http://host:port, or set MLFLOW_TRACKING_URI)", param_hint="--mlflow")
+    client = any_client(remote, mlflow_uri, task)
+    print_releases(client.task, as_json, client=client)
 
 
 def echo_ledger(events: list[dict[str, Any]], as_json: bool) -> None:
@@ -665,16 +480,12 @@ def echo_ledger(events: list[dict[str, Any]], as_json: bool) -> None:
 @remote_options
 def ledger(task: str | None, kind: str | None, as_json: bool, remote: str | None, mlflow_uri: str | None) -> None:
     """Every hypothesis, arm, rejected candidate and release of the task's loop."""
-    from envloop_pipelines.core.loop.ledger import EVENT_KINDS, Ledger
+    from envloop_pipelines.core.loop.ledger import EVENT_KINDS
 
     if kind is not None and kind not in EVENT_KINDS:
         raise click.BadParameter(f"{kind!r} is not a ledger event kind; allowed: {', '.join(EVENT_KINDS)}",
                                  param_hint="--kind")
-    if remote:
-        client = remote_client(remote, mlflow_uri, task)
-        echo_ledger(_sdk_call(client.ledger, kind), as_json)
-        return
-    echo_ledger(list(Ledger(task or "personal_agent").events(kind)), as_json)
+    echo_ledger(_sdk_call(any_client(remote, mlflow_uri, task).ledger, kind), as_json)
 
 
 @click.command("ui")

@@ -1,8 +1,9 @@
 """The Python SDK: drive an EnvLoop deployment (its Dagster webserver and MLflow server) from code.
 
-``Client(dagster_url, mlflow_uri)`` starts rounds and loops, follows them with progress, and reads
-rounds, decisions, the ledger, releases, cards and checkpoints. See :mod:`envloop_pipelines.sdk.client`
-and ``docs/http-api.md`` (the same requests over plain HTTP).
+``Client(dagster_url, mlflow_uri)`` drives a deployment and ``LocalClient(loop_settings)`` this process and
+home; both are a :class:`~envloop_pipelines.sdk.protocol.LoopClient`. ``Client`` starts rounds and loops,
+follows them with progress, and reads rounds, decisions, the ledger, releases, cards and checkpoints. See
+:mod:`envloop_pipelines.sdk.client` and ``docs/http-api.md`` (the same requests over plain HTTP).
 """
 
 from envloop_pipelines.sdk.client import (
@@ -20,6 +21,8 @@ from envloop_pipelines.sdk.client import (
     StepInfo,
     UnavailableError,
 )
+from envloop_pipelines.sdk.local import LocalClient
+from envloop_pipelines.sdk.protocol import LoopClient
 
-__all__ = ["Client", "ClientError", "NotFoundError", "PromotionOutOfReach", "RefusedError", "ReleaseInfo", "RoundFailed", "RoundInfo", "RoundRun",
+__all__ = ["Client", "ClientError", "LocalClient", "LoopClient", "NotFoundError", "PromotionOutOfReach", "RefusedError", "ReleaseInfo", "RoundFailed", "RoundInfo", "RoundRun",
            "RunError", "RunInfo", "StepInfo", "UnavailableError"]

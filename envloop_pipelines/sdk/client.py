@@ -47,19 +47,19 @@ from envloop_pipelines.defs.rounds.metadata import PROMOTION_WARNING as PROMOTIO
 from envloop_pipelines.defs.rounds.metadata import RELEASE_CARD as RELEASE_CARD_LABEL
 from envloop_pipelines.sdk import queries
 
-#: Dagster's names in this project (``defs/``): the jobs, the partitions and the assets a client reads.
-ROUND_JOB = "round_job"
-SETUP_JOB = "setup_job"
-ROUNDS_PARTITIONS = "rounds"
-PROMOTION_DECISION = "promotion_decision"
-NOISE_FLOOR = "noise_floor"
-HYPOTHESIS_ASSET = "registered_hypothesis"
-PARTITION_TAG = "dagster/partition"
-#: Tags a client puts on the runs it launches.
-CLIENT_TAG = "envloop/client"
-LOOP_TAG = "envloop/loop"
-#: The tag of a run whose hypothesis its first step refused (``defs/rounds/assets.py``): never retried.
-REFUSED_TAG = "envloop/refused"
+#: Dagster's names in this project (the jobs, partitions, assets and tags a client reads and writes).
+from envloop_pipelines.names import (  # noqa: E402 - re-exported under the SDK's names
+    CLIENT_TAG,
+    HYPOTHESIS_ASSET,
+    LOOP_TAG,
+    NOISE_FLOOR,
+    PARTITION_TAG,
+    PROMOTION_DECISION,
+    REFUSED_TAG,
+    ROUND_JOB,
+    ROUNDS_PARTITIONS,
+    SETUP_JOB,
+)
 #: Run statuses that are final.
 FINISHED = ("SUCCESS", "FAILURE", "CANCELED")
 
@@ -228,33 +228,13 @@ def _split_url(url: str) -> dict[str, Any]:
 
 def _hypothesis_json(hypothesis: Mapping[str, Any] | str | os.PathLike[str] | None) -> str | None:
     """A person's hypothesis (a mapping, JSON text or a JSON file) as checked JSON; ``None`` for the automatic one."""
-    if hypothesis is None:
-        return None
-    from envloop_pipelines.core.loop.steps import proposal_errors
+    from envloop_pipelines.core.loop.proposals import ProposalError, parse_proposal
 
-    source = "hypothesis"
-    if isinstance(hypothesis, Mapping):
-        proposal: Any = dict(hypothesis)
-    else:
-        text = str(hypothesis)
-        if not isinstance(hypothesis, os.PathLike) and not text.lstrip().startswith(("{", "[")) and not Path(text).is_file():
-            raise RefusedError(f"hypothesis: {text[:80]!r} is neither JSON text nor a file")
-        if isinstance(hypothesis, os.PathLike) or not text.lstrip().startswith(("{", "[")):
-            source = str(hypothesis)
-            try:
-                text = Path(hypothesis).read_text(encoding="utf-8")
-            except OSError as exc:
-                raise RefusedError(f"hypothesis: cannot read {hypothesis}: {exc.strerror}") from None
-        try:
-            proposal = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise RefusedError(f"{source}: line {exc.lineno}: {exc.msg}") from None
-    if not isinstance(proposal, dict):
-        raise RefusedError(f"{source}: must be a JSON object (change, predicted_delta, gate, seeds, rationale)")
-    errors = proposal_errors(proposal)
-    if errors:
-        raise RefusedError(f"{source}: " + "; ".join(errors))
-    return json.dumps(proposal, sort_keys=True)
+    try:
+        proposal = parse_proposal(hypothesis)
+    except ProposalError as exc:
+        raise RefusedError(str(exc)) from None
+    return None if proposal is None else json.dumps(proposal, sort_keys=True)
 
 
 class Client:
@@ -701,18 +681,24 @@ class Client:
         for name, value in (("rounds", rounds), ("patience", patience), ("max_wall_s", max_wall_s)):
             if not value > 0:
                 raise ClientError(f"{name}: the loop's budget must be positive, got {value}")
+        from envloop_pipelines.core.loop.budget import LoopBudget, NextRound, drive_loop, spent
+
+        budget = LoopBudget(max_rounds=rounds, patience=patience, max_wall_s=max_wall_s)
         started, done = time.monotonic(), []
         loop_id = f"sdk-{int(time.time())}"
-        for i in range(rounds):
-            if time.monotonic() - started > max_wall_s:
-                break
-            result = self.run_round(hypothesis if i == 0 else None, progress=progress, tags={LOOP_TAG: loop_id})
+
+        def ask() -> NextRound:  # the deployment's ledger is not ours to read: the budget counts this loop's rounds
+            reason = spent(budget, [bool(r.decision and r.decision.promote) for r in done], time.monotonic() - started)
+            return NextRound(None, reason) if reason else NextRound(f"round {len(done) + 1}", "within budget")
+
+        def run(nxt: NextRound) -> bool:
+            result = self.run_round(None if done else hypothesis, progress=progress, tags={LOOP_TAG: loop_id})
             done.append(result)
             if on_round is not None:
                 on_round(result)
-            recent = done[-patience:]
-            if len(recent) == patience and not any(r.decision and r.decision.promote for r in recent):
-                break
+            return True  # a round without a decision raised RoundFailed
+
+        drive_loop(ask, run)
         return done
 
     # ------------------------------------------------------------------ what the steps recorded
@@ -882,6 +868,16 @@ class Client:
                                    checkpoint_sha256=v.tags.get(TAG_CHECKPOINT), mlflow_run_id=v.run_id,
                                    holdout=holdout, champion=str(v.version) == champion, card=cards.get(number)))
         return sorted(out, key=lambda r: r.release)
+
+    def release_cards(self) -> list[dict[str, Any]]:
+        """The releases as the local ledger's cards look: the card, with MLflow's version, holdout and champion flag."""
+        out = []
+        for r in self.releases():
+            card = dict(r.card or {"release": r.release, "round": r.round, "checkpoint_sha256": r.checkpoint_sha256})
+            card.setdefault("errata", [])
+            out.append({**card, "model_version": r.model_version, "mlflow_run_id": r.mlflow_run_id,
+                        "holdout": card.get("holdout") or dict(r.holdout), "champion": r.champion})
+        return out
 
     def champion(self) -> ReleaseInfo | None:
         """The release the ``champion`` alias points at (``None`` before release 1)."""

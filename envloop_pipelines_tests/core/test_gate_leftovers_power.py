@@ -71,11 +71,11 @@ def test_a_hypothesis_registered_before_the_rule_still_reads_and_re_registers(tm
 # -- the RL round: an analytic MDE from its held-out evaluation's size --------------------------------------------
 
 def _rl_config(tmp_path: Path, **kw: Any) -> Any:
-    from envloop_pipelines.core.loop.rl_round import RlRoundConfig
-    from envloop_pipelines.core.model.causal_sft import CausalSftRecipe
+    from envloop_pipelines.core.loop.rl_config import RlRoundConfig
 
-    return RlRoundConfig(task="shell-rl", recipe=CausalSftRecipe(base_model=str(tmp_path / "no-model")),
-                         home=str(tmp_path), **kw)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"base_model: {tmp_path / 'no-model'}\n")
+    return RlRoundConfig(task="shell-rl", recipe=str(recipe), home=str(tmp_path), **kw)
 
 
 @pytest.mark.parametrize("n_heldout, eval_attempts, predicted, underpowered", [
@@ -84,7 +84,7 @@ def _rl_config(tmp_path: Path, **kw: Any) -> Any:
 ])
 def test_the_rl_round_registers_an_analytic_mde(tmp_path: Path, n_heldout: int, eval_attempts: int, predicted: float,
                                                 underpowered: bool) -> None:
-    from envloop_pipelines.core.loop.rl_round import register_rl_hypothesis
+    from envloop_pipelines.core.loop.rl_steps import register_rl_hypothesis
     from envloop_pipelines.core.tracking import KIND_HYPOTHESIS, TAG_KIND, TAG_ROUND, TAG_UNDERPOWERED, MlflowTracker
 
     from .test_rl_round import dataset
@@ -92,7 +92,7 @@ def test_the_rl_round_registers_an_analytic_mde(tmp_path: Path, n_heldout: int, 
     config = _rl_config(tmp_path, eval_attempts=eval_attempts, predicted_delta=predicted)
     ds = dataset([0, 1], list(range(10, 10 + n_heldout)))
     tracker = MlflowTracker(home=tmp_path)
-    hyp = register_rl_hypothesis(config, ds, "r0001", {"kind": "test"}, tracker)
+    hyp = register_rl_hypothesis(config, ds, "r0001", tracker, sampler={"kind": "test"}).hypothesis
     n = n_heldout * eval_attempts
     se = math.sqrt(2 * 0.25 / n)
     assert hyp.power["se"] == pytest.approx(se)
@@ -104,16 +104,16 @@ def test_the_rl_round_registers_an_analytic_mde(tmp_path: Path, n_heldout: int, 
     run = tracker.find_run("shell-rl", {TAG_ROUND: "r0001", TAG_KIND: KIND_HYPOTHESIS})
     assert tracker.run_data(run.run_id).data.tags[TAG_UNDERPOWERED] == str(underpowered).lower()
     # A retry registers the same hypothesis (its power is part of its content).
-    assert register_rl_hypothesis(config, ds, "r0001", {"kind": "test"}, tracker).hash == hyp.hash
+    assert register_rl_hypothesis(config, ds, "r0001", tracker, sampler={"kind": "test"}).hash == hyp.hash
 
 
 def test_an_rl_round_with_no_held_out_environment_has_no_mde_and_is_refused(tmp_path: Path) -> None:
-    from envloop_pipelines.core.loop.rl_round import register_rl_hypothesis
+    from envloop_pipelines.core.loop.rl_steps import register_rl_hypothesis
     from envloop_pipelines.core.tracking import MlflowTracker
 
     from .test_rl_round import dataset
 
     with pytest.raises(HypothesisRefusedError, match="power.mde"):
-        register_rl_hypothesis(_rl_config(tmp_path), dataset([0, 1], []), "r0001", {"kind": "test"},
-                               MlflowTracker(home=tmp_path))
+        register_rl_hypothesis(_rl_config(tmp_path), dataset([0, 1], []), "r0001", MlflowTracker(home=tmp_path),
+                               sampler={"kind": "test"})
     assert list(Ledger("shell-rl", tmp_path).events()) == []

@@ -16,7 +16,7 @@ from envloop_pipelines.core.loop.ledger import Gate, Ledger, LedgerError
 from envloop_pipelines.core.loop.sft_snapshot import build_sft_snapshot
 
 from . import test_rl_round
-from .test_rl_round import attempt, texts
+from .test_rl_round import attempt, decide_given, texts
 
 #: The RL round tests' tiny chat LM and round settings (a module fixture of test_rl_round.py).
 round_setup = test_rl_round.round_setup
@@ -24,16 +24,9 @@ round_setup = test_rl_round.round_setup
 
 def test_an_amended_rl_round_refuses_a_candidate_on_a_used_seed(round_setup: dict[str, Any], tmp_path: Path) -> None:
     from envloop_pipelines.core.loop.promotion import noise_floor_from_arms
-    from envloop_pipelines.core.loop.rl_round import (
-        RL_DECISION,
-        ArmScore,
-        HeldoutComparison,
-        RlRoundResult,
-        candidate_seed,
-        decide_rl_round,
-        register_rl_hypothesis,
-        train_policy,
-    )
+    from envloop_pipelines.core.loop.rl_results import ArmScore, HeldoutComparison, RlRoundResult
+    from envloop_pipelines.core.loop.rl_round import RL_DECISION, candidate_seed
+    from envloop_pipelines.core.loop.rl_steps import register_rl_hypothesis, train_policy
     from envloop_pipelines.core.loop.store import RoundStore
     from envloop_pipelines.core.tracking import MlflowTracker
 
@@ -41,12 +34,13 @@ def test_an_amended_rl_round_refuses_a_candidate_on_a_used_seed(round_setup: dic
     config = replace(round_setup["config"], task="shell-rl-amended", home=str(tmp_path))
     tracker = MlflowTracker(home=tmp_path)
     ledger = Ledger(config.task, tmp_path)
-    hyp = register_rl_hypothesis(config, ds, "r0001", {"kind": "test"}, tracker)
+    registered = register_rl_hypothesis(config, ds, "r0001", tracker, sampler={"kind": "test"})
+    hyp = registered.hypothesis
     snap = build_sft_snapshot([attempt(ds.environments[0], 0, passed=True)], train_texts=texts(ds, "train"),
                               heldout_texts=texts(ds, "heldout"), root=tmp_path / "snapshots")
-    recipe = config.recipe.replace(epochs=1)
+    recipe = config.load_recipe().replace(epochs=1)
     stale = train_policy(snap.rows(), recipe, tmp_path / "policies", snap.sha256)  # the hypothesis's seed
-    assert candidate_seed({"path": stale.path}) == config.recipe.seed == hyp.seeds[0]
+    assert candidate_seed({"path": stale.path}) == config.load_recipe().seed == hyp.seeds[0]
 
     amendment = ledger.amend_gate("r0001", Gate(primary_metric="pass_at_1", min_delta=0.1), "a stricter bar after a look")
     fresh = ledger.candidate_seeds("r0001")
@@ -58,21 +52,19 @@ def test_an_amended_rl_round_refuses_a_candidate_on_a_used_seed(round_setup: dic
         attempts_per_environment=2)
     floor = noise_floor_from_arms("floor-r0001", "pass_at_1", [{"pass_at_1": 0.5}, {"pass_at_1": 0.75}])
 
-    def undecided(policy: Any, **candidate: Any) -> RlRoundResult:
-        return RlRoundResult(round="r0001", task=config.task, dataset=ds.name, dataset_version=ds.version,
-                             hypothesis_hash=hyp.hash, sampler={"kind": "test"}, snapshot=snap.to_dict(), promoted=False,
-                             reasons=(), candidate={"checkpoint_sha256": policy.sha256, "path": policy.path, **candidate})
+    def decide(policy: Any, **candidate: Any) -> RlRoundResult:
+        return decide_given(config, tracker, registered, snap, policy, comparison, floor, **candidate)
 
     events = list(ledger.events())
     # Trained on the hypothesis's seed: refused, whatever seed the result claims; nothing recorded.
     for claimed in ({}, {"seed": fresh[0]}):
-        with pytest.raises(LedgerError, match=rf"seed: the candidate was trained on seed {config.recipe.seed}, not on "
+        with pytest.raises(LedgerError, match=rf"seed: the candidate was trained on seed {recipe.seed}, not on "
                                               rf"the fresh seeds \(\[{fresh[0]}\]\) its gate amendment 1"):
-            decide_rl_round(config, tracker, undecided(stale, **claimed), comparison, floor)
+            decide(stale, **claimed)
     assert list(ledger.events()) == events and RoundStore(config.task, tmp_path).load(RL_DECISION, RlRoundResult,
                                                                                        "r0001") is None
     # Trained on the fresh seed (what run_rl_round trains on: Ledger.candidate_seeds): decided.
     policy = train_policy(snap.rows(), recipe.replace(seed=fresh[0]), tmp_path / "policies", snap.sha256)
-    decided = decide_rl_round(config, tracker, undecided(policy), comparison, floor)
+    decided = decide(policy)
     assert decided.promoted and decided.release == 1
     assert [e["kind"] for e in ledger.events()][len(events):] == ["holdout_read", "release_promoted", "round_decided"]

@@ -133,6 +133,16 @@ def test_a_tampered_snapshot_is_refused(tmp_path: Path) -> None:
         read_sft_rows(snap.path)
 
 
+def test_the_paired_delta_ci_is_the_agent_stats_bootstrap() -> None:
+    """The RL comparison's delta CI comes from agents/stats.py (environments resampled), a point when nothing moves."""
+    from envloop_pipelines.core.agents.stats import mean_ci
+
+    diffs = [0.0, 0.5, 1.0, 0.25, -0.25, 0.5]
+    low, high = mean_ci(diffs, seed=3)
+    assert low < sum(diffs) / len(diffs) < high and (low, high) == mean_ci(diffs, seed=3)
+    assert mean_ci([0.0, 0.0, 0.0]) == (0.0, 0.0) and mean_ci([0.5]) == (0.5, 0.5)
+
+
 # --------------------------------------------------------------------------- a whole round
 
 
@@ -150,8 +160,9 @@ def round_lm(path: Path, ds: EnvDataset) -> Path:
 
 @pytest.fixture(scope="module")
 def round_setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    from envloop_pipelines.core.agents.runner import AttemptLimits
-    from envloop_pipelines.core.loop.rl_round import RlRoundConfig
+    import yaml
+
+    from envloop_pipelines.core.loop.rl_config import RlRoundConfig
     from envloop_pipelines.core.model.causal_sft import CausalSftRecipe
 
     ds = dataset([0, 1, 2, 3], [10, 11])
@@ -159,25 +170,44 @@ def round_setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     lm = round_lm(tmp_path_factory.mktemp("rl-lm") / "tiny-policy", ds)
     recipe = CausalSftRecipe(base_model=str(lm), max_length=1536, lora=LORA, lr=2e-2, epochs=2, batch_size=4,
                              warmup_ratio=0.0, lr_scheduler="constant_with_warmup")
-    config = RlRoundConfig(task="shell-rl", recipe=recipe, attempts=2, eval_attempts=2, noise_arms=2,
-                           limits=AttemptLimits(max_turns=2, max_tokens=64, wall_s=60.0), max_tokens=12, workers=2,
-                           home=str(home))
+    recipe_file = lm.parent / "recipe.yaml"  # a round's recipe is a file, as a person's launch names one
+    recipe_file.write_text(yaml.safe_dump(recipe.to_dict()))
+    config = RlRoundConfig(task="shell-rl", recipe=str(recipe_file), attempts=2, eval_attempts=2, noise_arms=2,
+                           max_turns=2, attempt_tokens=64, wall_s=60.0, completion_tokens=12, workers=2, home=str(home))
+    assert config.load_recipe() == recipe
     return {"dataset": ds, "home": home, "config": config}
+
+
+def decide_given(config: Any, tracker: Any, hypothesis: Any, snap: Any, policy: Any, comparison: Any, floor: Any,
+                 **candidate: Any) -> Any:
+    """``decide_rl_round`` on given records: the snapshot, a trained policy, a comparison and a floor."""
+    from envloop_pipelines.core.loop.rl_results import RlCandidate, RlNoiseFloor, RlReevaluation, RlSampling, RlSnapshot
+    from envloop_pipelines.core.loop.rl_round import decide_rl_round
+
+    key = hypothesis.round
+    fields = {"checkpoint_sha256": policy.sha256, "path": str(policy.path), "model": f"policy-{policy.sha256[:12]}",
+              **candidate}
+    return decide_rl_round(config, tracker, hypothesis, RlSampling(key, "", snap.n_attempts, snap.n_passed),
+                           RlSnapshot(round=key, **snap.to_dict()), RlCandidate(round=key, **fields),
+                           RlNoiseFloor(key, floor), RlReevaluation(key, comparison))
 
 
 def test_an_rl_round_runs_end_to_end_and_the_gate_rejects_a_policy_that_passes_nothing(round_setup: dict[str, Any]) -> None:
     import time
 
-    from envloop_pipelines.core.agents.client import AgentSpec
+    from dataclasses import replace
+
     from envloop_pipelines.core.loop.rl_round import run_rl_round
     from envloop_pipelines.core.tracking import MlflowTracker
+    from envloop_pipelines.defs.rl.serving import serve_policy
     from envloop_pipelines_tests.core.agents.scripted import scripted_server
 
     ds, home, config = round_setup["dataset"], round_setup["home"], round_setup["config"]
     tracker = MlflowTracker(home=home)
     t0 = time.monotonic()
     with scripted_server() as server:
-        result = run_rl_round(config, ds, tracker, sampler=AgentSpec(server.url, "solver-p0.75"))
+        config = replace(config, sampler_url=server.url, sampler_model="solver-p0.75")
+        result = run_rl_round(config, ds, tracker, serve_policy)
     elapsed = time.monotonic() - t0
 
     # Sampling: 4 training environments x 2 attempts by the solver; the verified ones are the snapshot.
@@ -236,21 +266,27 @@ def test_an_rl_round_runs_end_to_end_and_the_gate_rejects_a_policy_that_passes_n
     assert by_kind[KIND_ROUND][0].info.status == "FINISHED"
 
     # Decided once: a retry returns the stored decision without sampling again.
-    assert run_rl_round(config, ds, tracker, key=result.round) == result
+    assert run_rl_round(config, ds, tracker, serve_policy, key=result.round) == result
+    # Each step's record is where the step's asset stores it (the RL IO manager's files).
+    from envloop_pipelines.core.loop.rl_results import RL_STEP_RECORDS
+    from envloop_pipelines.core.loop.store import RoundStore
+
+    store = RoundStore("shell-rl", home)
+    assert all(store.load(step, record, result.round) is not None for step, record in RL_STEP_RECORDS.items())
     print(f"RL round on CPU: {elapsed:.1f} s ({result.seconds})")
 
 
 def test_a_round_whose_policy_passes_nothing_has_nothing_to_train_on(round_setup: dict[str, Any], tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from envloop_pipelines.core.agents.runner import AttemptLimits
     from envloop_pipelines.core.loop.rl_round import run_rl_round
     from envloop_pipelines.core.tracking import MlflowTracker
+    from envloop_pipelines.defs.rl.serving import serve_policy
 
     ds = dataset([0, 1], [10])
-    config = replace(round_setup["config"], task="shell-rl-self", attempts=1, home=str(tmp_path),
-                     limits=AttemptLimits(max_turns=1, max_tokens=12, wall_s=60.0))
-    result = run_rl_round(config, ds, MlflowTracker(home=tmp_path))  # samples with the base model, served here
+    config = replace(round_setup["config"], task="shell-rl-self", attempts=1, home=str(tmp_path), max_turns=1,
+                     attempt_tokens=12)
+    result = run_rl_round(config, ds, MlflowTracker(home=tmp_path), serve_policy)  # samples with the base model
     assert result.sampler["kind"] == "current_policy" and result.sampler["model"].startswith("base-")
     assert result.snapshot["n_attempts"] == 2 and result.snapshot["n_rows"] == 0 and not result.promoted
     assert result.reasons == ("no verified attempt to train on: the sampler passed 0 of 2 attempts and 0 were removed "
@@ -260,19 +296,23 @@ def test_a_round_whose_policy_passes_nothing_has_nothing_to_train_on(round_setup
 
 
 def test_round_settings_are_validated(round_setup: dict[str, Any]) -> None:
-    from envloop_pipelines.core.loop.ledger import Gate, GateTooLooseError
-    from envloop_pipelines.core.loop.rl_round import RlRoundConfig, register_rl_hypothesis
+    from envloop_pipelines.core.loop.ledger import GateTooLooseError
+    from envloop_pipelines.core.loop.rl_config import RlRoundConfig
+    from envloop_pipelines.core.loop.rl_steps import register_rl_hypothesis
     from envloop_pipelines.core.tracking import MlflowTracker
 
     recipe = round_setup["config"].recipe
     with pytest.raises(ValueError, match="noise_arms must be ≥ 2"):
         RlRoundConfig(task="t", recipe=recipe, noise_arms=1)
-    with pytest.raises(ValueError, match="primary_metric must be 'pass_at_1'"):
-        RlRoundConfig(task="t", recipe=recipe, gate=Gate())
-    loose = RlRoundConfig(task="loose", recipe=recipe, gate=Gate(primary_metric="pass_at_1", floor_multiplier=0.5),
-                          home=str(round_setup["home"]))
+    with pytest.raises(ValueError, match="sampler_url and sampler_model go together"):
+        RlRoundConfig(task="t", recipe=recipe, sampler_url="http://127.0.0.1:1/v1")
+    with pytest.raises(ValueError, match="give the dataset"):
+        RlRoundConfig(recipe=recipe)
+    assert RlRoundConfig(dataset="shell@abc").task == "rl-shell"
+    loose = RlRoundConfig(task="loose", recipe=recipe, floor_multiplier=0.5, home=str(round_setup["home"]))
     with pytest.raises(GateTooLooseError, match="floor_multiplier"):
-        register_rl_hypothesis(loose, round_setup["dataset"], "r0001", {"kind": "test"}, MlflowTracker(home=round_setup["home"]))
+        register_rl_hypothesis(loose, round_setup["dataset"], "r0001", MlflowTracker(home=round_setup["home"]),
+                               sampler={"kind": "test"})
 
 
 def test_a_round_that_clears_the_gate_publishes_a_release_the_next_round_samples_with(round_setup: dict[str, Any],
@@ -282,15 +322,8 @@ def test_a_round_that_clears_the_gate_publishes_a_release_the_next_round_samples
 
     from envloop_pipelines.core.loop.ledger import HoldoutAlreadyReadError
     from envloop_pipelines.core.loop.promotion import noise_floor_from_arms
-    from envloop_pipelines.core.loop.rl_round import (
-        ArmScore,
-        HeldoutComparison,
-        RlRoundResult,
-        current_policy,
-        decide_rl_round,
-        register_rl_hypothesis,
-        train_policy,
-    )
+    from envloop_pipelines.core.loop.rl_results import ArmScore, HeldoutComparison, RlRoundResult
+    from envloop_pipelines.core.loop.rl_steps import current_policy, register_rl_hypothesis, train_policy
     from envloop_pipelines.core.tracking import KIND_RELEASE, TAG_KIND, MlflowTracker
 
     ds = round_setup["dataset"]
@@ -299,21 +332,17 @@ def test_a_round_that_clears_the_gate_publishes_a_release_the_next_round_samples
     train_env = ds.environments[0]
     snap = build_sft_snapshot([attempt(train_env, 0, passed=True)], train_texts=texts(ds, "train"),
                               heldout_texts=texts(ds, "heldout"), root=tmp_path / "snapshots")
-    policy = train_policy(snap.rows(), config.recipe.replace(epochs=1), tmp_path / "policies", snap.sha256)
+    policy = train_policy(snap.rows(), config.load_recipe().replace(epochs=1), tmp_path / "policies", snap.sha256)
     assert current_policy(config) is None  # no release yet: rounds sample with the base model
 
     def decide(key: str, gain: float, low: float) -> RlRoundResult:
-        hyp = register_rl_hypothesis(config, ds, key, {"kind": "test"}, tracker)
+        hyp = register_rl_hypothesis(config, ds, key, tracker, sampler={"kind": "test"})
         comparison = HeldoutComparison(
             candidate=ArmScore(gain, max(0.0, gain - 0.25), min(1.0, gain + 0.25), 2, 4), parent=ArmScore(0.0, 0.0, 0.0, 2, 4),
             delta={"delta": gain, "ci_low": low, "ci_high": gain + 0.25, "confidence_level": 0.95, "n_environments": 2},
             attempts_per_environment=2)
         floor = noise_floor_from_arms(f"floor-{key}", "pass_at_1", [{"pass_at_1": 0.5}, {"pass_at_1": 0.75}])  # 0.25
-        undecided = RlRoundResult(round=key, task=config.task, dataset=ds.name, dataset_version=ds.version,
-                                  hypothesis_hash=hyp.hash, sampler={"kind": "test"}, snapshot=snap.to_dict(),
-                                  promoted=False, reasons=(), candidate={"checkpoint_sha256": policy.sha256,
-                                                                         "path": policy.path})
-        return decide_rl_round(config, tracker, undecided, comparison, floor)
+        return decide_given(config, tracker, hyp, snap, policy, comparison, floor)
 
     # Under the floor (0.20 <= 0.25): rejected, whatever the CI says.
     low = decide("r0001", 0.20, 0.05)

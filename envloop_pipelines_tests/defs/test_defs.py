@@ -19,14 +19,21 @@ EXPECTED_DEPS = {
     "independent_reeval": {"lora_checkpoint", "training_dataset_snapshot"},
     "promotion_decision": {"independent_reeval", "lora_checkpoint", "training_dataset_snapshot",
                            "registered_hypothesis", "noise_floor"},
-    # RL from verified attempts: one asset per round (core/loop/rl_round.py records the steps).
-    "rl_round": set(),
+    # RL from verified attempts: one asset per step (core/loop/rl_steps.py), records through the RL IO manager.
+    "rl_hypothesis": set(),
+    "rl_sampled_attempts": {"rl_hypothesis"},
+    "rl_sft_snapshot": {"rl_sampled_attempts"},
+    "rl_policy_checkpoint": {"rl_hypothesis", "rl_sft_snapshot"},
+    "rl_noise_floor": {"rl_sft_snapshot", "rl_policy_checkpoint"},
+    "rl_heldout_reeval": {"rl_hypothesis", "rl_policy_checkpoint"},
+    "rl_decision": {"rl_hypothesis", "rl_sampled_attempts", "rl_sft_snapshot", "rl_policy_checkpoint", "rl_noise_floor",
+                    "rl_heldout_reeval"},
     # Agents in environments: one evaluation per (dataset version, agent) (core/agents/evaluate.py).
     "agent_evaluation": set(),
 }
 UNPARTITIONED = {"task_benchmark", "noise_floor"}
 #: Partitions other than the decision loop's ``rounds``.
-OWN_PARTITIONS = {"rl_round": "rl_rounds"}
+OWN_PARTITIONS = {k: "rl_rounds" for k in EXPECTED_DEPS if k.startswith("rl_")}
 EXPECTED_CHECKS = {
     ("training_dataset_snapshot", "snapshot_schema_is_valid", True),
     ("training_dataset_snapshot", "snapshot_is_uncontaminated", True),

@@ -263,6 +263,30 @@ def run_attempts(
     return _run(dataset, envs, agent, attempts, limits, workers, sandbox, work_root, home)
 
 
+def pass_counts(
+    dataset: Any,
+    agent: AgentSpec,
+    *,
+    attempts: int,
+    split: str,
+    limits: AttemptLimits = AttemptLimits(),
+    workers: int = 4,
+    home: str | Path | None = None,
+) -> dict[str, tuple[int, int]]:
+    """K attempts of ``agent`` at each environment of ``split``: per environment ``(attempts, passes)`` only.
+
+    What a paired comparison of two policies needs (the same per-attempt sampling seeds whichever policy
+    answers), without the transcripts: the caller aggregates the counts (:func:`.stats.pass_at_k_summary`,
+    :func:`.stats.mean_ci`) and, for held-out environments, must let only the aggregates leave (rule 4).
+    """
+    _check_counts(attempts, workers)
+    counts: dict[str, tuple[int, int]] = {}
+    for a in _run(dataset, _environments(dataset, split, None), agent, attempts, limits, workers, None, None, home):
+        n, c = counts.get(a.environment_id, (0, 0))
+        counts[a.environment_id] = (n + 1, c + int(a.passed))
+    return counts
+
+
 def _table(attempts: Sequence[Attempt]) -> tuple[EnvironmentRow, ...]:
     by_env: dict[str, list[Attempt]] = {}
     for a in attempts:
@@ -497,5 +521,5 @@ def track_evaluation(result: AgentEvaluation, tracker: Any) -> Any:
 
 
 __all__ = ["AgentEvaluation", "Cost", "EVALS_DIR", "EnvironmentRow", "HELDOUT_SPLIT", "HeldoutAttemptsError", "failure_reason",
-           "SUMMARY_FILE", "evaluate_agent", "evaluation_run_id", "experiment_name", "load_environments", "replay", "run_attempts", "store_evaluation", "stored_evaluations",
+           "SUMMARY_FILE", "evaluate_agent", "evaluation_run_id", "experiment_name", "load_environments", "pass_counts", "replay", "run_attempts", "store_evaluation", "stored_evaluations",
            "track_evaluation"]

@@ -102,6 +102,19 @@ def _bootstrap(values: np.ndarray, confidence_level: float, n_resamples: int, se
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
+def mean_ci(values: Sequence[float], *, confidence_level: float = DEFAULT_CONFIDENCE,
+            n_resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap CI of the mean of per-environment values (environments resampled), e.g. a paired
+    difference of two policies' pass rates; a point when nothing moves a resample (fewer than two values, or
+    all the same).
+    """
+    arr = np.asarray(values, dtype=np.float64)
+    if len(arr) < 2 or float(np.ptp(arr)) == 0.0:
+        mean = float(arr.mean()) if len(arr) else float("nan")
+        return mean, mean
+    return _bootstrap(arr, confidence_level, n_resamples, seed)
+
+
 def pass_at_k_summary(
     counts: Mapping[str, tuple[int, int]] | Sequence[tuple[int, int]],
     ks: Sequence[int],
@@ -160,4 +173,4 @@ def default_ks(attempts: int) -> list[int]:
     return sorted(ks)
 
 
-__all__ = ["DEFAULT_CONFIDENCE", "DEFAULT_RESAMPLES", "PassAtK", "default_ks", "pass_at_k", "pass_at_k_summary"]
+__all__ = ["DEFAULT_CONFIDENCE", "DEFAULT_RESAMPLES", "PassAtK", "default_ks", "mean_ci", "pass_at_k", "pass_at_k_summary"]

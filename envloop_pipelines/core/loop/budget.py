@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -46,6 +47,37 @@ class NextRound:
     round: str | None
     reason: str
     run_key: str | None = None
+
+
+def spent(budget: LoopBudget, promoted: Sequence[bool], elapsed_s: float) -> str | None:
+    """Why the loop stops after its decided rounds (``promoted``, in order) and ``elapsed_s``; ``None`` while it lasts.
+
+    The one budget rule of every loop: the daemon's (:func:`next_round`, for the schedule and the sensor),
+    the CLI's and the SDK's (both through :func:`drive_loop`). Stops after ``max_rounds`` decided rounds,
+    after ``patience`` rounds in a row without a promotion, or once ``max_wall_s`` has passed.
+    """
+    if len(promoted) >= budget.max_rounds:
+        return f"budget spent: {len(promoted)} of {budget.max_rounds} rounds"
+    if len(promoted) >= budget.patience and not any(promoted[-budget.patience:]):
+        return f"patience spent: {budget.patience} rounds without a promotion"
+    if elapsed_s > budget.max_wall_s:
+        return f"wall time spent: {budget.max_wall_s:.0f}s"
+    return None
+
+
+def drive_loop(ask: Callable[[], NextRound], run: Callable[[NextRound], bool]) -> str:
+    """Run rounds one after another while the budget lasts; the reason the loop stopped.
+
+    ``ask`` says what the loop wants next (:func:`next_round`, or a client's own count under :func:`spent`);
+    ``run`` runs that round and says whether it was decided. A round that was not decided stops the loop
+    (``round <key> failed``): the next one would follow an undecided round.
+    """
+    while True:
+        nxt = ask()
+        if nxt.round is None:
+            return nxt.reason
+        if not run(nxt):
+            return f"round {nxt.round} failed"
 
 
 def _path(task: str, home: str | Path | None) -> Path:
@@ -103,13 +135,9 @@ def next_round(task: str, *, home: str | Path | None = None, now: float | None =
     expected = round_key(state.first_round + len(mine) - 1) if mine else None
     if started >= state.first_round and round_key(started) not in decided:
         return NextRound(None, f"round {round_key(started)} is not decided yet")
-    if len(mine) >= state.budget.max_rounds:
-        reason = f"budget spent: {len(mine)} of {state.budget.max_rounds} rounds"
-    elif len(mine) >= state.budget.patience and not any(decided[k]["promoted"] for k in mine[-state.budget.patience:]):
-        reason = f"patience spent: {state.budget.patience} rounds without a promotion"
-    elif (time.time() if now is None else now) - state.started_at > state.budget.max_wall_s:
-        reason = f"wall time spent: {state.budget.max_wall_s:.0f}s"
-    else:
+    reason = spent(state.budget, [bool(decided[k]["promoted"]) for k in mine],
+                   (time.time() if now is None else now) - state.started_at)
+    if reason is None:
         key = round_key(max(started, state.first_round - 1) + 1)
         return NextRound(key, f"round {len(mine) + 1} of {state.budget.max_rounds} (after {expected or 'start'})",
                          run_key=f"{state.loop_id}:{key}")

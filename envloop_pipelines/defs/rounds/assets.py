@@ -5,7 +5,6 @@ stores and hands to the downstream assets, so the graph's edges are the data flo
 """
 
 
-import json
 from typing import NoReturn
 
 import dagster as dg
@@ -28,6 +27,8 @@ from envloop_pipelines.core.loop.results import (
 from envloop_pipelines.defs.rounds.metadata import DECISION, PROMOTION_WARNING, ledger_metadata, metrics_table, mlflow_link, run_tags
 from envloop_pipelines.defs.rounds.partitions import rounds
 from envloop_pipelines.core.tracking import RUN_FAILED, RUN_FINISHED, close_round_runs
+from envloop_pipelines import names
+from envloop_pipelines.names import REFUSED_TAG
 from envloop_pipelines.resources.loop import LoopResource, MlflowResource
 
 ROUND_GROUP = "round"
@@ -36,7 +37,6 @@ ROUND_GROUP = "round"
 #: (``run_retries`` in dagster.yaml) from launching it again (a refusal fails the same way every time);
 #: ``envloop/refused`` tells the failed-round sensor to write nothing (a refusal writes nothing).
 NO_RETRY_TAG = "dagster/retry_on_asset_or_op_failure"
-REFUSED_TAG = "envloop/refused"
 
 
 def refuse_bad_proposal(context: dg.AssetExecutionContext, proposal_json: str) -> dict | None:
@@ -49,18 +49,14 @@ def refuse_bad_proposal(context: dg.AssetExecutionContext, proposal_json: str) -
     """
     if not proposal_json.strip():
         return None
-    key = context.partition_key
+    from envloop_pipelines.core.loop.proposals import ProposalError, parse_proposal
+
     try:
-        proposal = json.loads(proposal_json)
-        errors = ([] if isinstance(proposal, dict) else ["must be a JSON object (change, predicted_delta, gate, "
-                                                         "seeds, rationale)"])
-    except json.JSONDecodeError as exc:
-        proposal, errors = None, [f"proposal_json: line {exc.lineno}: {exc.msg}"]
-    if not errors:
-        errors = steps.proposal_errors(proposal)
-    if not errors:
-        return proposal
-    refuse(context, f"round {key}: hypothesis refused: " + "; ".join(errors))
+        return parse_proposal(proposal_json, source="proposal_json", text_only=True)
+    except ProposalError as exc:
+        json_error = exc.errors[0].startswith("line ")  # where in the text: say which text
+        refuse(context, f"round {context.partition_key}: hypothesis refused: " + (str(exc) if json_error else
+                                                                                  "; ".join(exc.errors)))
 
 
 def refuse(context: dg.AssetExecutionContext, message: str) -> NoReturn:
@@ -69,7 +65,7 @@ def refuse(context: dg.AssetExecutionContext, message: str) -> NoReturn:
     key = context.partition_key
     instance = context.instance
     instance.add_run_tags(context.run_id, {NO_RETRY_TAG: "false", REFUSED_TAG: "hypothesis"})
-    runs = instance.get_runs_count(dg.RunsFilter(tags={"dagster/partition": key}))
+    runs = instance.get_runs_count(dg.RunsFilter(tags={names.PARTITION_TAG: key}))
     if runs <= 1 and not _round_started(context, key):
         instance.delete_dynamic_partition(rounds.name, key)
         message += f" (nothing of round {key} was written; its partition is removed)"
@@ -336,16 +332,16 @@ GPU_POOL_TAG = "envloop/gpu-pool"
 def close_failed_round(context: dg.HookContext) -> None:
     """A step of a round failed: the round's MLflow runs still RUNNING (its parent, the step's) end FAILED."""
     run = context.instance.get_run_by_id(context.run_id)
-    key = run.tags.get("dagster/partition") if run is not None else None
+    key = run.tags.get(names.PARTITION_TAG) if run is not None else None
     if key:
         cfg = context.resources.loop.config()
         close_round_runs(context.resources.mlflow.tracker(), cfg.task, key, RUN_FAILED)
 
 
-round_job = dg.define_asset_job("round_job", selection=dg.AssetSelection.assets(*ROUND_ASSETS),
+round_job = dg.define_asset_job(names.ROUND_JOB, selection=dg.AssetSelection.assets(*ROUND_ASSETS),
                                 description="One round of the loop, for one partition of `rounds`.",
                                 tags={GPU_POOL_TAG: "training"}, hooks={close_failed_round})
-setup_job = dg.define_asset_job("setup_job", selection=dg.AssetSelection.assets(task_benchmark, noise_floor),
+setup_job = dg.define_asset_job(names.SETUP_JOB, selection=dg.AssetSelection.assets(task_benchmark, noise_floor),
                                 description="The benchmark and the noise floor (and the first champion).")
 
 def with_upstream_sources(selected: list) -> list:

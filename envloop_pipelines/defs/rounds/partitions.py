@@ -2,4 +2,6 @@
 
 import dagster as dg
 
-rounds = dg.DynamicPartitionsDefinition(name="rounds")
+from envloop_pipelines.names import ROUNDS_PARTITIONS
+
+rounds = dg.DynamicPartitionsDefinition(name=ROUNDS_PARTITIONS)

@@ -17,10 +17,9 @@ import dagster as dg
 
 from envloop_pipelines.core.storage import pid_alive
 
-HOST_TAG = "envloop/host"
-PID_TAG = "envloop/pid"
-SETTINGS_TAG = "envloop/loop_settings"
-RETRY_OF_TAG = "envloop/retry_of"
+from envloop_pipelines.names import HOST_TAG, PID_TAG, RETRY_OF_TAG, SETTINGS_TAG
+
+__all__ = ["HOST_TAG", "PID_TAG", "RETRY_OF_TAG", "SETTINGS_TAG", "reap_orphaned_runs", "worker_tags"]
 
 
 def worker_tags() -> dict[str, str]:

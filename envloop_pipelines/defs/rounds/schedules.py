@@ -6,6 +6,7 @@ import dagster as dg
 from envloop_pipelines.core.loop.budget import LoopBudget, next_round, start_loop
 from envloop_pipelines.defs.rounds.assets import round_job
 from envloop_pipelines.defs.rounds.partitions import rounds
+from envloop_pipelines.names import LOOP_TAG
 from envloop_pipelines.resources.loop import LoopResource
 
 
@@ -19,4 +20,4 @@ def nightly_loop(context: dg.ScheduleEvaluationContext, loop: LoopResource) -> d
     if nxt.round is None:
         return dg.SkipReason(nxt.reason)
     context.instance.add_dynamic_partitions(rounds.name, [nxt.round])
-    return dg.RunRequest(partition_key=nxt.round, run_key=nxt.run_key, tags={"envloop/loop": nxt.run_key})
+    return dg.RunRequest(partition_key=nxt.round, run_key=nxt.run_key, tags={LOOP_TAG: nxt.run_key})

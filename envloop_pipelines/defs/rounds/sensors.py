@@ -8,6 +8,7 @@ from envloop_pipelines.core.loop.ledger import EVENT_ROUND_FAILED, Ledger
 from envloop_pipelines.core.tracking import RUN_KILLED, close_round_runs
 from envloop_pipelines.defs.rounds.assets import REFUSED_TAG, promotion_decision, round_job
 from envloop_pipelines.defs.rounds.partitions import rounds
+from envloop_pipelines.names import LOOP_TAG, PARTITION_TAG
 from envloop_pipelines.resources.loop import LoopResource, MlflowResource
 
 
@@ -21,7 +22,7 @@ def next_round_sensor(context: dg.SensorEvaluationContext, asset_event: dg.Event
     if nxt.round is None:
         return dg.SkipReason(nxt.reason)
     return dg.SensorResult(
-        run_requests=[dg.RunRequest(partition_key=nxt.round, run_key=nxt.run_key, tags={"envloop/loop": nxt.run_key})],
+        run_requests=[dg.RunRequest(partition_key=nxt.round, run_key=nxt.run_key, tags={LOOP_TAG: nxt.run_key})],
         dynamic_partitions_requests=[rounds.build_add_request([nxt.round])],
     )
 
@@ -35,7 +36,7 @@ def failed_round_sensor(context: dg.RunFailureSensorContext, loop: LoopResource)
         return
     Ledger(cfg.task, cfg.home).append(
         EVENT_ROUND_FAILED,
-        {"round": run.tags.get("dagster/partition"), "dagster_run_id": run.run_id,
+        {"round": run.tags.get(PARTITION_TAG), "dagster_run_id": run.run_id,
          "error": context.failure_event.message if context.failure_event else None},
         key=f"failed:{run.run_id}",
     )
@@ -45,7 +46,7 @@ def failed_round_sensor(context: dg.RunFailureSensorContext, loop: LoopResource)
                       default_status=dg.DefaultSensorStatus.RUNNING)
 def canceled_round_sensor(context: dg.RunStatusSensorContext, loop: LoopResource, mlflow: MlflowResource) -> None:
     """A cancelled round: its MLflow runs still RUNNING (the parent, the interrupted step's) end KILLED."""
-    key = context.dagster_run.tags.get("dagster/partition")
+    key = context.dagster_run.tags.get(PARTITION_TAG)
     if key:
         cfg = loop.config()
         close_round_runs(mlflow.tracker(), cfg.task, key, RUN_KILLED)

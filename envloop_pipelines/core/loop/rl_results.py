@@ -1,0 +1,206 @@
+"""The typed values the steps of an RL round hand each other (as ``results.py`` is for the decision round).
+
+Each step of :mod:`~envloop_pipelines.core.loop.rl_steps` takes the records of the steps it
+depends on and returns its own frozen record; Dagster's ``RlStoreIOManager`` (``defs/rl/resources.py``)
+stores each at ``<home>/loops/<task>/rounds/<round>/<asset>.json`` and hands it downstream, and
+:func:`~envloop_pipelines.core.loop.rl_round.run_rl_round` calls the same steps with the values
+directly. Attempts, SFT snapshots and policy checkpoints stay content-addressed on disk, referenced
+here by hash and path. Per-environment held-out results never enter a record (rule 4): only each
+arm's pass@1 with its CI and the paired delta.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from envloop_pipelines.core.loop.ledger import Hypothesis
+from envloop_pipelines.core.loop.promotion import NoiseFloor
+from envloop_pipelines.core.loop.results import Record
+
+
+@dataclass(frozen=True)
+class RlHypothesis:
+    """``rl_hypothesis``: the hypothesis as registered, and the parent policy the round samples and compares with.
+
+    ``parent``: ``model`` (the served name), ``checkpoint_sha256`` and ``path`` of the latest RL release's
+    policy, both ``None`` for the base model (``base_model``).
+    """
+
+    hypothesis: Hypothesis
+    hash: str
+    parent: Mapping[str, Any]
+    mlflow_run_id: str = ""
+
+    @property
+    def round(self) -> str:
+        return self.hypothesis.round
+
+    @property
+    def sampler(self) -> Mapping[str, Any]:
+        return self.hypothesis.change["sampler"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"hash": self.hash, "hypothesis": self.hypothesis.to_dict(), "parent": dict(self.parent),
+                "mlflow_run_id": self.mlflow_run_id}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> "RlHypothesis":
+        return cls(hypothesis=Hypothesis.from_dict(raw["hypothesis"]), hash=raw["hash"], parent=dict(raw["parent"]),
+                   mlflow_run_id=raw.get("mlflow_run_id", ""))
+
+
+@dataclass(frozen=True)
+class RlSampling(Record):
+    """``rl_sampled_attempts``: the training attempts, stored as ``attempts.jsonl`` (transcripts and verdicts)."""
+
+    round: str
+    attempts_path: str
+    n_attempts: int
+    n_passed: int
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class RlSnapshot(Record):
+    """``rl_sft_snapshot``: the verified attempts as chat rows (``sft_snapshot.SftSnapshot`` as data)."""
+
+    round: str
+    sha256: str
+    path: str
+    n_rows: int
+    n_attempts: int
+    n_passed: int
+    n_removed: int
+    contamination: Mapping[str, Any] = field(default_factory=dict)
+
+    def sft(self) -> Any:
+        """The snapshot (``SftSnapshot``) whose rows are trained on."""
+        from envloop_pipelines.core.loop.sft_snapshot import SftSnapshot
+
+        return SftSnapshot.from_dict({k: v for k, v in self.to_dict().items() if k != "round"})
+
+    @property
+    def empty(self) -> bool:
+        """No verified attempt survived: nothing to train on (the round is decided as a rejection)."""
+        return self.n_rows == 0
+
+
+@dataclass(frozen=True)
+class RlCandidate(Record):
+    """``rl_policy_checkpoint``: the candidate policy, or ``skipped`` (why) when the snapshot is empty."""
+
+    round: str
+    checkpoint_sha256: str | None = None
+    path: str | None = None
+    model: str | None = None
+    seed: int | None = None
+    first_loss: float | None = None
+    last_loss: float | None = None
+    seconds: float = 0.0
+    skipped: str | None = None
+
+
+@dataclass(frozen=True)
+class RlNoiseFloor:
+    """``rl_noise_floor``: the spread of the null arms' held-out pass@1 (``None`` when nothing was trained)."""
+
+    round: str
+    floor: NoiseFloor | None
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"round": self.round, "floor": None if self.floor is None else self.floor.to_dict(), "seconds": self.seconds}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> "RlNoiseFloor":
+        floor = raw.get("floor")
+        return cls(round=raw["round"], floor=None if floor is None else NoiseFloor.from_dict(floor),
+                   seconds=raw.get("seconds", 0.0))
+
+
+@dataclass(frozen=True)
+class ArmScore:
+    """One policy's held-out aggregate: pass@1 with its CI (never per environment)."""
+
+    pass_at_1: float
+    ci_low: float
+    ci_high: float
+    n_environments: int
+    n_attempts: int
+
+
+@dataclass(frozen=True)
+class HeldoutComparison:
+    """Candidate against parent on the held-out environments: aggregates and the paired delta only."""
+
+    candidate: ArmScore
+    parent: ArmScore
+    delta: Mapping[str, float]
+    attempts_per_environment: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"candidate": dataclasses.asdict(self.candidate), "parent": dataclasses.asdict(self.parent),
+                "delta": dict(self.delta), "attempts_per_environment": self.attempts_per_environment}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> "HeldoutComparison":
+        return cls(candidate=ArmScore(**raw["candidate"]), parent=ArmScore(**raw["parent"]), delta=dict(raw["delta"]),
+                   attempts_per_environment=raw["attempts_per_environment"])
+
+
+@dataclass(frozen=True)
+class RlReevaluation:
+    """``rl_heldout_reeval``: candidate and parent on the held-out environments (``None`` when nothing was trained)."""
+
+    round: str
+    comparison: HeldoutComparison | None
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"round": self.round, "comparison": None if self.comparison is None else self.comparison.to_dict(),
+                "seconds": self.seconds}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> "RlReevaluation":
+        comp = raw.get("comparison")
+        return cls(round=raw["round"], comparison=None if comp is None else HeldoutComparison.from_dict(comp),
+                   seconds=raw.get("seconds", 0.0))
+
+
+@dataclass(frozen=True)
+class RlRoundResult(Record):
+    """``rl_decision``: what the round decided, and what it made on the way."""
+
+    round: str
+    task: str
+    dataset: str
+    dataset_version: str
+    hypothesis_hash: str
+    sampler: Mapping[str, Any]
+    snapshot: Mapping[str, Any]
+    promoted: bool
+    reasons: tuple[str, ...]
+    candidate: Mapping[str, Any] | None = None
+    comparison: Mapping[str, Any] | None = None
+    noise_floor: Mapping[str, Any] | None = None
+    checks: Mapping[str, Any] = field(default_factory=dict)
+    release: int | None = None
+    seconds: Mapping[str, float] = field(default_factory=dict)
+
+
+#: The record type of each RL step's value, by step (asset) name: what the RL IO manager loads.
+RL_STEP_RECORDS: dict[str, type] = {
+    "rl_hypothesis": RlHypothesis,
+    "rl_sampled_attempts": RlSampling,
+    "rl_sft_snapshot": RlSnapshot,
+    "rl_policy_checkpoint": RlCandidate,
+    "rl_noise_floor": RlNoiseFloor,
+    "rl_heldout_reeval": RlReevaluation,
+    "rl_decision": RlRoundResult,
+}
+
+__all__ = ["ArmScore", "HeldoutComparison", "RL_STEP_RECORDS", "RlCandidate", "RlHypothesis", "RlNoiseFloor",
+           "RlReevaluation", "RlRoundResult", "RlSampling", "RlSnapshot"]

@@ -1,0 +1,442 @@
+"""The ``LocalClient``: the loop run in this process, on this machine's Dagster instance and EnvLoop home.
+
+Rounds run through Dagster (the same jobs the UI launches) executed in-process on the instance in
+``$DAGSTER_HOME`` (default ``<envloop home>/dagster``, SQLite), so every run shows up in ``envloop ui``
+afterwards. It answers the same questions as the remote :class:`~envloop_pipelines.sdk.Client`
+(:class:`~envloop_pipelines.sdk.protocol.LoopClient`), read from the home's ledger and round store
+instead of a webserver; the CLI drives either one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from envloop_pipelines.core.storage import atomic_write_bytes, envloop_home
+from envloop_pipelines.names import (
+    LOOP_TAG,
+    NOISE_FLOOR,
+    PARENT_RUN_TAG,
+    PARTITION_TAG,
+    RETRY_OF_TAG,
+    ROOT_RUN_TAG,
+    ROUND_JOB,
+    ROUNDS_PARTITIONS,
+    SETTINGS_TAG,
+    SETUP_JOB,
+)
+from envloop_pipelines.sdk.client import (
+    NotFoundError,
+    RefusedError,
+    ReleaseInfo,
+    RoundFailed,
+    RoundInfo,
+    RunError,
+    RunInfo,
+)
+
+#: The one Dagster instance file of every local entry point (shipped in the package).
+INSTANCE_FILE = Path(__file__).resolve().parents[1] / "dagster.yaml"
+#: What earlier versions wrote as the instance file; replaced by INSTANCE_FILE when found.
+_LEGACY_INSTANCE = "telemetry:\n  enabled: false\n"
+#: Dagster's console logger at WARNING: the CLI prints its own one line per step.
+QUIET: dict[str, Any] = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+#: Loop settings as earlier versions recorded them in a run's tags (read back by ``retry``).
+_LEGACY_SETTINGS = {"recipe_overrides_json": "recipe_overrides"}
+
+
+def dagster_home() -> Path:
+    """``$DAGSTER_HOME``, or ``<envloop home>/dagster``; its ``dagster.yaml`` is the package's instance file.
+
+    A ``dagster.yaml`` a person put there (Postgres, say) is kept; a missing one, or the
+    telemetry-only file earlier versions wrote, becomes a copy of :data:`INSTANCE_FILE`.
+    """
+    home = Path(os.environ.get("DAGSTER_HOME") or envloop_home() / "dagster").resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    config = home / "dagster.yaml"
+    if not config.exists() or config.read_text(encoding="utf-8") == _LEGACY_INSTANCE:
+        atomic_write_bytes(config, INSTANCE_FILE.read_bytes(), overwrite=True)
+    os.environ["DAGSTER_HOME"] = str(home)
+    return home
+
+
+def loop_resources(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The Dagster resources of a loop with these settings (``LoopConfig`` names), as ``definitions.py`` binds them.
+
+    Raises:
+        ValueError: a setting that ``LoopConfig`` refuses (the message names it).
+    """
+    from envloop_pipelines.resources.loop import MlflowResource, loop_resource
+    from envloop_pipelines.resources.round_store import RoundStoreIOManager
+
+    loop = loop_resource({_LEGACY_SETTINGS.get(k, k): v for k, v in settings.items()})
+    loop.config()  # checked here, once
+    return {"loop": loop, "mlflow": MlflowResource(), "io_manager": RoundStoreIOManager(loop=loop)}
+
+
+@contextlib.contextmanager
+def watch_steps(instance: Any, run_id: str, total: int, desc: str, poll_s: float = 1.0) -> Iterator[None]:
+    """A progress bar over the steps of a run executing in this process (read from the instance's event log).
+
+    On a terminal the bar sits above the steps' own bars (training, prediction); elsewhere it is a line
+    every few percent or 30 s, naming the step that runs.
+    """
+    import dagster as dg
+
+    from envloop_pipelines.core.progress import Progress
+
+    stop = threading.Event()
+    bar = Progress(desc, total=total, unit="step")
+    ended = {dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.STEP_SKIPPED}
+
+    def poll() -> None:
+        while True:
+            finished = stop.wait(poll_s)
+            try:
+                records = instance.get_records_for_run(run_id, of_type={dg.DagsterEventType.STEP_START, *ended}).records
+            except Exception:  # noqa: BLE001 - the run's storage is not there yet; progress is best effort
+                records = []
+            done, started = set(), set()
+            for r in records:
+                event = r.event_log_entry.dagster_event
+                if event is not None and event.step_key:
+                    (done if event.event_type in ended else started).add(event.step_key)
+            bar.update(len(done) - bar.n, now=",".join(sorted(started - done)) or None)
+            if finished:
+                return
+
+    thread = threading.Thread(target=poll, name=f"progress {desc}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+        bar.close()
+
+
+def _run_info(run: Any) -> RunInfo:
+    """A run of the local instance as the SDK describes runs."""
+    tags = dict(run.tags)
+    return RunInfo(run_id=run.run_id, job=run.job_name, status=run.status.value, partition=tags.get(PARTITION_TAG),
+                   start_time=None, end_time=None, created=None, tags=tags, steps=())
+
+
+class LocalClient:
+    """Drive the loop in this process: Dagster's jobs executed in-process on the local instance.
+
+    Args:
+        loop_settings: The loop's settings (``LoopConfig`` names); the loop resource is built from them
+            once, here (a bad setting raises ``ValueError`` naming it). Leave out to read only, or to retry
+            a round with its failed run's settings.
+        task: The task when ``loop_settings`` is left out (default ``personal_agent``).
+        notify: Where the loop's own lines go (a run whose worker died, a loop's start and stop).
+
+    Example::
+
+        from envloop_pipelines.sdk.local import LocalClient
+
+        client = LocalClient({"task": "personal_agent"})
+        client.setup()
+        rounds = client.run_loop(rounds=2)
+    """
+
+    def __init__(self, loop_settings: Mapping[str, Any] | None = None, *, task: str | None = None,
+                 notify: Callable[[str], None] = lambda line: None) -> None:
+        self.notify = notify
+        self._resources: dict[str, Any] | None = None
+        self._task = task or "personal_agent"
+        if loop_settings is not None:
+            self._use(loop_settings)
+        self._instance: Any = None
+
+    def _use(self, settings: Mapping[str, Any]) -> None:
+        self._resources = loop_resources(settings)
+        self.config = self._resources["loop"].config()
+        self._task = self.config.task
+
+    @property
+    def task(self) -> str:
+        """The task this client's loop runs."""
+        return self._task
+
+    @property
+    def instance(self) -> Any:
+        """The local Dagster instance (``$DAGSTER_HOME``)."""
+        if self._instance is None:
+            import dagster as dg
+
+            dagster_home()
+            self._instance = dg.DagsterInstance.get()
+        return self._instance
+
+    def _cfg(self) -> Any:
+        if self._resources is None:
+            raise RefusedError("this LocalClient has no loop settings: give them to run the loop")
+        return self.config
+
+    def reap_orphans(self) -> list[Any]:
+        """Mark failed every unfinished run of this host whose worker process is gone; the runs marked."""
+        from envloop_pipelines.defs.rounds.recovery import reap_orphaned_runs
+
+        return list(reap_orphaned_runs(self.instance))
+
+    # ------------------------------------------------------------------ setup and rounds
+
+    def is_set_up(self) -> bool:
+        """Whether the noise floor (and so release 1) has been materialized on this instance."""
+        import dagster as dg
+
+        return self.instance.get_latest_materialization_event(dg.AssetKey(NOISE_FLOOR)) is not None
+
+    def setup(self, *, wait: bool = True, progress: bool = True) -> RunInfo:
+        """Run ``setup_job`` here (the task's benchmark and noise floor, release 1 on a fresh task).
+
+        Raises:
+            RoundFailed: the setup run failed.
+        """
+        from dagster._core.utils import make_new_run_id
+
+        from envloop_pipelines.definitions import defs
+        from envloop_pipelines.defs.rounds.recovery import worker_tags
+
+        self._cfg()
+        job = defs.resolve_job_def(SETUP_JOB)
+        run_id = make_new_run_id()
+        watch = watch_steps(self.instance, run_id, len(job.graph.nodes), "setup") if progress else contextlib.nullcontext()
+        with watch:
+            job.execute_in_process(instance=self.instance, resources=self._resources, run_config=QUIET,
+                                   tags=worker_tags(), run_id=run_id, raise_on_error=False)
+        info = self.run(run_id)
+        if not info.success:
+            reason = self.run_error(run_id)
+            raise RoundFailed(f"setup run {run_id} ended {info.status}" + (f": {reason}" if reason else ""), info,
+                              reason)
+        return info
+
+    def promotion_warning(self) -> str | None:
+        """Why no candidate can be promoted with the measured noise floor; ``None`` when one can, or with no floor."""
+        from envloop_pipelines.core.loop.ledger import LedgerError
+        from envloop_pipelines.core.loop.promotion import champion_out_of_reach
+        from envloop_pipelines.core.loop.setup import current_noise_floor
+
+        cfg = self._cfg()
+        try:
+            floor = current_noise_floor(cfg).floor
+        except (LedgerError, FileNotFoundError):
+            return None
+        return champion_out_of_reach(cfg.task, cfg.home, floor) or None
+
+    def _execute_round(self, key: str, proposal: Mapping[str, Any] | None, run_key: str | None,
+                       retry_of: Any = None, progress: bool = True) -> RoundInfo:
+        """Run round ``key``'s job in this process; the round with its decision, or RoundFailed."""
+        from dagster._core.utils import make_new_run_id
+
+        from envloop_pipelines.definitions import defs
+        from envloop_pipelines.defs.rounds.recovery import worker_tags
+
+        cfg = self._cfg()
+        self.instance.add_dynamic_partitions(ROUNDS_PARTITIONS, [key])
+        run_config: dict[str, Any] = dict(QUIET)
+        if proposal is not None:
+            run_config["ops"] = {"registered_hypothesis": {"config": {"proposal_json": json.dumps(proposal)}}}
+        tags = {**worker_tags(), SETTINGS_TAG: json.dumps(cfg.to_settings(), sort_keys=True)}
+        if run_key:
+            tags[LOOP_TAG] = run_key
+        if retry_of is not None:
+            run_config = {**run_config, **{k: v for k, v in retry_of.run_config.items() if k == "ops"}}
+            tags.update({RETRY_OF_TAG: retry_of.run_id, PARENT_RUN_TAG: retry_of.run_id,
+                         ROOT_RUN_TAG: retry_of.tags.get(ROOT_RUN_TAG, retry_of.run_id)})
+        job = defs.resolve_job_def(ROUND_JOB)
+        run_id = make_new_run_id()
+        with (watch_steps(self.instance, run_id, len(job.graph.nodes), f"round {key}") if progress
+              else contextlib.nullcontext()):
+            job.execute_in_process(instance=self.instance, resources=self._resources, partition_key=key,
+                                   run_config=run_config, tags=tags, raise_on_error=False, run_id=run_id)
+        info = self.run(run_id)
+        decision = self.decision(key) if info.success else None
+        if decision is None:
+            raise RoundFailed(f"round {key} failed; see `envloop ledger` and the Dagster run {run_id}; "
+                              f"`envloop round retry` runs it again", info, self.run_error(run_id))
+        return RoundInfo(key, info, decision)
+
+    def _drive(self, first: tuple[str, Callable[[], RoundInfo]] | None, on_round: Callable[[RoundInfo], None] | None,
+               progress: bool, proposal: Mapping[str, Any] | None = None) -> list[RoundInfo]:
+        """Run ``first`` (a round key and how to run it, if any), then the active loop's rounds while its budget
+        lasts (:func:`~envloop_pipelines.core.loop.budget.drive_loop`); ``proposal`` is every round's hypothesis."""
+        from envloop_pipelines.core.loop.budget import NextRound, drive_loop, load_loop, next_round
+
+        cfg = self._cfg()
+        done: list[RoundInfo] = []
+        pending = [first] if first is not None else []
+
+        def ask() -> NextRound:
+            if pending:
+                return NextRound(pending[0][0], "asked for")
+            return next_round(cfg.task, home=cfg.home)
+
+        def run(nxt: NextRound) -> bool:
+            result = pending.pop()[1]() if pending else self._execute_round(nxt.round, proposal, nxt.run_key,
+                                                                          progress=progress)
+            done.append(result)
+            if on_round is not None:
+                on_round(result)
+            return True  # a round without a decision raised RoundFailed
+
+        reason = drive_loop(ask, run)
+        state = load_loop(cfg.task, cfg.home)
+        self.notify(f"loop {state.loop_id if state else '-'} stops: {reason}")
+        return done
+
+    def run_loop(self, *, rounds: int, patience: int = 2, max_wall_s: float = 6 * 3600,
+                 hypothesis: Mapping[str, Any] | str | os.PathLike[str] | None = None, progress: bool = True,
+                 on_round: Callable[[RoundInfo], None] | None = None) -> list[RoundInfo]:
+        """Start a loop (the home's active loop) and run its rounds here while its budget lasts.
+
+        The hypothesis (if any) is every round's (``envloop round start --hypothesis``; the remote client's
+        later rounds derive theirs).
+
+        Raises:
+            RefusedError: a bad hypothesis (every field named) or budget.
+            RoundFailed: a round ended without a decision.
+        """
+        from envloop_pipelines.core.loop.budget import LoopBudget, start_loop
+        from envloop_pipelines.core.loop.proposals import ProposalError, parse_proposal
+
+        cfg = self._cfg()
+        try:
+            proposal = parse_proposal(hypothesis)
+            budget = LoopBudget(max_rounds=rounds, patience=patience, max_wall_s=max_wall_s)
+        except (ProposalError, ValueError) as exc:
+            raise RefusedError(str(exc)) from None
+        state = start_loop(cfg.task, f"cli-{int(time.time())}", budget, home=cfg.home)
+        self.notify(f"loop {state.loop_id}: up to {rounds} rounds")
+        return self._drive(None, on_round, progress, proposal)
+
+    def retry(self, run: str | None = None, *, wait: bool = True, progress: bool = True,
+              on_round: Callable[[RoundInfo], None] | None = None) -> list[RoundInfo]:
+        """Finish the task's undecided round (its worker died or it failed), then go on while the loop's budget lasts.
+
+        The retry runs the round's job again for the same partition with the failed run's loop settings and
+        hypothesis config; every step is idempotent (content-addressed snapshots and checkpoints, write-once
+        ledger entries and hypothesis), so what the dead run finished is found again, not duplicated.
+        ``run``: the round key (default and only choice here: the task's last round). Returns the rounds run
+        (``[]`` when there is no undecided round).
+
+        Raises:
+            NotFoundError: ``run`` is not the last undecided round.
+            RefusedError: the round has no run started here, or its last run did not fail.
+            RoundFailed: the round failed again.
+        """
+        import dagster as dg
+
+        from envloop_pipelines.core.loop.budget import decided_rounds, last_round_number
+        from envloop_pipelines.core.loop.config import round_key
+
+        task = self.task
+        last = last_round_number(task)
+        key = round_key(last) if last else None
+        if key is None or key in decided_rounds(task):
+            self.notify(f"task {task}: no undecided round to retry"
+                        + (f" (last round {key} is decided)" if key else ""))
+            return []
+        if run is not None and run != key:
+            raise NotFoundError(f"round {run!r} is not the task's undecided round ({key})")
+        runs = self.instance.get_runs(filters=dg.RunsFilter(job_name=ROUND_JOB, tags={PARTITION_TAG: key}), limit=1)
+        if not runs or SETTINGS_TAG not in runs[0].tags:
+            raise RefusedError(f"round {key} has no run started by `envloop round` to take its settings from")
+        failed = runs[0]
+        if failed.status not in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED):
+            raise RefusedError(f"round {key}: its last run {failed.run_id} is {failed.status.value}, not failed")
+        settings = json.loads(failed.tags[SETTINGS_TAG])
+        if settings.get("task") != task:
+            raise RefusedError(f"round {key}'s run belongs to task {settings.get('task')!r}, not {task!r}")
+        self.notify(f"retrying round {key} (run {failed.run_id} {failed.status.value})")
+        self._use(settings)
+        return self._drive((key, lambda: self._execute_round(key, None, failed.tags.get(LOOP_TAG), retry_of=failed,
+                                                             progress=progress)), on_round, progress)
+
+    # ------------------------------------------------------------------ what the steps recorded
+
+    def run(self, run_id: str) -> RunInfo:
+        """A run of the local instance.
+
+        Raises:
+            NotFoundError: no such run.
+        """
+        found = self.instance.get_run_by_id(run_id)
+        if found is None:
+            raise NotFoundError(f"run: no run {run_id!r} on the local instance")
+        return _run_info(found)
+
+    def run_error(self, run_id: str) -> RunError | None:
+        """Why a run failed: the first failed step's own error (``None`` when the log names none)."""
+        import dagster as dg
+
+        records = self.instance.get_records_for_run(run_id, of_type={dg.DagsterEventType.STEP_FAILURE,
+                                                                     dg.DagsterEventType.RUN_FAILURE}).records
+        for record in records:
+            event = record.event_log_entry.dagster_event
+            if event is None:
+                continue
+            data = event.event_specific_data
+            user = getattr(data, "user_failure_data", None)
+            error = getattr(data, "error", None)
+            while error is not None and error.cause is not None:  # Dagster's wrapper, then the step's own error
+                error = error.cause
+            message = (user.description if user is not None and user.description else
+                       error.to_string().strip().splitlines()[0] if error is not None
+                       else record.event_log_entry.message)
+            return RunError(step=event.step_key, message=message,
+                            error_class=getattr(error, "cls_name", None) if error is not None else None)
+        return None
+
+    def decision(self, key: str) -> Any:
+        """Round ``key``'s decision, or ``None`` while it is undecided."""
+        from envloop_pipelines.core.loop.results import RoundDecision
+        from envloop_pipelines.core.loop.store import RoundStore
+
+        return RoundStore(self.task).load("promotion_decision", RoundDecision, key)
+
+    def rounds(self) -> list[RoundInfo]:
+        """This home's rounds, in order: each with its latest run on the local instance and its decision."""
+        import dagster as dg
+
+        from envloop_pipelines.core.loop.config import round_key, round_number
+        from envloop_pipelines.core.loop.store import RoundStore
+
+        keys = set(round_key(n) for n in RoundStore(self.task).started_rounds())
+        keys |= set(self.instance.get_dynamic_partitions(ROUNDS_PARTITIONS))
+        out = []
+        for key in sorted(keys, key=round_number):
+            runs = self.instance.get_runs(filters=dg.RunsFilter(job_name=ROUND_JOB, tags={PARTITION_TAG: key}),
+                                          limit=1)
+            out.append(RoundInfo(key, _run_info(runs[0]) if runs else None, self.decision(key)))
+        return out
+
+    def ledger(self, kind: str | None = None) -> list[dict[str, Any]]:
+        """The task's ledger events, oldest first (only those of ``kind``, if given)."""
+        from envloop_pipelines.core.loop.ledger import EVENT_KINDS, Ledger
+
+        if kind is not None and kind not in EVENT_KINDS:
+            raise RefusedError(f"kind: {kind!r} is not a ledger event kind; allowed: {', '.join(EVENT_KINDS)}")
+        return list(Ledger(self.task).events(kind))
+
+    def release_cards(self) -> list[dict[str, Any]]:
+        """The release chain as cards (holdout first, errata beside), oldest first."""
+        from envloop_pipelines.core.loop.ledger import Ledger
+
+        return list(Ledger(self.task).releases())
+
+    def releases(self, *, with_cards: bool = True) -> list[ReleaseInfo]:
+        """The release chain from the ledger's cards, oldest first (no MLflow model version here)."""
+        return [ReleaseInfo(release=int(c["release"]), model_version="", round=c.get("round"),
+                            checkpoint_sha256=c.get("checkpoint_sha256"), mlflow_run_id=None,
+                            holdout=dict(c.get("holdout") or {}), champion=bool(c.get("champion")),
+                            card=c if with_cards else None) for c in self.release_cards()]

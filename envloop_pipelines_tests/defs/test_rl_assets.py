@@ -1,0 +1,72 @@
+"""The RL round's first steps as Dagster assets: settings from the run config (``resources.rl.config``, the fields
+of ``RlRoundConfig``), frozen records through the RL IO manager into the RL task's store.
+
+A stored shell dataset (two training environments, one held out) and the scripted solver as the sampler, so
+no model is loaded: the hypothesis is registered, the attempts sampled and the SFT snapshot built, each
+step reading the one before it from the store.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from envloop_pipelines_tests.core.test_rl_round import shell_env
+
+
+def _materialize(selection: list, home: Path, settings: dict, *, raise_on_error: bool = False) -> dg.ExecuteInProcessResult:
+    from envloop_pipelines.defs.rl.assets import RL_ASSETS
+    from envloop_pipelines.defs.rl.resources import rl_resources
+    from envloop_pipelines.resources.loop import MlflowResource
+
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("rl_rounds", ["r0001"])
+    chosen = {id(a) for a in selection}
+    assets = [*selection, *(a.to_source_asset() for a in RL_ASSETS if id(a) not in chosen)]
+    return dg.materialize(assets, partition_key="r0001", instance=instance, raise_on_error=raise_on_error,
+                          resources={**rl_resources(), "mlflow": MlflowResource(home=str(home))},
+                          run_config={"resources": {"rl": {"config": settings}}})
+
+
+def test_the_first_rl_steps_hand_their_records_through_the_store(tmp_path: Path) -> None:
+    from envloop_pipelines.core.environments.dataset import store_dataset
+    from envloop_pipelines.core.loop.ledger import Ledger
+    from envloop_pipelines.core.loop.rl_results import RlHypothesis, RlSampling, RlSnapshot
+    from envloop_pipelines.core.loop.store import RoundStore
+    from envloop_pipelines.defs.rl.assets import rl_hypothesis, rl_sampled_attempts, rl_sft_snapshot
+    from envloop_pipelines_tests.core.agents.scripted import scripted_server
+
+    envs = [shell_env(0, "train"), shell_env(1, "train"), shell_env(10, "heldout")]
+    stored = store_dataset("shell-rl", envs, source={"generator": "test"}, home=tmp_path)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"base_model: {tmp_path / 'no-model'}\nseed: 7\n")
+    with scripted_server() as server:
+        settings = {"dataset": f"shell-rl@{stored.version}", "recipe": str(recipe), "home": str(tmp_path),
+                    "sampler_url": server.url, "sampler_model": "solver-p1.0", "attempts": 1, "max_turns": 2,
+                    "wall_s": 60.0}
+        result = _materialize([rl_hypothesis, rl_sampled_attempts, rl_sft_snapshot], tmp_path, settings)
+    assert result.success, [e.message for e in result.all_events if e.is_failure]
+
+    store = RoundStore("rl-shell-rl", tmp_path)  # the task the run's settings give (rl-<dataset name>)
+    hyp = store.load("rl_hypothesis", RlHypothesis, "r0001")
+    sampling = store.load("rl_sampled_attempts", RlSampling, "r0001")
+    snapshot = store.load("rl_sft_snapshot", RlSnapshot, "r0001")
+    assert hyp.hash == Ledger("rl-shell-rl", tmp_path).require_hypothesis("r0001").hash
+    assert hyp.hypothesis.seeds == (7, 1007, 1008) and hyp.parent["checkpoint_sha256"] is None
+    assert hyp.sampler["model"] == "solver-p1.0" and hyp.hypothesis.power["mde"] > 0
+    assert (sampling.n_attempts, sampling.n_passed) == (2, 2) and Path(sampling.attempts_path).exists()
+    assert (snapshot.n_attempts, snapshot.n_rows) == (2, 2) and snapshot.contamination["clean"]
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({}, "give the dataset"),
+    ({"dataset": "shell@x", "noise_arms": 1}, "noise_arms must be ≥ 2"),
+    ({"dataset": "shell@x", "nonsense": 1}, "nonsense"),
+])
+def test_bad_rl_settings_are_refused_by_name(tmp_path: Path, settings: dict, message: str) -> None:
+    from envloop_pipelines.defs.rl.assets import rl_hypothesis
+
+    with pytest.raises(Exception, match=message):
+        _materialize([rl_hypothesis], tmp_path, {"home": str(tmp_path), **settings}, raise_on_error=True)

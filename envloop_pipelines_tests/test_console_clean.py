@@ -1,0 +1,97 @@
+"""Third-party notes stay off a user's console (``envloop_pipelines/console.py``); the project's own warnings show.
+
+Each case runs in a fresh Python process, so the filters the entry points install are the ones observed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+#: What a user saw on every demo and ``envloop train`` before the filters (issue 25).
+NOISE = ("is_gradient_checkpointing", "BetaWarning", "PreviewWarning", "Setting accelerator to CPU", "Loading weights")
+
+#: The real sources of the noise: DeepSpeed's accelerator detection, a Dagster ``Output`` with a
+#: ``data_version`` (beta), transformers' deprecated property on a real (tiny) model; then one warning
+#: and one log record of the project's own, which must still show.
+_EMIT = """
+import logging, warnings
+logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+{install}
+from deepspeed.accelerator import get_accelerator
+get_accelerator()
+import dagster as dg
+dg.Output(1, data_version=dg.DataVersion("v1"))
+import transformers
+model = transformers.BertModel(transformers.BertConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=1,
+                                                       intermediate_size=8, vocab_size=10))
+model.is_gradient_checkpointing
+warnings.warn("our own note", UserWarning)
+logging.getLogger("envloop_pipelines.core.model.training").warning("our own record")
+"""
+
+
+def _run(code: str, env: dict[str, str] | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})}
+    full_env.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=full_env)
+
+
+def test_the_entry_points_filters_drop_the_noise_and_keep_our_own() -> None:
+    out = _run(_EMIT.format(install="from envloop_pipelines.console import quiet_third_party; quiet_third_party()"))
+    assert out.returncode == 0, out.stderr
+    console = out.stdout + out.stderr
+    assert not [n for n in NOISE if n in console], console
+    assert "our own note" in out.stderr and "our own record" in out.stderr
+
+
+def test_without_the_filters_the_noise_is_there() -> None:
+    """The same sources unfiltered: the test above is not passing because nothing was emitted."""
+    out = _run(_EMIT.format(install=""))
+    assert out.returncode == 0, out.stderr
+    console = out.stdout + out.stderr
+    for noise in ("is_gradient_checkpointing", "BetaWarning", "Setting accelerator to CPU"):
+        assert noise in console, (noise, console)
+
+
+def test_importing_the_sdk_and_core_changes_no_filter_but_definitions_does() -> None:
+    """A library user's warnings are theirs: only an entry point (the CLI's main, the code location) installs."""
+    probe = ("import logging, os, warnings\n"
+             "def ours():\n"
+             "    return [f for f in warnings.filters if f[0] == 'ignore' and (\n"
+             "        (f[1] is not None and 'is_gradient_checkpointing' in f[1].pattern)\n"
+             "        or f[2].__name__ in ('BetaWarning', 'PreviewWarning'))]\n"
+             "import envloop_pipelines.sdk, envloop_pipelines.core.progress, envloop_pipelines.cli\n"
+             "assert not ours(), ours()\n"
+             "assert not logging.getLogger('DeepSpeed').filters and 'HF_HUB_DISABLE_PROGRESS_BARS' not in os.environ\n"
+             "import envloop_pipelines.definitions\n"
+             "assert len(ours()) == 3 and logging.getLogger('DeepSpeed').filters, ours()\n"
+             "print('ok')\n")
+    out = _run(probe)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+@pytest.mark.slow
+def test_envloop_train_prints_json_only_and_no_third_party_notes(tmp_path: Path) -> None:
+    """``envloop train`` loads the encoder, trains with the HF Trainer (DeepSpeed integration imported): stdout is
+    the JSON document alone, stderr the progress and the project's own warnings."""
+    env = {"ENVLOOP_HOME": str(tmp_path / "home"), "ENVLOOP_PROGRESS": "log"}
+    envloop = str(Path(sys.executable).with_name("envloop"))
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **env}
+    full_env.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
+    gen = subprocess.run([envloop, "data", "generate", "--users", "20", "--records-per-user", "3"],
+                         capture_output=True, text=True, timeout=300, env=full_env)
+    assert gen.returncode == 0, gen.stderr
+    out = subprocess.run([envloop, "train", "--task", "personal_agent", "--recipe", "packaged:decision_head_cpu.yaml",
+                          "--out", str(tmp_path / "ckpt"), "--recipe-override", "max_steps=2",
+                          "--recipe-override", "max_length=128"],
+                         capture_output=True, text=True, timeout=600, env=full_env)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["checkpoint"] == str(tmp_path / "ckpt")  # the whole of stdout is the document
+    assert not [n for n in NOISE if n in out.stdout + out.stderr], out.stderr
+    assert "truncated to max_length=128" in out.stderr  # the project's own warning still shows
