@@ -47,25 +47,17 @@ class TfidfBaseline:
         return self
 
     def predict_table(self, table: pa.Table) -> pa.Table:
-        """Calibrated predictions in the model's prediction schema."""
-        from envloop_pipelines.core.model.predict import PREDICTION_SCHEMA
+        """Calibrated predictions in the model's prediction schema (written by the model's
+        :func:`~envloop_pipelines.core.model.predict.predictions_table`; nothing is truncated)."""
+        from envloop_pipelines.core.model.predict import QuestionPrediction, predictions_table
 
         if self.lexical is None:
             raise RuntimeError("TfidfBaseline.predict_table before fit")
         questions = as_questions(table)
         logits = self.lexical.log_probs(questions)
-        calibrated = [self.calibration.apply(z, q.type) for z, q in zip(logits, questions)]
-        return pa.table(
-            {
-                "record_id": [q.record_id for q in questions],
-                "question_id": [q.question_id for q in questions],
-                "family": [q.family for q in questions],
-                "type": [q.type for q in questions],
-                "option_keys": [list(q.option_keys) for q in questions],
-                "probs": [np.asarray(p, dtype=np.float64).tolist() for p in calibrated],
-                "logits": [np.asarray(z, dtype=np.float32).tolist() for z in logits],
-                "truncated": [False] * len(questions),
-                "n_state_tokens_dropped": [0] * len(questions),
-            },
-            schema=PREDICTION_SCHEMA,
-        )
+        return predictions_table([
+            QuestionPrediction(record_id=q.record_id, question_id=q.question_id, family=q.family, type=q.type,
+                               option_keys=q.option_keys, probs=self.calibration.apply(z, q.type), logits=z,
+                               truncated=False, n_state_tokens_dropped=0)
+            for z, q in zip(logits, questions)
+        ])

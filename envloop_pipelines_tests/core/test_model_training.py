@@ -312,11 +312,11 @@ def test_unlabelled_training_questions_are_an_error(tmp_path: Path) -> None:
 
 
 def test_deepspeed_config_passes_through_on_gpu_only(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from envloop_pipelines.core.model.training import _deepspeed_config, _training_arguments
+    from envloop_pipelines.core.model.training import deepspeed_config as _deepspeed_config, trainer_arguments
 
     gpu_recipe = RECIPE.replace(deepspeed="packaged:deepspeed_zero2.json", precision="bf16")
     with caplog.at_level("INFO", logger="envloop_pipelines.core.model.training"):
-        args = _training_arguments(gpu_recipe, str(tmp_path))
+        args = trainer_arguments(gpu_recipe, str(tmp_path), label_names=["targets"])
     assert args.deepspeed is None and not args.bf16 and args.use_cpu  # this machine has no GPU
     assert "ignored: no CUDA device" in caplog.text and "bf16 ignored on CPU" in caplog.text
     monkeypatch.setenv("WORLD_SIZE", "1")

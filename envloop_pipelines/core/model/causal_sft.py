@@ -61,15 +61,33 @@ from envloop_pipelines.core.model.checkpoint import (
     MANIFEST,
     build_provenance,
     identity_of,
-    sha256_file,
+)
+from envloop_pipelines.core.model.policy import (  # the policy's rendering and loading, shared with serving
+    ADAPTER_DIR,
+    CHAT_TEMPLATE,
+    CHAT_TEMPLATE_FILE,
+    DATA_FILE,
+    END_OF_TURN_TOKENS,
+    FORMAT,
+    METRICS_FILE,
+    PROVENANCE_FILE,
+    RECIPE_FILE,
+    ChatTemplateError,
+    PolicyCheckpoint,
+    ensure_chat_template,
+    load_policy,
+    load_tokenizer,
+    policy_manifest,
+    read_policy_checkpoint,
+    render,
+    template_messages,
 )
 from envloop_pipelines.core.model.recipe import (
-    LR_SCHEDULERS,
-    PRECISIONS,
     LoraSpec,
     Recipe,
     RecipeError,
-    _lora_from_dict,
+    TrainerFields,
+    recipe_values,
     resolve_base_model,
 )
 from envloop_pipelines.core.storage import publish_dir, staging_dir
@@ -77,71 +95,23 @@ from envloop_pipelines.core.storage import publish_dir, staging_dir
 log = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100
-FORMAT = "envloop-policy-checkpoint/1"
-CHAT_TEMPLATE_FILE = "chat_template.jinja"
-RECIPE_FILE = "recipe.yaml"
-DATA_FILE = "data.json"
-METRICS_FILE = "metrics.json"
-PROVENANCE_FILE = "provenance.json"
-ADAPTER_DIR = "adapter"
 #: Where shipped causal-SFT recipes live (a folder of their own: ``recipes/*.yaml`` are decision-model recipes).
 CAUSAL_SFT_RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes" / "causal_sft"
-
-#: A Qwen2.5-style chat template for tokenizers that have none (tiny test models). Tool calls render as
-#: ``<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>``: the format generation parses back.
-CHAT_TEMPLATE = (
-    "{%- if tools %}"
-    "{{- '<|im_start|>system\\n' }}"
-    "{%- if messages[0].role == 'system' %}{{- messages[0].content }}{%- else %}{{- 'You are a helpful assistant.' }}{%- endif %}"
-    "{{- '\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
-    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
-    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within "
-    "<tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, \"arguments\": <args-json-object>}"
-    "\\n</tool_call><|im_end|>\\n' }}"
-    "{%- elif messages[0].role == 'system' %}"
-    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{%- for message in messages %}"
-    "{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}"
-    "{{- '<|im_start|>' + message.role + '\\n' + (message.content or '') + '<|im_end|>\\n' }}"
-    "{%- elif message.role == 'assistant' %}"
-    "{{- '<|im_start|>assistant' }}"
-    "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
-    "{%- for tool_call in message.tool_calls or [] %}"
-    "{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}"
-    "{{- '\\n<tool_call>\\n{\"name\": \"' + tool_call.name + '\", \"arguments\": ' + (tool_call.arguments | tojson) + '}\\n</tool_call>' }}"
-    "{%- endfor %}"
-    "{{- '<|im_end|>\\n' }}"
-    "{%- elif message.role == 'tool' %}"
-    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
-    "{{- '\\n<tool_response>\\n' + (message.content or '') + '\\n</tool_response>' }}"
-    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
-    "{%- endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
-#: End-of-turn markers generation stops at (besides the tokenizer's eos), when the vocabulary has them.
-END_OF_TURN_TOKENS: tuple[str, ...] = ("<|im_end|>", "<|eot_id|>", "<|end|>")
-
-
-class ChatTemplateError(ValueError):
-    """A row cannot be rendered, or the template rewrites earlier turns (its masks would be wrong)."""
-
 
 # --------------------------------------------------------------------------- the recipe
 
 
-@dataclass(frozen=True)
-class CausalSftRecipe:
-    """What decides a causal-SFT run, except the data (fields and meanings as in :class:`Recipe`).
+@dataclass(frozen=True, kw_only=True)
+class CausalSftRecipe(TrainerFields):
+    """What decides a causal-SFT run, except the data: the fields :class:`TrainerFields` shares with the
+    decision :class:`Recipe` (validated alike), with this recipe's own defaults.
 
     Attributes:
-        base_model: a local Hugging Face causal LM directory (config.json, weights, tokenizer).
+        base_model: a local Hugging Face causal LM directory (config.json, weights, tokenizer); required.
         max_length: tokens per conversation; longer ones are cut at the end (counted in the metrics).
-        lora: LoRA on the base model.
+        lora: LoRA on the base model (default: attention and MLP projections).
         lr, epochs, max_steps, batch_size, grad_accum, weight_decay, warmup_ratio, lr_scheduler,
-        max_grad_norm, seed, precision, gradient_checkpointing, deepspeed: as in :class:`Recipe`.
+        max_grad_norm, seed, precision, gradient_checkpointing, deepspeed: as in :class:`TrainerFields`.
     """
 
     base_model: str
@@ -150,33 +120,18 @@ class CausalSftRecipe:
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")))
     lr: float = 2e-4
     epochs: int = 2
-    max_steps: int | None = None
     batch_size: int = 8
-    grad_accum: int = 1
     weight_decay: float = 0.0
     warmup_ratio: float = 0.03
     lr_scheduler: str = "cosine"
-    max_grad_norm: float = 1.0
-    seed: int = 0
-    precision: str = "fp32"
-    gradient_checkpointing: bool = False
-    deepspeed: str | None = None
-
-    def __post_init__(self) -> None:
-        # The shared fields are validated by the decision-model recipe, which names the field at fault.
-        self.as_training_recipe()
 
     def as_training_recipe(self) -> Recipe:
-        """The same training settings as a :class:`Recipe` (for its validation, DeepSpeed and provenance helpers)."""
+        """The same training settings as a :class:`Recipe` (for the LoRA config and provenance helpers)."""
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         return Recipe(readout="label_token", **values)
 
-    def replace(self, **changes: Any) -> "CausalSftRecipe":
-        if "lora" in changes and isinstance(changes["lora"], Mapping):
-            changes["lora"] = dataclasses.replace(self.lora, **changes["lora"])
-        return dataclasses.replace(self, **changes)
-
     def to_dict(self) -> dict[str, Any]:
+        """JSON/YAML-safe form (inverse of :func:`causal_sft_recipe_from_dict`)."""
         data = dataclasses.asdict(self)
         data["lora"]["target_modules"] = list(self.lora.target_modules)
         return data
@@ -187,28 +142,11 @@ class CausalSftRecipe:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-_SFT_FIELDS = {f.name for f in dataclasses.fields(CausalSftRecipe)}
-
-
 def causal_sft_recipe_from_dict(data: Mapping[str, Any]) -> CausalSftRecipe:
     """Build and validate a :class:`CausalSftRecipe`; an unknown key is an error naming it."""
-    if not isinstance(data, Mapping):
-        raise RecipeError(f"a causal-SFT recipe must be a mapping of field → value, got {type(data).__name__}")
-    unknown = sorted(set(data) - _SFT_FIELDS)
-    if unknown:
-        raise RecipeError(f"unknown causal-SFT recipe key(s) {unknown!r}; allowed: {', '.join(sorted(_SFT_FIELDS))}")
-    if "base_model" not in data:
+    values = recipe_values(data, CausalSftRecipe, "causal-SFT recipe")
+    if "base_model" not in values:
         raise RecipeError("causal-SFT recipe field 'base_model': required (a local causal LM directory)")
-    values = dict(data)
-    if "lora" in values:
-        if not isinstance(values["lora"], Mapping):
-            raise RecipeError(f"recipe field 'lora': must be a mapping with keys r, alpha, dropout, target_modules, "
-                              f"got {values['lora']!r}")
-        values["lora"] = _lora_from_dict(values["lora"])
-    for name in ("lr_scheduler", "precision"):
-        allowed = LR_SCHEDULERS if name == "lr_scheduler" else PRECISIONS
-        if name in values and values[name] not in allowed:
-            raise RecipeError(f"recipe field {name!r}: must be one of {', '.join(allowed)}, got {values[name]!r}")
     return CausalSftRecipe(**values)
 
 
@@ -233,58 +171,6 @@ def load_causal_sft_recipe(path: str | Path, overrides: Mapping[str, Any] | None
 
 
 # --------------------------------------------------------------------------- rendering and masks
-
-
-def ensure_chat_template(tokenizer: Any) -> str:
-    """The tokenizer's chat template, set to :data:`CHAT_TEMPLATE` first when it has none."""
-    if not getattr(tokenizer, "chat_template", None):
-        tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer.chat_template
-
-
-def template_messages(messages: Sequence[Mapping[str, Any]], *, where: str = "row") -> list[dict[str, Any]]:
-    """Chat-format messages as chat templates expect them: tool-call ``arguments`` as objects, not JSON text.
-
-    The OpenAI wire format carries ``arguments`` as a JSON string; Hugging Face templates (Qwen's
-    among them) dump them with ``tojson``, which would quote the string a second time.
-
-    Raises:
-        ChatTemplateError: a message without a role, or arguments that are not a JSON object.
-    """
-    out: list[dict[str, Any]] = []
-    for n, message in enumerate(messages):
-        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
-            raise ChatTemplateError(f"{where}: messages[{n}] is not a chat message with a role")
-        m = {k: v for k, v in message.items() if v is not None or k == "content"}
-        if m.get("content") is None:
-            m["content"] = ""
-        calls = []
-        for c, call in enumerate(message.get("tool_calls") or []):
-            fn = dict(call.get("function") or {})
-            args = fn.get("arguments")
-            if isinstance(args, str):
-                try:
-                    args = json.loads(args) if args.strip() else {}
-                except json.JSONDecodeError:
-                    raise ChatTemplateError(f"{where}: messages[{n}].tool_calls[{c}].function.arguments is not JSON: "
-                                            f"{args[:80]!r}") from None
-            fn["arguments"] = args
-            calls.append({**{k: v for k, v in call.items() if k != "function"}, "function": fn})
-        if calls:
-            m["tool_calls"] = calls
-        else:
-            m.pop("tool_calls", None)
-        out.append(m)
-    return out
-
-
-def render(tokenizer: Any, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] = (), *,
-           add_generation_prompt: bool = False) -> str:
-    """The conversation as text through the tokenizer's chat template (``tools`` passed through; messages
-    normalised by :func:`template_messages`)."""
-    ensure_chat_template(tokenizer)
-    return tokenizer.apply_chat_template(template_messages(messages), tools=list(tools) or None, tokenize=False,
-                                         add_generation_prompt=add_generation_prompt)
 
 
 def _common_prefix(a: str, b: str) -> int:
@@ -357,35 +243,6 @@ def encode_chat(tokenizer: Any, messages: Sequence[Mapping[str, Any]], tools: Se
 # --------------------------------------------------------------------------- the model
 
 
-def load_tokenizer(base_model: str | Path, chat_template: str | None = None) -> Any:
-    """The base model's tokenizer, with ``chat_template`` (or its own, or :data:`CHAT_TEMPLATE`)."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(base_model))
-    if chat_template:
-        tokenizer.chat_template = chat_template
-    ensure_chat_template(tokenizer)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
-def load_policy(base_model: str | Path, adapter_dir: str | Path | None = None, *, device: str | None = None,
-                dtype: torch.dtype | None = None) -> Any:
-    """The causal LM, with the LoRA adapter in ``adapter_dir`` applied when given (eval mode)."""
-    from transformers import AutoModelForCausalLM
-
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
-    model = AutoModelForCausalLM.from_pretrained(str(base_model), dtype=dtype)
-    if adapter_dir is not None:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, str(adapter_dir))
-        model = model.merge_and_unload()  # one plain LM: faster generation, same outputs
-    return model.to(device).eval()
-
-
 class _ChatDataset(torch.utils.data.Dataset):
     def __init__(self, rows: Sequence[EncodedChat]) -> None:
         self.rows = list(rows)
@@ -416,93 +273,8 @@ class _ChatCollator:
         return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
-@dataclass(frozen=True)
-class PolicyCheckpoint:
-    """A trained policy: where it is, its identity, and the base model it adapts."""
-
-    path: str
-    sha256: str
-    base_model: str
-
-    @property
-    def adapter_dir(self) -> Path:
-        return Path(self.path) / ADAPTER_DIR
-
-    @property
-    def chat_template(self) -> str:
-        return (Path(self.path) / CHAT_TEMPLATE_FILE).read_text(encoding="utf-8")
-
-    def metrics(self) -> dict[str, Any]:
-        return json.loads((Path(self.path) / METRICS_FILE).read_text(encoding="utf-8"))
-
-
 def _json_bytes(obj: Any) -> bytes:
     return (json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n").encode("utf-8")
-
-
-def _manifest(root: Path) -> dict[str, str]:
-    return {p.relative_to(root).as_posix(): sha256_file(p) for p in sorted(root.rglob("*"))
-            if p.is_file() and p.name != MANIFEST}
-
-
-def read_policy_checkpoint(path: str | Path) -> PolicyCheckpoint:
-    """A policy checkpoint, its manifest verified.
-
-    Raises:
-        ValueError: a file is missing, extra or changed (named).
-    """
-    root = Path(path)
-    if not (root / MANIFEST).is_file():
-        raise ValueError(f"{root}: not a policy checkpoint (no {MANIFEST}; train one with train_causal_sft)")
-    manifest = json.loads((root / MANIFEST).read_text(encoding="utf-8"))
-    if manifest.get("format") != FORMAT:
-        raise ValueError(f"{root / MANIFEST}: not a policy checkpoint (format {manifest.get('format')!r}, expected {FORMAT!r})")
-    found = _manifest(root)
-    for name in sorted(set(found) | set(manifest["files"])):
-        if found.get(name) != manifest["files"].get(name):
-            what = "missing" if name not in found else "not in the manifest" if name not in manifest["files"] else "changed"
-            raise ValueError(f"policy checkpoint {root}: {name}: {what}")
-    recipe = yaml.safe_load((root / RECIPE_FILE).read_text(encoding="utf-8"))
-    return PolicyCheckpoint(str(root), identity_of(manifest["files"]), str(recipe["base_model"]))
-
-
-def _training_arguments(recipe: CausalSftRecipe, output_dir: str) -> Any:
-    from transformers import TrainingArguments
-
-    from envloop_pipelines.core.model.training import _deepspeed_config
-
-    cuda = torch.cuda.is_available()
-    deepspeed = _deepspeed_config(recipe.as_training_recipe(), cuda)
-    bf16 = recipe.precision == "bf16" and cuda
-    if recipe.precision == "bf16" and not cuda:
-        log.info("recipe.precision=bf16 ignored on CPU: training in fp32")
-    return TrainingArguments(
-        output_dir=output_dir,
-        num_train_epochs=recipe.epochs,
-        max_steps=recipe.max_steps if recipe.max_steps is not None else -1,
-        per_device_train_batch_size=recipe.batch_size,
-        gradient_accumulation_steps=recipe.grad_accum,
-        learning_rate=recipe.lr,
-        weight_decay=recipe.weight_decay,
-        warmup_steps=recipe.warmup_ratio,  # a float in [0, 1) is a ratio of the total steps
-        lr_scheduler_type=recipe.lr_scheduler,
-        max_grad_norm=recipe.max_grad_norm,
-        seed=recipe.seed,
-        data_seed=recipe.seed,
-        bf16=bf16,
-        deepspeed=str(deepspeed) if deepspeed is not None else None,
-        use_cpu=not cuda,
-        save_strategy="no",
-        eval_strategy="no",
-        logging_strategy="steps",
-        logging_steps=1,
-        report_to="none",
-        disable_tqdm=True,
-        remove_unused_columns=False,
-        dataloader_num_workers=0,
-        dataloader_pin_memory=False,
-        label_names=["labels"],
-    )
 
 
 def train_causal_sft(rows: Sequence[Mapping[str, Any]], recipe: CausalSftRecipe, out_dir: str | Path, *,
@@ -526,12 +298,12 @@ def train_causal_sft(rows: Sequence[Mapping[str, Any]], recipe: CausalSftRecipe,
     from transformers import Trainer, set_seed
 
     from envloop_pipelines.core.model.readout import lora_config
-    from envloop_pipelines.core.model.training import _deterministic, is_main_process
+    from envloop_pipelines.core.model.training import _deterministic, is_main_process, trainer_arguments
 
     out_dir = Path(out_dir)
     if out_dir.exists():
         raise ValueError(f"{out_dir} exists; a policy checkpoint is never overwritten")
-    base_dir = resolve_base_model(recipe.as_training_recipe())
+    base_dir = resolve_base_model(recipe)
     tokenizer = load_tokenizer(base_dir)
     encoded, dropped = [], []
     for n, row in enumerate(rows):
@@ -559,7 +331,8 @@ def train_causal_sft(rows: Sequence[Mapping[str, Any]], recipe: CausalSftRecipe,
     t0 = time.perf_counter()
     stage = staging_dir(out_dir.parent)
     with _deterministic():
-        trainer = Trainer(model=model, args=_training_arguments(recipe, str(stage / "trainer")),
+        args = trainer_arguments(recipe, str(stage / "trainer"), label_names=["labels"], log_every_step=True)
+        trainer = Trainer(model=model, args=args,
                           train_dataset=_ChatDataset(encoded), data_collator=_ChatCollator(int(pad)))
         from transformers.trainer_callback import PrinterCallback
 
@@ -597,7 +370,7 @@ def train_causal_sft(rows: Sequence[Mapping[str, Any]], recipe: CausalSftRecipe,
     provenance = build_provenance(recipe.as_training_recipe(), data_hash)
     provenance["recipe_hash"] = recipe.hash
     (stage / PROVENANCE_FILE).write_bytes(_json_bytes(provenance))
-    files = _manifest(stage)
+    files = policy_manifest(stage)
     (stage / MANIFEST).write_bytes(_json_bytes({"format": FORMAT, "files": files}))
     if not publish_dir(stage, out_dir):
         raise ValueError(f"{out_dir} appeared while training; a policy checkpoint is never overwritten")
@@ -610,6 +383,7 @@ __all__ = [
     "CHAT_TEMPLATE",
     "CausalSftRecipe",
     "ChatTemplateError",
+    "END_OF_TURN_TOKENS",
     "EncodedChat",
     "IGNORE_INDEX",
     "PolicyCheckpoint",

@@ -23,7 +23,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Self
 
 import yaml
 
@@ -92,9 +92,100 @@ class LoraSpec:
         object.__setattr__(self, "target_modules", tuple(mods))
 
 
-@dataclass(frozen=True)
-class Recipe:
+@dataclass(frozen=True, kw_only=True)
+class TrainerFields:
+    """The fields every training recipe shares (the decision :class:`Recipe` and the causal-SFT recipe):
+    the model, the LoRA on it and what the Hugging Face Trainer is given, validated alike.
+
+    The defaults here are the decision recipe's; a subclass declares its own default for a field where it
+    differs (a YAML file that leaves a key out keeps the meaning it had). Every error names the field.
+
+    Attributes:
+        base_model: ``packaged:minilm`` or a local model directory.
+        max_length: Token budget of one sequence.
+        lora: LoRA on the base model.
+        lr: Learning rate of the LoRA parameters.
+        epochs: Passes over the training set (ignored when ``max_steps`` is set).
+        max_steps: Optimizer steps; overrides ``epochs`` when set.
+        batch_size: Rows per micro-batch.
+        grad_accum: Micro-batches per optimizer step.
+        weight_decay: AdamW weight decay.
+        warmup_ratio: Fraction of steps with a linear learning-rate warm-up.
+        lr_scheduler: Learning-rate schedule after the warm-up.
+        max_grad_norm: Gradient clipping norm.
+        seed: Seed of every random choice (LoRA initialisation, data order, dropout).
+        precision: ``fp32`` or ``bf16`` (bf16 is used on a GPU only).
+        gradient_checkpointing: Trade compute for memory on the base model (GPU recipes).
+        deepspeed: Optional DeepSpeed config (``packaged:<file>`` or a path); used on a GPU only.
+    """
+
+    base_model: str = PACKAGED_MINILM
+    max_length: int = 256
+    lora: LoraSpec = field(default_factory=LoraSpec)
+    lr: float = 1e-3
+    epochs: int = 3
+    max_steps: int | None = None
+    batch_size: int = 16
+    grad_accum: int = 1
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.06
+    lr_scheduler: str = "linear"
+    max_grad_norm: float = 1.0
+    seed: int = 0
+    precision: str = "fp32"
+    gradient_checkpointing: bool = False
+    deepspeed: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.base_model, str) or not self.base_model:
+            _fail("base_model", f"{PACKAGED_MINILM!r} or a local model directory", self.base_model)
+        if self.base_model.startswith(PACKAGED_PREFIX) and self.base_model != PACKAGED_MINILM:
+            _fail("base_model", f"{PACKAGED_MINILM!r} (the only packaged model) or a local model directory", self.base_model)
+        _check_int("max_length", self.max_length, 16, 131_072)
+        if isinstance(self.lora, Mapping):
+            object.__setattr__(self, "lora", _lora_from_dict(self.lora))
+        if not isinstance(self.lora, LoraSpec):
+            _fail("lora", "a mapping with keys r, alpha, dropout, target_modules", self.lora)
+        _check_float("lr", self.lr, 0.0, 1.0, low_open=True)
+        _check_int("epochs", self.epochs, 1, 100_000)
+        if self.max_steps is not None:
+            _check_int("max_steps", self.max_steps, 1, 100_000_000)
+        _check_int("batch_size", self.batch_size, 1, 65_536)
+        _check_int("grad_accum", self.grad_accum, 1, 65_536)
+        _check_float("weight_decay", self.weight_decay, 0.0, 10.0)
+        _check_float("warmup_ratio", self.warmup_ratio, 0.0, 1.0, high_open=True)
+        if self.lr_scheduler not in LR_SCHEDULERS:
+            _fail("lr_scheduler", f"one of {', '.join(LR_SCHEDULERS)}", self.lr_scheduler)
+        _check_float("max_grad_norm", self.max_grad_norm, 0.0, 1e6, low_open=True)
+        _check_int("seed", self.seed, 0, 2**32 - 1)
+        if self.precision not in PRECISIONS:
+            _fail("precision", f"one of {', '.join(PRECISIONS)}", self.precision)
+        if not isinstance(self.gradient_checkpointing, bool):
+            _fail("gradient_checkpointing", "true or false", self.gradient_checkpointing)
+        if self.deepspeed is not None:
+            if not isinstance(self.deepspeed, str) or not self.deepspeed:
+                _fail("deepspeed", "null, 'packaged:<file>' or a path to a DeepSpeed JSON config", self.deepspeed)
+            if self.deepspeed.startswith(PACKAGED_PREFIX):
+                name = self.deepspeed[len(PACKAGED_PREFIX):]
+                shipped = sorted(p.name for p in RECIPES_DIR.glob("*.json"))
+                if name not in shipped:
+                    _fail("deepspeed", f"a shipped config ({', '.join('packaged:' + s for s in shipped) or 'none'}) or a path", self.deepspeed)
+        for name in ("lr", "weight_decay", "warmup_ratio", "max_grad_norm"):
+            object.__setattr__(self, name, float(getattr(self, name)))
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with ``changes`` applied (a ``lora`` mapping changes only the keys it names), validated again."""
+        if "lora" in changes and isinstance(changes["lora"], Mapping):
+            changes["lora"] = dataclasses.replace(self.lora, **changes["lora"])
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recipe(TrainerFields):
     """Everything that decides a training run, except the data.
+
+    The fields it shares with the causal-SFT recipe (model, LoRA, trainer settings) and their checks are
+    :class:`TrainerFields`; the rest are the decision model's.
 
     Attributes:
         readout: ``decision_head`` (encoder + per-option head) or ``label_token``
@@ -143,55 +234,30 @@ class Recipe:
     """
 
     readout: str = "decision_head"
-    base_model: str = PACKAGED_MINILM
-    max_length: int = 256
-    lora: LoraSpec = field(default_factory=LoraSpec)
     head_hidden: int = 256
     state_attention: bool = False
-    lr: float = 1e-3
     head_lr: float = 3e-3
     head_warmup_epochs: int = 0
     frozen_layers: int = 0
     length_grouped: bool = False
     lexical: bool = False
     family_head: bool = False
-    epochs: int = 3
-    max_steps: int | None = None
-    batch_size: int = 16
     eval_batch_size: int = 32
-    grad_accum: int = 1
-    weight_decay: float = 0.01
-    warmup_ratio: float = 0.06
-    lr_scheduler: str = "linear"
-    max_grad_norm: float = 1.0
-    seed: int = 0
     error_budget: float = 0.05
-    precision: str = "fp32"
     inference_precision: str = "fp32"
-    gradient_checkpointing: bool = False
-    deepspeed: str | None = None
 
     def __post_init__(self) -> None:
         if self.readout not in READOUTS:
             _fail("readout", f"one of {', '.join(READOUTS)}", self.readout)
-        if not isinstance(self.base_model, str) or not self.base_model:
-            _fail("base_model", f"{PACKAGED_MINILM!r} or a local model directory", self.base_model)
-        if self.base_model.startswith(PACKAGED_PREFIX) and self.base_model != PACKAGED_MINILM:
-            _fail("base_model", f"{PACKAGED_MINILM!r} (the only packaged model) or a local model directory", self.base_model)
-        _check_int("max_length", self.max_length, 16, 131_072)
+        super().__post_init__()  # model, LoRA and trainer fields
         if self.readout == "decision_head" and self.max_length > 512:
             _fail("max_length", "an integer in [16, 512] for the decision_head readout (BERT positions)", self.max_length)
-        if isinstance(self.lora, Mapping):
-            object.__setattr__(self, "lora", _lora_from_dict(self.lora))
-        if not isinstance(self.lora, LoraSpec):
-            _fail("lora", "a mapping with keys r, alpha, dropout, target_modules", self.lora)
         _check_int("head_hidden", self.head_hidden, 1, 65_536)
         if not isinstance(self.state_attention, bool):
             _fail("state_attention", "true or false", self.state_attention)
         if self.state_attention and self.readout != "decision_head":
             _fail("state_attention", "false for the label_token readout (it reads label tokens, not options)",
                   self.state_attention)
-        _check_float("lr", self.lr, 0.0, 1.0, low_open=True)
         _check_float("head_lr", self.head_lr, 0.0, 1.0, low_open=True)
         _check_int("head_warmup_epochs", self.head_warmup_epochs, 0, 100_000)
         if self.head_warmup_epochs and self.readout != "decision_head":
@@ -209,44 +275,14 @@ class Recipe:
             _fail("family_head", "true or false", self.family_head)
         if self.family_head and self.readout != "decision_head":
             _fail("family_head", "false for the label_token readout (it has no separate head)", self.family_head)
-        _check_int("epochs", self.epochs, 1, 100_000)
-        if self.max_steps is not None:
-            _check_int("max_steps", self.max_steps, 1, 100_000_000)
-        _check_int("batch_size", self.batch_size, 1, 65_536)
         _check_int("eval_batch_size", self.eval_batch_size, 1, 65_536)
-        _check_int("grad_accum", self.grad_accum, 1, 65_536)
-        _check_float("weight_decay", self.weight_decay, 0.0, 10.0)
-        _check_float("warmup_ratio", self.warmup_ratio, 0.0, 1.0, high_open=True)
-        if self.lr_scheduler not in LR_SCHEDULERS:
-            _fail("lr_scheduler", f"one of {', '.join(LR_SCHEDULERS)}", self.lr_scheduler)
-        _check_float("max_grad_norm", self.max_grad_norm, 0.0, 1e6, low_open=True)
-        _check_int("seed", self.seed, 0, 2**32 - 1)
         _check_float("error_budget", self.error_budget, 0.0, 1.0, low_open=True, high_open=True)
-        if self.precision not in PRECISIONS:
-            _fail("precision", f"one of {', '.join(PRECISIONS)}", self.precision)
         if self.inference_precision not in PRECISIONS:
             _fail("inference_precision", f"one of {', '.join(PRECISIONS)}", self.inference_precision)
-        if not isinstance(self.gradient_checkpointing, bool):
-            _fail("gradient_checkpointing", "true or false", self.gradient_checkpointing)
-        if self.deepspeed is not None:
-            if not isinstance(self.deepspeed, str) or not self.deepspeed:
-                _fail("deepspeed", "null, 'packaged:<file>' or a path to a DeepSpeed JSON config", self.deepspeed)
-            if self.deepspeed.startswith(PACKAGED_PREFIX):
-                name = self.deepspeed[len(PACKAGED_PREFIX):]
-                shipped = sorted(p.name for p in RECIPES_DIR.glob("*.json"))
-                if name not in shipped:
-                    _fail("deepspeed", f"a shipped config ({', '.join('packaged:' + s for s in shipped) or 'none'}) or a path", self.deepspeed)
-        for name in ("lr", "head_lr", "weight_decay", "warmup_ratio", "max_grad_norm", "error_budget"):
+        for name in ("head_lr", "error_budget"):
             object.__setattr__(self, name, float(getattr(self, name)))
 
-    def replace(self, **changes: Any) -> "Recipe":
-        """A copy with ``changes`` applied, validated again."""
-        if "lora" in changes and isinstance(changes["lora"], Mapping):
-            changes["lora"] = dataclasses.replace(self.lora, **changes["lora"])
-        return dataclasses.replace(self, **changes)
 
-
-_RECIPE_FIELDS = {f.name for f in dataclasses.fields(Recipe)}
 _LORA_FIELDS = {f.name for f in dataclasses.fields(LoraSpec)}
 
 
@@ -266,17 +302,29 @@ def recipe_from_dict(data: Mapping[str, Any]) -> Recipe:
     Raises:
         RecipeError: naming the unknown key or the invalid field.
     """
+    return Recipe(**recipe_values(data, Recipe, "recipe"))
+
+
+def recipe_values(data: Any, cls: type[TrainerFields], kind: str) -> dict[str, Any]:
+    """The keyword arguments of ``cls`` (a recipe class) from a parsed YAML mapping: every key one of its
+    fields, ``lora`` a mapping of :class:`LoraSpec`'s keys.
+
+    Raises:
+        RecipeError: not a mapping, an unknown key (naming it and the allowed ones), ``lora`` not a mapping;
+            ``kind`` (``"recipe"``, ``"causal-SFT recipe"``) starts the message.
+    """
     if not isinstance(data, Mapping):
-        raise RecipeError(f"a recipe must be a mapping of field → value, got {type(data).__name__}")
-    unknown = sorted(set(data) - _RECIPE_FIELDS)
+        raise RecipeError(f"a {kind} must be a mapping of field → value, got {type(data).__name__}")
+    allowed = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - allowed)
     if unknown:
-        raise RecipeError(f"unknown recipe key(s) {unknown!r}; allowed: {', '.join(sorted(_RECIPE_FIELDS))}")
+        raise RecipeError(f"unknown {kind} key(s) {unknown!r}; allowed: {', '.join(sorted(allowed))}")
     values = dict(data)
     if "lora" in values:
         if not isinstance(values["lora"], Mapping):
             _fail("lora", "a mapping with keys r, alpha, dropout, target_modules", values["lora"])
         values["lora"] = _lora_from_dict(values["lora"])
-    return Recipe(**values)
+    return values
 
 
 def load_recipe(path: str | Path) -> Recipe:
@@ -326,7 +374,7 @@ def dump_recipe(recipe: Recipe) -> str:
     return yaml.safe_dump(recipe_to_dict(recipe), sort_keys=True)
 
 
-def resolve_base_model(recipe: Recipe) -> Path:
+def resolve_base_model(recipe: TrainerFields) -> Path:
     """The local directory of the recipe's base model.
 
     Raises:
@@ -345,7 +393,7 @@ def resolve_base_model(recipe: Recipe) -> Path:
     return path.resolve()
 
 
-def resolve_deepspeed(recipe: Recipe) -> Path | None:
+def resolve_deepspeed(recipe: TrainerFields) -> Path | None:
     """The DeepSpeed config file of the recipe, or None.
 
     Raises:
@@ -395,12 +443,14 @@ __all__ = [
     "READOUTS",
     "Recipe",
     "RecipeError",
+    "TrainerFields",
     "dump_recipe",
     "load_recipe",
     "load_recipe_spec",
     "recipe_from_dict",
     "recipe_hash",
     "recipe_to_dict",
+    "recipe_values",
     "resolve_base_model",
     "resolve_deepspeed",
     "resolve_recipe_path",

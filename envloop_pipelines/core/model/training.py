@@ -65,7 +65,7 @@ from envloop_pipelines.core.model.readout import (
     soft_cross_entropy,
 )
 from envloop_pipelines.core.model.readouts import build_readout_model
-from envloop_pipelines.core.model.recipe import Recipe, resolve_deepspeed
+from envloop_pipelines.core.model.recipe import Recipe, TrainerFields, resolve_deepspeed
 from envloop_pipelines.core.data.records import Record
 
 log = logging.getLogger(__name__)
@@ -245,8 +245,12 @@ def is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def _deepspeed_config(recipe: Recipe, cuda: bool) -> Path | None:
-    """The DeepSpeed config to pass through, or None (no config, or no GPU)."""
+def deepspeed_config(recipe: TrainerFields, cuda: bool) -> Path | None:
+    """The DeepSpeed config to pass through, or None (no config, or no GPU).
+
+    Raises:
+        ValueError: a ZeRO stage 3 config (naming the field).
+    """
     import json
 
     path = resolve_deepspeed(recipe)
@@ -268,15 +272,31 @@ def _deepspeed_config(recipe: Recipe, cuda: bool) -> Path | None:
     return path
 
 
-def _training_arguments(recipe: Recipe, output_dir: str) -> Any:
+def trainer_arguments(recipe: TrainerFields, output_dir: str, *, label_names: Sequence[str],
+                      log_every_step: bool = False) -> Any:
+    """The ``TrainingArguments`` of a recipe: the one builder of both trainers (decision model, causal SFT).
+
+    The recipe's trainer fields as they are, except on a machine without CUDA: ``precision: bf16`` and
+    ``deepspeed`` are then ignored, with a log line each. No checkpoints, no evaluation, no reports, no
+    progress bars, no dataloader workers (determinism).
+
+    Args:
+        recipe: a decision :class:`Recipe` or a causal-SFT recipe (their shared :class:`TrainerFields`).
+        output_dir: the Trainer's scratch directory.
+        label_names: the batch keys that hold the labels (``targets`` for the decision model).
+        log_every_step: record the loss of every optimizer step in ``trainer.state.log_history``
+            (causal SFT's per-step losses); off, the Trainer logs nothing.
+    """
     from transformers import TrainingArguments
 
     cuda = torch.cuda.is_available()
-    deepspeed = _deepspeed_config(recipe, cuda)
+    deepspeed = deepspeed_config(recipe, cuda)
     bf16 = recipe.precision == "bf16"
     if bf16 and not cuda:
         log.info("recipe.precision=bf16 ignored on CPU: training in fp32")
         bf16 = False
+    logging_args: dict[str, Any] = {"logging_strategy": "steps", "logging_steps": 1} if log_every_step else {
+        "logging_strategy": "no"}
     return TrainingArguments(
         output_dir=output_dir,
         num_train_epochs=recipe.epochs,
@@ -295,13 +315,13 @@ def _training_arguments(recipe: Recipe, output_dir: str) -> Any:
         use_cpu=not cuda,
         save_strategy="no",
         eval_strategy="no",
-        logging_strategy="no",
         report_to="none",
         disable_tqdm=True,
         remove_unused_columns=False,
         dataloader_num_workers=0,
         dataloader_pin_memory=False,
-        label_names=["targets"],
+        label_names=list(label_names),
+        **logging_args,
     )
 
 
@@ -414,7 +434,7 @@ def _run_trainer(model: ReadoutModel, recipe: Recipe, dataset: Dataset, collator
     with tempfile.TemporaryDirectory(prefix="envloop-trainer-") as tmp:
         trainer = _trainer_class()(
             model=model,
-            args=_training_arguments(recipe, tmp),
+            args=trainer_arguments(recipe, tmp, label_names=["targets"]),
             train_dataset=dataset,
             data_collator=collator,
             recipe=recipe,
@@ -668,7 +688,9 @@ def train_checkpoint(
 __all__ = [
     "IncompatibleInitError",
     "build_trainable_model",
+    "deepspeed_config",
     "evaluate_checkpoint",
     "is_main_process",
     "train_checkpoint",
+    "trainer_arguments",
 ]

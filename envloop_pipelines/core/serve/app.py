@@ -61,14 +61,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import hmac
 import json
 import logging
 import re
 import time
 import uuid
-import zlib
 from collections import Counter
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterator
@@ -82,7 +79,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from envloop_pipelines.core.model.predict import DecisionModel
-from envloop_pipelines.core.data.records import decode_json
 from envloop_pipelines.core.serve.answers import (
     ModelAnswer,
     chosen_option,
@@ -91,17 +87,16 @@ from envloop_pipelines.core.serve.answers import (
     option_logprobs,
 )
 from envloop_pipelines.core.serve.batcher import MicroBatcher, Overloaded
+from envloop_pipelines.core.serve.http import APIError, Auth, chat_completion_body, read_json_body
 from envloop_pipelines.core.serve.inference import WindowError
 from envloop_pipelines.core.serve.lifecycle import ModelHolder, resident_bytes
 from envloop_pipelines.core.serve.prometheus import ServeMetrics
 from envloop_pipelines.core.serve.schemas import (
-    MAX_JSON_DEPTH,
     ChatCompletionRequest,
     RequestValidationFailed,
     ServedQuestion,
     ServedRequest,
     chat_question,
-    nesting_within,
     parse_systemone,
     served_request,
     validation_details,
@@ -118,17 +113,6 @@ _ROUTES = (
 )
 #: Texts longer than this (characters) are tokenized off the event loop.
 _TOKENIZE_INLINE_CHARS = 20_000
-
-
-class APIError(Exception):
-    """An error answered as ``{"detail": {"error_type", "message"}}`` with ``status``."""
-
-    def __init__(self, status: int, error_type: str, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.error_type = error_type
-        self.message = message
-        self.headers = headers or {}
 
 
 def _retry_headers(seconds: float) -> dict[str, str]:
@@ -195,145 +179,7 @@ class _RequestContext:
             self.metrics.latency.labels(route=route).observe(time.perf_counter() - t0)
 
 
-# --------------------------------------------------------------------------- bodies
-
-
-def _zstd_decompressor() -> Callable[[bytes, int], bytes] | None:
-    """``decompress(data, max_length)`` from whichever zstd module is installed, or None."""
-    for name in ("compression.zstd", "backports.zstd"):
-        try:
-            module = __import__(name, fromlist=["ZstdDecompressor"])
-        except ImportError:
-            continue
-
-        def stdlib(data: bytes, limit: int, _m: Any = module) -> bytes:
-            out = bytearray()
-            while data:
-                d = _m.ZstdDecompressor()
-                out += d.decompress(data, max_length=limit + 1 - len(out))
-                if len(out) > limit or not d.eof:
-                    break
-                data = d.unused_data
-            return bytes(out)
-
-        return stdlib
-    try:
-        import zstandard
-    except ImportError:
-        return None
-
-    def third_party(data: bytes, limit: int) -> bytes:
-        reader = zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True)
-        return reader.read(limit + 1)
-
-    return third_party
-
-
-_ZSTD = _zstd_decompressor()
-
-
-def _decompress(data: bytes, encoding: str, limit: int) -> bytes:
-    enc = encoding.strip().lower()
-    if enc in ("", "identity"):
-        return data
-    try:
-        if enc in ("gzip", "x-gzip", "deflate"):
-            d = zlib.decompressobj(wbits=31 if "gzip" in enc else 15)
-            out = d.decompress(data, limit + 1)
-        elif enc == "zstd":
-            if _ZSTD is None:
-                raise APIError(415, "unknown", "Content-Encoding zstd is not supported by this server (no zstd module installed); send the body uncompressed")
-            out = _ZSTD(data, limit)
-        else:
-            raise APIError(415, "unknown", f"unsupported Content-Encoding {encoding!r}; use gzip, deflate, zstd or none")
-    except APIError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any decoder failure is a bad body
-        raise APIError(400, "unknown", f"the body is not valid {enc} data: {exc}") from None
-    if len(out) > limit:
-        raise APIError(413, "unknown", f"the decompressed body is over {limit} bytes")
-    return out
-
-
-async def read_json_body(request: Request, max_bytes: int) -> Any:
-    """The request's JSON body (size-limited, decompressed, duplicate keys recorded).
-
-    Raises:
-        APIError: 413 too large, 415 multipart or unknown encoding, 400 undecodable compression.
-        RequestValidationFailed: the body is not JSON (422 ``json_invalid``).
-    """
-    content_type = request.headers.get("content-type", "").lower()
-    if content_type.startswith("multipart/"):
-        raise APIError(415, "unknown", "multipart bodies (image assets) are not supported: send application/json")
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        raise APIError(413, "unknown", f"the body is {declared} bytes, over the limit of {max_bytes}")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise APIError(413, "unknown", f"the body is over the limit of {max_bytes} bytes")
-        chunks.append(chunk)
-    raw = _decompress(b"".join(chunks), request.headers.get("content-encoding", ""), max_bytes)
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise RequestValidationFailed([{"loc": ["body", exc.start], "msg": "the body is not UTF-8", "type": "json_invalid"}]) from None
-    try:
-        body = decode_json(text)
-    except json.JSONDecodeError as exc:
-        raise RequestValidationFailed(
-            [{"loc": ["body", exc.pos], "msg": f"JSON decode error: {exc.msg}", "type": "json_invalid"}]
-        ) from None
-    except (ValueError, RecursionError) as exc:  # an integer of > 4300 digits; nesting past the decoder's stack
-        raise RequestValidationFailed([{"loc": ["body"], "msg": f"JSON decode error: {exc}", "type": "json_invalid"}]) from None
-    if not nesting_within(body, MAX_JSON_DEPTH):
-        raise RequestValidationFailed(
-            [{"loc": ["body"], "msg": f"JSON nested deeper than {MAX_JSON_DEPTH} levels", "type": "json_too_deep"}]
-        )
-    if "\\u" in text and re.search(r"\\u[dD][89a-fA-F]", text):
-        try:
-            json.dumps(body, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError:
-            raise RequestValidationFailed(
-                [{"loc": ["body"], "msg": "a string holds a lone UTF-16 surrogate (not valid Unicode)", "type": "string_unicode"}]
-            ) from None
-    return body
-
-
 # --------------------------------------------------------------------------- auth and per-key limits
-
-
-def _digest(key: str) -> bytes:
-    return hashlib.sha256(key.encode("utf-8")).digest()
-
-
-class _Auth:
-    """Bearer keys compared in constant time (every key is compared, on equal-length digests)."""
-
-    def __init__(self, settings: ServeSettings) -> None:
-        self.off = settings.auth_off
-        self._digests = tuple(_digest(k) for k in settings.api_keys)
-
-    def __call__(self, request: Request) -> str:
-        """The caller's identity for per-key limits (a key digest, or the client address with auth off)."""
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        token = token.strip()
-        if self.off:
-            if scheme.lower() == "bearer" and token:
-                return "key:" + _digest(token).hex()[:16]
-            return "addr:" + (request.client.host if request.client else "?")
-        if scheme.lower() != "bearer" or not token:
-            raise APIError(401, "authentication_error", "missing bearer key: send Authorization: Bearer <key>",
-                           {"WWW-Authenticate": "Bearer"})
-        candidate = _digest(token)
-        ok = False
-        for d in self._digests:
-            ok |= hmac.compare_digest(candidate, d)
-        if not ok:
-            raise APIError(401, "authentication_error", "invalid API key", {"WWW-Authenticate": "Bearer"})
-        return "key:" + candidate.hex()[:16]
 
 
 class _KeyLimiter:
@@ -387,7 +233,7 @@ def create_app(settings: ServeSettings, *, loader: Callable[[], DecisionModel] |
         enabled=settings.micro_batching,
         on_batch=metrics.on_batch,
     )
-    authenticate = _Auth(settings)
+    authenticate = Auth(settings)
     limiter = _KeyLimiter(settings.max_inflight_per_key)
 
     @contextlib.asynccontextmanager
@@ -606,22 +452,14 @@ def create_app(settings: ServeSettings, *, loader: Callable[[], DecisionModel] |
         count_questions(served)
         metrics.input_tokens.inc(input_tokens)
         rid = request.scope.get("state", {}).get("request_id", uuid.uuid4().hex)
-        return JSONResponse({
-            "id": f"chatcmpl-{rid}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": settings.model_id,
-            "system_fingerprint": f"envloop-{(holder.checkpoint_sha256 or '')[:12]}",
-            "choices": [{
-                "index": 0,
-                "message": {"role": "assistant", "content": content, "refusal": None},
-                "logprobs": option_logprobs(question, result.probs, chat.top_logprobs) if chat.logprobs else None,
-                "finish_reason": "stop",
-            }],
-            "usage": {"prompt_tokens": int(input_tokens), "completion_tokens": 1, "total_tokens": int(input_tokens) + 1},
-            "x_answer": jev_answer(question, result, automation_threshold=threshold),
+        return JSONResponse(chat_completion_body(
+            completion_id=rid, model=settings.model_id, fingerprint=holder.checkpoint_sha256,
+            message={"role": "assistant", "content": content, "refusal": None}, finish_reason="stop",
+            prompt_tokens=input_tokens, completion_tokens=1,
+            logprobs=option_logprobs(question, result.probs, chat.top_logprobs) if chat.logprobs else None,
+            x_answer=jev_answer(question, result, automation_threshold=threshold),
             **x_fields(),
-        })
+        ))
 
     app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"], summary="OpenAI-compatible chat completion")
     app.add_api_route("/openai/v1/chat/completions", chat_completions, methods=["POST"], include_in_schema=False)

@@ -1,7 +1,8 @@
 """Serving a policy: a local causal LM (+ its LoRA adapter) on the OpenAI-compatible chat, with tool calls.
 
 ``envloop serve --policy DIR`` (a policy checkpoint from
-:func:`~envloop_pipelines.core.model.causal_sft.train_causal_sft`: the base
+:func:`~envloop_pipelines.core.model.causal_sft.train_causal_sft`, read and rendered with
+:mod:`~envloop_pipelines.core.model.policy`, as training renders: the base
 model named by its recipe, its adapter and its chat template) or
 ``envloop serve --base-model DIR`` (the base LM alone) answers:
 
@@ -54,7 +55,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from envloop_pipelines.core.serve.app import APIError, _Auth, read_json_body
+from envloop_pipelines.core.serve.http import APIError, Auth, chat_completion_body, read_json_body
 from envloop_pipelines.core.serve.schemas import RequestValidationFailed, validation_details
 
 log = logging.getLogger(__name__)
@@ -120,7 +121,7 @@ def policy_settings(policy_dir: str | Path | None = None, *, base_model: str | P
     if policy_dir is None and base_model is None:
         raise ValueError("nothing to serve: give a policy checkpoint directory or a base model directory")
     if policy_dir is not None:
-        from envloop_pipelines.core.model.causal_sft import read_policy_checkpoint
+        from envloop_pipelines.core.model.policy import read_policy_checkpoint
 
         ckpt = read_policy_checkpoint(policy_dir)
         base = Path(base_model or ckpt.base_model).expanduser()
@@ -264,7 +265,7 @@ class PolicyGenerator:
     def __init__(self, settings: PolicySettings) -> None:
         import torch
 
-        from envloop_pipelines.core.model.causal_sft import END_OF_TURN_TOKENS, load_policy, load_tokenizer
+        from envloop_pipelines.core.model.policy import END_OF_TURN_TOKENS, load_policy, load_tokenizer
 
         self.settings = settings
         self.tokenizer = load_tokenizer(settings.base_model, settings.chat_template)
@@ -278,7 +279,7 @@ class PolicyGenerator:
         self.context = int(getattr(self.model.config, "max_position_embeddings", 0) or 0) or None
 
     def prompt_ids(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]]) -> list[int]:
-        from envloop_pipelines.core.model.causal_sft import render
+        from envloop_pipelines.core.model.policy import render
 
         text = render(self.tokenizer, messages, tools, add_generation_prompt=True)
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -321,7 +322,7 @@ def _openai_error(status: int, error_type: str, message: str, detail: Any = None
 
 def create_policy_app(settings: PolicySettings, *, generator: PolicyGenerator | None = None) -> FastAPI:
     """The policy server (see the module docstring); the model loads at startup unless ``generator`` is given."""
-    authenticate = _Auth(settings)  # type: ignore[arg-type]  # reads auth_off and api_keys only
+    authenticate = Auth(settings)
     state: dict[str, Any] = {"generator": generator}
 
     @contextlib.asynccontextmanager
@@ -382,7 +383,7 @@ def create_policy_app(settings: PolicySettings, *, generator: PolicyGenerator | 
         temperature = 1.0 if chat_request.temperature is None else chat_request.temperature
         top_p = 1.0 if chat_request.top_p is None else chat_request.top_p
         gen: PolicyGenerator = state["generator"]
-        from envloop_pipelines.core.model.causal_sft import ChatTemplateError
+        from envloop_pipelines.core.model.policy import ChatTemplateError
 
         try:
             out = await asyncio.to_thread(gen.generate, messages, tools, max_tokens=min(requested, settings.max_tokens),
@@ -400,16 +401,11 @@ def create_policy_app(settings: PolicySettings, *, generator: PolicyGenerator | 
         if calls:
             message["tool_calls"] = calls
         finish = "tool_calls" if calls else out.finish_reason
-        return JSONResponse({
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": settings.model_id,
-            "system_fingerprint": f"envloop-{(settings.checkpoint_sha256 or 'base')[:12]}",
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
-            "usage": {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens,
-                      "total_tokens": out.prompt_tokens + out.completion_tokens},
-        })
+        return JSONResponse(chat_completion_body(
+            completion_id=uuid.uuid4().hex, model=settings.model_id, fingerprint=settings.checkpoint_sha256,
+            message=message, finish_reason=finish, prompt_tokens=out.prompt_tokens,
+            completion_tokens=out.completion_tokens,
+        ))
 
     app.state.settings = settings
     app.state.policy = state
@@ -417,27 +413,12 @@ def create_policy_app(settings: PolicySettings, *, generator: PolicyGenerator | 
 
 
 def run_policy(settings: PolicySettings) -> None:
-    """Serve ``settings`` until SIGTERM/SIGINT (blocking): uvicorn on a socket bound first, port file written."""
-    import uvicorn
+    """Serve ``settings`` until SIGTERM/SIGINT (blocking), with the decision server's runner
+    (:func:`~envloop_pipelines.core.serve.server.serve_forever`: socket bound first, port file written;
+    ``/health`` answers once the model is loaded)."""
+    from envloop_pipelines.core.serve.server import serve_forever
 
-    from envloop_pipelines.core.serve.server import _write_port_file, bind_socket
-
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if settings.torch_threads is not None:
-        import torch
-
-        torch.set_num_threads(settings.torch_threads)
-    app = create_policy_app(settings)
-    sock = bind_socket(settings.host, settings.port)
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level=settings.log_level, access_log=False, lifespan="on",
-                                           timeout_graceful_shutdown=max(1, int(round(settings.graceful_shutdown_s)))))
-    if settings.port_file is not None:
-        sock.listen(2048)
-        _write_port_file(settings.port_file, port)  # /health answers once the model is loaded
-    log.info("listening on http://%s:%d (policy %s)", settings.host, port, settings.model_id)
-    server.run(sockets=[sock])
+    serve_forever(lambda: create_policy_app(settings), settings, what="policy")
 
 
 @contextlib.contextmanager

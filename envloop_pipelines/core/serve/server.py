@@ -1,6 +1,7 @@
 """Run a server process: uvicorn on a socket we bind ourselves, with graceful shutdown.
 
-``run(settings)`` binds ``host:port`` first (``port=0`` picks a free port), writes
+:func:`serve_forever` is the one runner of both servers (``run(settings)`` for the decision model,
+:func:`~envloop_pipelines.core.serve.generation.run_policy` for a policy): it binds ``host:port`` first (``port=0`` picks a free port), writes
 the bound port to ``settings.port_file`` when asked (so a supervisor or a test
 knows where to connect without racing for a port), and serves until SIGTERM or
 SIGINT. On either signal uvicorn stops accepting connections, lets in-flight
@@ -14,6 +15,7 @@ import logging
 import os
 import socket
 from pathlib import Path
+from typing import Any, Callable, Protocol
 
 from envloop_pipelines.core.serve.settings import ServeSettings
 
@@ -36,11 +38,30 @@ def _write_port_file(path: Path, port: int) -> None:
     tmp.replace(path)  # atomic: a reader never sees a half-written port
 
 
-def run(settings: ServeSettings) -> None:
-    """Serve ``settings`` until SIGTERM/SIGINT (blocking)."""
-    import uvicorn
+class RunSettings(Protocol):
+    """What :func:`serve_forever` reads of a server's settings (``ServeSettings`` and ``PolicySettings`` alike)."""
 
-    from envloop_pipelines.core.serve.app import create_app
+    host: str
+    port: int
+    port_file: Path | None
+    log_level: str
+    torch_threads: int | None
+    graceful_shutdown_s: float
+    model_id: str
+
+
+def serve_forever(make_app: Callable[[], Any], settings: RunSettings, *, what: str = "model") -> None:
+    """Serve the app ``make_app()`` builds until SIGTERM/SIGINT (blocking): the one runner of both servers.
+
+    Logging is configured (when nothing has) and torch's threads set before the app is built; the socket is
+    bound first, the bound port written to ``settings.port_file`` when asked, then uvicorn serves on it.
+
+    Args:
+        make_app: builds the ASGI app (after logging and threads are set).
+        settings: the server's settings.
+        what: names the served thing in the "listening" log line (``model``, ``policy``).
+    """
+    import uvicorn
 
     if not logging.getLogger().handlers:
         logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -48,7 +69,7 @@ def run(settings: ServeSettings) -> None:
         import torch
 
         torch.set_num_threads(settings.torch_threads)
-    app = create_app(settings)
+    app = make_app()
     sock = bind_socket(settings.host, settings.port)
     port = sock.getsockname()[1]
     config = uvicorn.Config(
@@ -62,8 +83,15 @@ def run(settings: ServeSettings) -> None:
     if settings.port_file is not None:
         sock.listen(2048)
         _write_port_file(settings.port_file, port)
-    log.info("listening on http://%s:%d (model %s)", settings.host, port, settings.model_id)
+    log.info("listening on http://%s:%d (%s %s)", settings.host, port, what, settings.model_id)
     server.run(sockets=[sock])
 
 
-__all__ = ["bind_socket", "run"]
+def run(settings: ServeSettings) -> None:
+    """Serve the decision model of ``settings`` until SIGTERM/SIGINT (blocking)."""
+    from envloop_pipelines.core.serve.app import create_app
+
+    serve_forever(lambda: create_app(settings), settings, what="model")
+
+
+__all__ = ["RunSettings", "bind_socket", "run", "serve_forever"]
