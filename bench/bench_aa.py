@@ -133,10 +133,10 @@ def short_reason(reason: str) -> str:
 def train_pool(config: Any, n: int, home: Path) -> list[dict[str, Any]]:
     """``n`` seed-only checkpoints of the loop's recipe from the base model, each scored on test; kept under ``home``."""
     from envloop_pipelines.core.data.snapshots import open_task
-    from envloop_pipelines.core.loop.candidate import snapshot_rows, train_into_store
-    from envloop_pipelines.core.loop.runs import verify_predictions, write_predictions
-    from envloop_pipelines.core.loop.setup import base_training_snapshot
-    from envloop_pipelines.core.loop.store import RoundStore
+    from envloop_pipelines.core.decision_loop.candidate import snapshot_rows, train_into_store
+    from envloop_pipelines.core.release.tracked_runs import verify_predictions, write_predictions
+    from envloop_pipelines.core.decision_loop.noise_floor import base_training_snapshot
+    from envloop_pipelines.core.ledger.store import RoundStore
     from envloop_pipelines.core.storage import atomic_write_json
 
     snapshot = open_task(config.task, home=config.home)
@@ -167,9 +167,9 @@ def train_pool(config: Any, n: int, home: Path) -> list[dict[str, Any]]:
 
 def decide(config: Any, pool: list[dict[str, Any]], rep: Replicate, pairs: dict[tuple[int, int], Any]) -> dict[str, Any]:
     """One replicate through the gate's decision function; the paired run is cached per (champion, candidate)."""
-    from envloop_pipelines.core.loop.ledger import Gate
-    from envloop_pipelines.core.loop.promotion import decide_promotion, noise_floor_from_arms
-    from envloop_pipelines.core.loop.runs import verify_predictions
+    from envloop_pipelines.core.ledger.ledger import Gate
+    from envloop_pipelines.core.ledger.promotion import decide_promotion, noise_floor_from_arms
+    from envloop_pipelines.core.release.tracked_runs import verify_predictions
 
     arms = [pool[i] for i in rep.arms]
     floor = noise_floor_from_arms(f"aa-{'-'.join(map(str, rep.arms))}", METRIC, [a["metrics"] for a in arms], arms)
@@ -197,8 +197,8 @@ def main() -> None:
     from envloop_pipelines.cli.options import add_recipe_override_argument, parse_recipe_overrides
     from envloop_pipelines.cli.round import DEMO_BUILTIN_USERS, DEMO_OVERRIDES
     from envloop_pipelines.core.data.snapshots import open_task
-    from envloop_pipelines.core.loop import setup
-    from envloop_pipelines.core.loop.config import LoopConfig
+    from envloop_pipelines.core.decision_loop import noise_floor as setup
+    from envloop_pipelines.core.ledger.loop_config import LoopConfig
     from envloop_pipelines.core.progress import configure_command_line
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])

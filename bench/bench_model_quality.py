@@ -47,7 +47,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from envloop_pipelines.cli.options import add_recipe_override_argument, parse_recipe_overrides  # noqa: E402
 from envloop_pipelines.core.baseline import TfidfBaseline  # noqa: E402
 from envloop_pipelines.core.benchmark import SAFETY_FAMILIES  # noqa: E402
-from envloop_pipelines.core.data.datasets import generate_builtin_task, import_file  # noqa: E402
+from envloop_pipelines.core.benchmark.builtin_task import generate_builtin_task  # noqa: E402
+from envloop_pipelines.core.data.datasets import import_file
 from envloop_pipelines.core.data.tabular import ColumnMapping  # noqa: E402
 from envloop_pipelines.core.model.calibration import fit_calibration  # noqa: E402
 from envloop_pipelines.core.model.checkpoint import METRICS_FILE  # noqa: E402

@@ -39,10 +39,10 @@ import pyarrow as pa  # noqa: E402
 from bench_model_quality import paired_line, score, wide_test_task  # noqa: E402
 from envloop_pipelines.cli.options import add_recipe_override_argument, parse_recipe_overrides  # noqa: E402
 from envloop_pipelines.core.baseline import TfidfBaseline  # noqa: E402
-from envloop_pipelines.core.data.datasets import generate_builtin_task  # noqa: E402
+from envloop_pipelines.core.benchmark.builtin_task import generate_builtin_task  # noqa: E402
 from envloop_pipelines.core.data.records import QUESTION_SCHEMA  # noqa: E402
 from envloop_pipelines.core.data.snapshots import open_task  # noqa: E402
-from envloop_pipelines.core.loop.self_answers import verified_self_answers  # noqa: E402
+from envloop_pipelines.core.decision_loop.self_answers import verified_self_answers  # noqa: E402
 from envloop_pipelines.core.model.predict import predict_table  # noqa: E402
 from envloop_pipelines.core.model.recipe import DEFAULT_RECIPE, load_recipe_spec  # noqa: E402
 from envloop_pipelines.core.model.training import train_checkpoint  # noqa: E402

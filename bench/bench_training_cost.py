@@ -27,7 +27,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from envloop_pipelines.core.data.datasets import generate_builtin_task  # noqa: E402
+from envloop_pipelines.core.benchmark.builtin_task import generate_builtin_task  # noqa: E402
 from envloop_pipelines.core.data.snapshots import open_task  # noqa: E402
 from envloop_pipelines.core.model.recipe import DEFAULT_RECIPE, load_recipe_spec  # noqa: E402
 from envloop_pipelines.core.model.training import train_checkpoint  # noqa: E402

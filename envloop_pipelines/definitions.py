@@ -8,7 +8,7 @@ quiet_third_party()  # the code location and its run and step processes: third-p
 
 import dagster as dg  # noqa: E402
 
-from envloop_pipelines.core.loop.config import settings_from_env  # noqa: E402
+from envloop_pipelines.core.ledger.loop_config import settings_from_env  # noqa: E402
 from envloop_pipelines.defs.agents.assets import AGENT_ASSETS  # noqa: E402
 from envloop_pipelines.defs.executor import EXECUTOR_ENV, select_executor  # noqa: E402
 from envloop_pipelines.defs.rl.assets import RL_ASSETS, rl_round_job  # noqa: E402
@@ -30,7 +30,7 @@ from envloop_pipelines.defs.rounds.sensors import (  # noqa: E402
 from envloop_pipelines.resources.loop import MlflowResource, loop_resource  # noqa: E402
 from envloop_pipelines.resources.round_store import RoundStoreIOManager  # noqa: E402
 
-# The code location's loop: every LoopConfig field from ENVLOOP_<FIELD> when set (core/loop/config.py).
+# The code location's loop: every LoopConfig field from ENVLOOP_<FIELD> when set (core/ledger/loop_config.py).
 loop = loop_resource(settings_from_env(os.environ))
 
 defs = dg.Definitions(

@@ -395,9 +395,9 @@ def test_hypothesis_examples(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     one is refused by ``envloop round start`` with the documented message, before anything runs."""
     from envloop_pipelines.cli import main
     from envloop_pipelines.cli import round as cli_round
-    from envloop_pipelines.core.loop.candidate import recipe_diff
-    from envloop_pipelines.core.loop.ledger import Gate
-    from envloop_pipelines.core.loop.steps import proposal_errors
+    from envloop_pipelines.core.decision_loop.candidate import recipe_diff
+    from envloop_pipelines.core.ledger.ledger import Gate
+    from envloop_pipelines.core.decision_loop.before_training import proposal_errors
     from envloop_pipelines.core.model.recipe import DEFAULT_RECIPE, load_recipe_spec
 
     def no_loop(**_: Any) -> None:
@@ -428,7 +428,7 @@ def test_hypothesis_examples(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_http_api_decision_example_is_a_round_decision() -> None:
-    from envloop_pipelines.core.loop.results import RoundDecision
+    from envloop_pipelines.core.decision_loop.step_records import RoundDecision
 
     [f] = [f for f in doc_fences("http-api.md") if f.lang == "json" and "decision" in f.tags]
     shown = _decode(f)
@@ -484,7 +484,7 @@ def _names(cell: str) -> set[str]:
 def test_concept_table_spells_tracking_and_ledger_names() -> None:
     """MLflow kinds and ledger events in the concept table are the constants' spelling, and every one is there."""
     from envloop_pipelines.core import tracking
-    from envloop_pipelines.core.loop import ledger
+    from envloop_pipelines.core.ledger import ledger
 
     text = (DOCS / "concepts.md").read_text(encoding="utf-8")
     rows = _table(text, "## The concepts")
@@ -523,7 +523,7 @@ def test_concept_table_names_exist() -> None:
 
 def test_loop_settings_are_loop_config() -> None:
     """The "Loop settings" table lists exactly LoopConfig's fields, with their env variable and CLI option."""
-    from envloop_pipelines.core.loop.config import env_name, loop_fields
+    from envloop_pipelines.core.ledger.loop_config import env_name, loop_fields
 
     text = (DOCS / "concepts.md").read_text(encoding="utf-8")
     rows = _table(text, "## Loop settings")

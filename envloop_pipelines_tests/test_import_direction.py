@@ -23,6 +23,33 @@ FORBIDDEN: list[tuple[str, str]] = [
     ("envloop_pipelines.core", "envloop_pipelines.sdk"),
     ("envloop_pipelines.core", "envloop_pipelines.cli"),
     ("envloop_pipelines.sdk", "envloop_pipelines.cli"),
+    # Core is the pure domain: it never reaches up into the Dagster layer, its resources or their composition.
+    ("envloop_pipelines.core", "envloop_pipelines.defs"),
+    ("envloop_pipelines.core", "envloop_pipelines.resources"),
+    ("envloop_pipelines.core", "envloop_pipelines.definitions"),
+    # The two up-arrows of issue 25, pinned by name (CORE_FLOORS forbids them too): the RL loop is handed its
+    # policy server, and the data layer does not import the benchmark generator that stands on it.
+    ("envloop_pipelines.core.rl_loop", "envloop_pipelines.core.serve"),
+    ("envloop_pipelines.core.data", "envloop_pipelines.core.benchmark"),
+    # The two wings share only what sits below them (core/ledger, core/release), never each other.
+    ("envloop_pipelines.core.decision_loop", "envloop_pipelines.core.rl_loop"),
+    ("envloop_pipelines.core.rl_loop", "envloop_pipelines.core.decision_loop"),
+]
+
+#: DESIGN's floors inside core, bottom to top: a folder (or top-level module) of core imports only folders on a
+#: floor below its own; folders on one floor do not import each other. Every folder and module of core is on a
+#: floor (a new one is placed here on purpose). DESIGN's map: the ground (storage, metrics, tracking, records) <
+#: model, benchmark, splits < serve, loop, verify; the ledger sits under the verifier, whose one door to hidden
+#: labels opens the task's own ledger, and publishing (core/release) above it.
+CORE_FLOORS: list[tuple[str, ...]] = [
+    ("storage", "metrics", "tokens", "fractions", "progress"),  # the ground floor everyone stands on
+    ("tracking", "data"),                                       # MLflow behind a protocol; records, splits, snapshots
+    ("benchmark", "model", "sandbox"),                          # the generator; readouts and training; the sandbox
+    ("baseline", "ledger"),                                     # TF-IDF; the ledger, the loop's files, gate, settings
+    ("verify",),                                                # the verifier (opens the ledger for hidden reads)
+    ("environments", "serve", "release"),                       # environments; serving; publishing a release
+    ("agents",),                                                # agents on environments
+    ("decision_loop", "rl_loop"),                               # the two wings
 ]
 
 
@@ -186,3 +213,99 @@ def test_the_private_check_sees_every_way_in(tmp_path: Path) -> None:
     assert sorted(bad) == ["bench/bench_leak.py:1", "bench/bench_leak.py:2", "envloop_pipelines/core/environments/leak.py:3",
                            "envloop_pipelines/core/environments/leak.py:4", "envloop_pipelines/core/environments/leak.py:5",
                            "envloop_pipelines/core/environments/leak.py:6"]
+
+
+def core_units(top: Path = PACKAGE_ROOT.parent) -> list[str]:
+    """The folders and top-level modules of ``envloop_pipelines/core`` (the units CORE_FLOORS places)."""
+    core = top / "envloop_pipelines" / "core"
+    return sorted(p.stem for p in core.iterdir()
+                  if (p.is_dir() and (p / "__init__.py").is_file()) or (p.suffix == ".py" and p.name != "__init__.py"))
+
+
+def core_imports(top: Path = PACKAGE_ROOT.parent) -> dict[tuple[str, str], str]:
+    """(from unit, to unit) → the first ``file:line`` of that import, for every import between two units of core."""
+    edges: dict[tuple[str, str], str] = {}
+    core = top / "envloop_pipelines" / "core"
+    for path in sorted(core.rglob("*.py")):
+        rel = path.relative_to(core).parts
+        if rel == ("__init__.py",):
+            continue
+        unit = Path(rel[0]).stem
+        for line, name in imported_modules(path, top):
+            parts = name.split(".")
+            if parts[:2] == ["envloop_pipelines", "core"] and len(parts) > 2 and parts[2] != unit:
+                edges.setdefault((unit, parts[2]), f"{path.relative_to(top)}:{line}")
+    return edges
+
+
+def floor_violations(edges: dict[tuple[str, str], str], floors: list[tuple[str, ...]]) -> list[str]:
+    """Every import that does not point to a lower floor, as ``file:line: a (floor i) imports b (floor j)``."""
+    floor = {unit: i for i, units in enumerate(floors) for unit in units}
+    return [f"{where}: {a} (floor {floor.get(a)}) imports {b} (floor {floor.get(b)})"
+            for (a, b), where in sorted(edges.items())
+            if a in floor and b in floor and floor[b] >= floor[a]]
+
+
+def cycles(edges: dict[tuple[str, str], str]) -> list[list[str]]:
+    """The import cycles between units (each as a path that comes back to its start), by depth-first search."""
+    graph: dict[str, list[str]] = {}
+    for a, b in sorted(edges):
+        graph.setdefault(a, []).append(b)
+    found: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in graph.get(node, []):
+            if state.get(nxt) == 1:
+                found.append(stack[stack.index(nxt):] + [node, nxt] if nxt in stack else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, stack + [node])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+    return found
+
+
+def test_every_unit_of_core_is_on_one_floor() -> None:
+    placed = [unit for units in CORE_FLOORS for unit in units]
+    assert len(placed) == len(set(placed)), f"a unit on two floors: {sorted(u for u in placed if placed.count(u) > 1)}"
+    units = core_units()
+    assert sorted(set(units) - set(placed)) == [], "place each new folder or module of core on a floor in CORE_FLOORS"
+    assert sorted(set(placed) - set(units)) == [], "CORE_FLOORS names a unit core does not have"
+
+
+def test_core_imports_point_down_the_floors() -> None:
+    bad = floor_violations(core_imports(), CORE_FLOORS)
+    assert bad == [], "an import in core that does not point to a lower floor:\n" + "\n".join(bad)
+
+
+def test_no_import_cycle_between_cores_folders() -> None:
+    assert cycles(core_imports()) == []
+
+
+def test_the_floor_check_sees_an_up_arrow_and_a_cycle(tmp_path: Path) -> None:
+    """Control: an up-arrow (data → benchmark) and a sideways import between wings are caught, with the cycle."""
+    core = tmp_path / "envloop_pipelines" / "core"
+    files = {
+        "data/datasets.py": "def f():\n    from envloop_pipelines.core.benchmark import generate_benchmark\n",
+        "benchmark/generator.py": "from ..data import splits\n",
+        "decision_loop/x.py": "from envloop_pipelines.core.rl_loop.rl_round import run_rl_round\n",
+        "rl_loop/rl_round.py": "from envloop_pipelines.core.ledger import ledger\n",
+        "ledger/ledger.py": "import envloop_pipelines.core.storage\n",
+        "storage.py": "",
+    }
+    for rel, text in files.items():
+        path = core / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        (path.parent / "__init__.py").touch()
+        path.write_text(text)
+    edges = core_imports(tmp_path)
+    assert sorted(edges) == [("benchmark", "data"), ("data", "benchmark"), ("decision_loop", "rl_loop"),
+                             ("ledger", "storage"), ("rl_loop", "ledger")]
+    bad = floor_violations(edges, CORE_FLOORS)
+    assert [line.split(": ", 1)[1] for line in bad] == ["data (floor 1) imports benchmark (floor 2)",
+                                                         "decision_loop (floor 7) imports rl_loop (floor 7)"]
+    assert cycles(edges) == [["benchmark", "data", "benchmark"]]

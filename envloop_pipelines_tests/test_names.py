@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 import envloop_pipelines
-from envloop_pipelines.core.loop import ledger as ledger_mod
-from envloop_pipelines.core.loop.config import LoopConfig, env_name, field_default, loop_fields, settings_from_env
-from envloop_pipelines.core.loop.results import STEP_RECORDS
+from envloop_pipelines.core.ledger import ledger as ledger_mod
+from envloop_pipelines.core.ledger.loop_config import LoopConfig, env_name, field_default, loop_fields, settings_from_env
+from envloop_pipelines.core.decision_loop.step_records import STEP_RECORDS
 from envloop_pipelines.core import tracking
 
 PACKAGE = Path(envloop_pipelines.__file__).parent
@@ -81,7 +81,7 @@ def test_step_records_and_run_kinds_are_the_asset_names() -> None:
     assets = {k.to_user_string() for k in defs.get_repository_def().asset_graph.get_all_asset_keys()}
     # An agent's evaluation keeps its value in its own store and hands Dagster metadata only (its run folder under
     # agent_evals/ and MLflow; core/agents/evaluate.py). The RL round's steps have their records in RL_STEP_RECORDS.
-    from envloop_pipelines.core.loop.rl_results import RL_STEP_RECORDS
+    from envloop_pipelines.core.rl_loop.step_records import RL_STEP_RECORDS
 
     assert not set(STEP_RECORDS) & set(RL_STEP_RECORDS)
     assert set(STEP_RECORDS) | set(RL_STEP_RECORDS) == assets - {"agent_evaluation"}

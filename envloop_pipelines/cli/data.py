@@ -65,7 +65,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
 def data_generate(n_users: int | None, records_per_user: int | None, seed: int, task: str, out: Path | None,
                   no_import: bool, as_json: bool) -> None:
     """Generate the built-in personal-agent benchmark and import it as a task."""
-    from envloop_pipelines.core.data.datasets import generate_builtin_task
+    from envloop_pipelines.core.benchmark.builtin_task import generate_builtin_task
 
     result = generate_builtin_task(task=task, n_users=n_users, records_per_user=records_per_user, seed=seed,
                                    out=out, do_import=not no_import)

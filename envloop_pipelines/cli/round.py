@@ -56,7 +56,7 @@ def local_client(settings: dict[str, Any] | None = None, task: str | None = None
 
 def _power_line(client: Any, key: str, decision: Any) -> str | None:
     """The registered test power of round ``key`` beside its predicted delta (local rounds: read from the ledger)."""
-    from envloop_pipelines.core.loop.ledger import Ledger
+    from envloop_pipelines.core.ledger.ledger import Ledger
 
     hypothesis = Ledger(client.task, client.config.home).hypothesis(key)
     power = (hypothesis.power if hypothesis is not None else None) or {}
@@ -164,7 +164,7 @@ def echo_releases(task: str, releases: list[dict[str, Any]], as_json: bool = Fal
 
 def echo_champion_vs_tfidf(task: str, client: Any = None) -> None:
     """One line: the champion's holdout family-macro accuracy beside TF-IDF + LR's, paired, from its one read."""
-    from envloop_pipelines.core.loop.cards import paired_text
+    from envloop_pipelines.core.release.card import paired_text
 
     releases = (client or local_client(task=task)).release_cards()
     if not releases:
@@ -229,7 +229,7 @@ def decision_lines(key: str, decision: Any, seconds: float | None = None) -> lis
     """A round's verdict in words: the paired delta with its CI, the floor, and every reason of a refusal."""
     verdict = f"promoted as release {decision.release}" if decision.promote else "rejected"
     took = f"; {seconds:.0f}s" if seconds is not None else ""
-    from envloop_pipelines.core.loop.cards import paired_text
+    from envloop_pipelines.core.release.card import paired_text
 
     delta = paired_text(decision.delta) or f"{decision.delta['delta']:+.4f}"
     checks = decision.checks or {}
@@ -248,7 +248,7 @@ def echo_decision(key: str, decision: Any, seconds: float | None = None) -> None
 
 def _read_hypothesis(hypothesis_file: Path | None) -> dict[str, Any] | None:
     """A person's hypothesis file, checked (every problem named) before anything runs."""
-    from envloop_pipelines.core.loop.proposals import ProposalError, parse_proposal
+    from envloop_pipelines.core.decision_loop.proposals import ProposalError, parse_proposal
 
     try:
         return parse_proposal(hypothesis_file)
@@ -385,8 +385,8 @@ def round_add(task: str) -> None:
     """Add the next round partition (for `dagster asset materialize --partition`) and print its key."""
     import dagster as dg
 
-    from envloop_pipelines.core.loop.budget import last_round_number
-    from envloop_pipelines.core.loop.config import round_key
+    from envloop_pipelines.core.ledger.loop_budget import last_round_number
+    from envloop_pipelines.core.ledger.loop_config import round_key
 
     dagster_home()
     instance = dg.DagsterInstance.get()
@@ -480,7 +480,7 @@ def echo_ledger(events: list[dict[str, Any]], as_json: bool) -> None:
 @remote_options
 def ledger(task: str | None, kind: str | None, as_json: bool, remote: str | None, mlflow_uri: str | None) -> None:
     """Every hypothesis, arm, rejected candidate and release of the task's loop."""
-    from envloop_pipelines.core.loop.ledger import EVENT_KINDS
+    from envloop_pipelines.core.ledger.ledger import EVENT_KINDS
 
     if kind is not None and kind not in EVENT_KINDS:
         raise click.BadParameter(f"{kind!r} is not a ledger event kind; allowed: {', '.join(EVENT_KINDS)}",

@@ -1,6 +1,6 @@
 """Dagster resources wrapping the loop's core: its settings, MLflow, and the store of step values.
 
-``LoopResource``'s fields are generated from :class:`~envloop_pipelines.core.loop.config.LoopConfig`
+``LoopResource``'s fields are generated from :class:`~envloop_pipelines.core.ledger.loop_config.LoopConfig`
 (one field per setting, same name and default), so the resource cannot drift from
 the core. ``recipe_overrides`` is JSON text here (Dagster config and environment
 variables are text); ``safety_families`` a list.
@@ -15,7 +15,7 @@ from typing import Any
 import dagster as dg
 import pydantic
 
-from envloop_pipelines.core.loop.config import LoopConfig, field_default, field_type, loop_fields
+from envloop_pipelines.core.ledger.loop_config import LoopConfig, field_default, field_type, loop_fields
 from envloop_pipelines.core.tracking import MlflowTracker
 
 

@@ -1,6 +1,6 @@
 """The IO manager of the loop's steps: typed values stored as JSON in the loop's ``RoundStore``.
 
-Each asset returns a frozen record (``core/loop/results.py``); this IO manager
+Each asset returns a frozen record (``core/decision_loop/step_records.py``); this IO manager
 writes it to ``<home>/loops/<task>/rounds/<round>/<asset>.json`` (or
 ``<home>/loops/<task>/<asset>.json`` for an unpartitioned asset) and loads it
 back, by the record type registered for the asset, for every downstream asset
@@ -15,15 +15,15 @@ from typing import Any
 
 import dagster as dg
 
-from envloop_pipelines.core.loop.results import STEP_RECORDS
-from envloop_pipelines.core.loop.store import RoundStore
+from envloop_pipelines.core.decision_loop.step_records import STEP_RECORDS
+from envloop_pipelines.core.ledger.store import RoundStore
 from envloop_pipelines.resources.loop import LoopResource
 
 
 def _where(context: dg.OutputContext | dg.InputContext) -> tuple[str, str | None]:
     step = context.asset_key.path[-1]
     if step not in STEP_RECORDS:
-        raise dg.DagsterInvariantViolationError(f"asset {step!r} has no record type in core/loop/results.STEP_RECORDS")
+        raise dg.DagsterInvariantViolationError(f"asset {step!r} has no record type in core/decision_loop/step_records.STEP_RECORDS")
     return step, context.asset_partition_key if context.has_asset_partitions else None
 
 

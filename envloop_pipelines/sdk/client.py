@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envloop_pipelines.core.loop.config import LoopConfig, round_key, round_number
-from envloop_pipelines.core.loop.results import RoundDecision
+from envloop_pipelines.core.ledger.loop_config import LoopConfig, round_key, round_number
+from envloop_pipelines.core.decision_loop.step_records import RoundDecision
 from envloop_pipelines.core.progress import Progress, ensure_shown
 from envloop_pipelines.core.tracking import CHAMPION_ALIAS, HOLDOUT_PREFIX, TAG_CHECKPOINT, TAG_RELEASE, TAG_ROUND
 from envloop_pipelines.defs.rounds.metadata import DECISION as DECISION_LABEL
@@ -228,7 +228,7 @@ def _split_url(url: str) -> dict[str, Any]:
 
 def _hypothesis_json(hypothesis: Mapping[str, Any] | str | os.PathLike[str] | None) -> str | None:
     """A person's hypothesis (a mapping, JSON text or a JSON file) as checked JSON; ``None`` for the automatic one."""
-    from envloop_pipelines.core.loop.proposals import ProposalError, parse_proposal
+    from envloop_pipelines.core.decision_loop.proposals import ProposalError, parse_proposal
 
     try:
         proposal = parse_proposal(hypothesis)
@@ -681,7 +681,7 @@ class Client:
         for name, value in (("rounds", rounds), ("patience", patience), ("max_wall_s", max_wall_s)):
             if not value > 0:
                 raise ClientError(f"{name}: the loop's budget must be positive, got {value}")
-        from envloop_pipelines.core.loop.budget import LoopBudget, NextRound, drive_loop, spent
+        from envloop_pipelines.core.ledger.loop_budget import LoopBudget, NextRound, drive_loop, spent
 
         budget = LoopBudget(max_rounds=rounds, patience=patience, max_wall_s=max_wall_s)
         started, done = time.monotonic(), []
@@ -770,7 +770,7 @@ class Client:
         Raises:
             RefusedError: ``kind`` is not a ledger event kind (the message lists them).
         """
-        from envloop_pipelines.core.loop.ledger import EVENT_KINDS
+        from envloop_pipelines.core.ledger.ledger import EVENT_KINDS
 
         if kind is not None and kind not in EVENT_KINDS:
             raise RefusedError(f"kind: {kind!r} is not a ledger event kind; allowed: {', '.join(EVENT_KINDS)}")

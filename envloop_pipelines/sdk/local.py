@@ -222,9 +222,9 @@ class LocalClient:
 
     def promotion_warning(self) -> str | None:
         """Why no candidate can be promoted with the measured noise floor; ``None`` when one can, or with no floor."""
-        from envloop_pipelines.core.loop.ledger import LedgerError
-        from envloop_pipelines.core.loop.promotion import champion_out_of_reach
-        from envloop_pipelines.core.loop.setup import current_noise_floor
+        from envloop_pipelines.core.ledger.ledger import LedgerError
+        from envloop_pipelines.core.ledger.promotion import champion_out_of_reach
+        from envloop_pipelines.core.decision_loop.noise_floor import current_noise_floor
 
         cfg = self._cfg()
         try:
@@ -269,8 +269,8 @@ class LocalClient:
     def _drive(self, first: tuple[str, Callable[[], RoundInfo]] | None, on_round: Callable[[RoundInfo], None] | None,
                progress: bool, proposal: Mapping[str, Any] | None = None) -> list[RoundInfo]:
         """Run ``first`` (a round key and how to run it, if any), then the active loop's rounds while its budget
-        lasts (:func:`~envloop_pipelines.core.loop.budget.drive_loop`); ``proposal`` is every round's hypothesis."""
-        from envloop_pipelines.core.loop.budget import NextRound, drive_loop, load_loop, next_round
+        lasts (:func:`~envloop_pipelines.core.ledger.loop_budget.drive_loop`); ``proposal`` is every round's hypothesis."""
+        from envloop_pipelines.core.ledger.loop_budget import NextRound, drive_loop, load_loop, next_round
 
         cfg = self._cfg()
         done: list[RoundInfo] = []
@@ -306,8 +306,8 @@ class LocalClient:
             RefusedError: a bad hypothesis (every field named) or budget.
             RoundFailed: a round ended without a decision.
         """
-        from envloop_pipelines.core.loop.budget import LoopBudget, start_loop
-        from envloop_pipelines.core.loop.proposals import ProposalError, parse_proposal
+        from envloop_pipelines.core.ledger.loop_budget import LoopBudget, start_loop
+        from envloop_pipelines.core.decision_loop.proposals import ProposalError, parse_proposal
 
         cfg = self._cfg()
         try:
@@ -336,8 +336,8 @@ class LocalClient:
         """
         import dagster as dg
 
-        from envloop_pipelines.core.loop.budget import decided_rounds, last_round_number
-        from envloop_pipelines.core.loop.config import round_key
+        from envloop_pipelines.core.ledger.loop_budget import decided_rounds, last_round_number
+        from envloop_pipelines.core.ledger.loop_config import round_key
 
         task = self.task
         last = last_round_number(task)
@@ -399,8 +399,8 @@ class LocalClient:
 
     def decision(self, key: str) -> Any:
         """Round ``key``'s decision, or ``None`` while it is undecided."""
-        from envloop_pipelines.core.loop.results import RoundDecision
-        from envloop_pipelines.core.loop.store import RoundStore
+        from envloop_pipelines.core.decision_loop.step_records import RoundDecision
+        from envloop_pipelines.core.ledger.store import RoundStore
 
         return RoundStore(self.task).load("promotion_decision", RoundDecision, key)
 
@@ -408,8 +408,8 @@ class LocalClient:
         """This home's rounds, in order: each with its latest run on the local instance and its decision."""
         import dagster as dg
 
-        from envloop_pipelines.core.loop.config import round_key, round_number
-        from envloop_pipelines.core.loop.store import RoundStore
+        from envloop_pipelines.core.ledger.loop_config import round_key, round_number
+        from envloop_pipelines.core.ledger.store import RoundStore
 
         keys = set(round_key(n) for n in RoundStore(self.task).started_rounds())
         keys |= set(self.instance.get_dynamic_partitions(ROUNDS_PARTITIONS))
@@ -422,7 +422,7 @@ class LocalClient:
 
     def ledger(self, kind: str | None = None) -> list[dict[str, Any]]:
         """The task's ledger events, oldest first (only those of ``kind``, if given)."""
-        from envloop_pipelines.core.loop.ledger import EVENT_KINDS, Ledger
+        from envloop_pipelines.core.ledger.ledger import EVENT_KINDS, Ledger
 
         if kind is not None and kind not in EVENT_KINDS:
             raise RefusedError(f"kind: {kind!r} is not a ledger event kind; allowed: {', '.join(EVENT_KINDS)}")
@@ -430,7 +430,7 @@ class LocalClient:
 
     def release_cards(self) -> list[dict[str, Any]]:
         """The release chain as cards (holdout first, errata beside), oldest first."""
-        from envloop_pipelines.core.loop.ledger import Ledger
+        from envloop_pipelines.core.ledger.ledger import Ledger
 
         return list(Ledger(self.task).releases())
 

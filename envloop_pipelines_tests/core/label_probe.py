@@ -41,7 +41,7 @@ class LabelProbe:
         import pyarrow as pa
 
         from envloop_pipelines.core.data.records import QUESTION_SCHEMA
-        from envloop_pipelines.core.loop.synthesis import with_provenance
+        from envloop_pipelines.core.decision_loop.synthesis import with_provenance
 
         got = read_labels(self.label_dir)
         rows = train.slice(0, 2).to_pylist()

@@ -619,7 +619,7 @@ def test_config_scales_and_hashes() -> None:
 def test_hidden_users_grow_test_and_holdout_only() -> None:
     from envloop_pipelines.core.benchmark import BUILTIN_HIDDEN_USERS
     from envloop_pipelines.core.benchmark.generator import benchmark_version
-    from envloop_pipelines.core.data.datasets import builtin_config
+    from envloop_pipelines.core.benchmark.builtin_task import builtin_config
 
     small = BenchmarkConfig(n_users=20, records_per_user=2)
     grown = BenchmarkConfig(n_users=20, records_per_user=2, hidden_users=5)

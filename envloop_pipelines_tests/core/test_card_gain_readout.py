@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from envloop_pipelines.core.loop.cards import render_card
-from envloop_pipelines.core.loop.release import readout_summary
+from envloop_pipelines.core.release.card import render_card
+from envloop_pipelines.core.release.publish import readout_summary
 from envloop_pipelines.core.model.lexical import head_share
 
 

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from envloop_pipelines.core.loop.contamination import ContaminationConfig, check_contamination
+from envloop_pipelines.core.data.contamination import ContaminationConfig, check_contamination
 
 from .data.test_records import good_record, write_lines
 from .label_probe import read_labels
@@ -37,7 +37,7 @@ def _padded(state: str, rng: random.Random) -> str:
 
 @pytest.fixture(scope="module")
 def builtin(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from envloop_pipelines.core.data.datasets import generate_builtin_task
+    from envloop_pipelines.core.benchmark.builtin_task import generate_builtin_task
     from envloop_pipelines.core.data.snapshots import open_task
 
     home = tmp_path_factory.mktemp("builtin")
@@ -46,7 +46,7 @@ def builtin(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def _hidden(task: Any) -> list[tuple[str, list[str]]]:
-    from envloop_pipelines.core.loop.contamination import record_texts
+    from envloop_pipelines.core.data.contamination import record_texts
 
     return [e for split in ("test", "holdout") for e in record_texts(task.table(split), split)]
 
@@ -75,7 +75,7 @@ def test_a_test_state_inside_a_longer_row_is_flagged(builtin: Any) -> None:
 
 def test_the_builtin_train_split_is_not_flagged_by_containment(builtin: Any) -> None:
     """No false positives from the new direction on real rows: the train split's users are not in test."""
-    from envloop_pipelines.core.loop.contamination import row_texts
+    from envloop_pipelines.core.data.contamination import row_texts
 
     report = check_contamination(row_texts(builtin.table("train")), _hidden(builtin))
     assert report.containment == [] and report.n_reference_unmeasured == 0
@@ -125,10 +125,10 @@ def _contaminated_task(root: Path) -> tuple[Any, int]:
 
 def test_null_arms_refuse_unchecked_data_before_any_training(tmp_path: Path) -> None:
     """Policy ``refuse`` and flagged base rows: the floor is refused before a single arm trains."""
-    from envloop_pipelines.core.loop.config import LoopConfig
-    from envloop_pipelines.core.loop.ledger import Ledger
-    from envloop_pipelines.core.loop.setup import ContaminatedDataError, measure_noise_floor
-    from envloop_pipelines.core.loop.store import RoundStore
+    from envloop_pipelines.core.ledger.loop_config import LoopConfig
+    from envloop_pipelines.core.ledger.ledger import Ledger
+    from envloop_pipelines.core.decision_loop.noise_floor import ContaminatedDataError, measure_noise_floor
+    from envloop_pipelines.core.ledger.store import RoundStore
     from envloop_pipelines.core.tracking import MlflowTracker
 
     _, shared = _contaminated_task(tmp_path)
@@ -145,9 +145,9 @@ def test_null_arms_refuse_unchecked_data_before_any_training(tmp_path: Path) -> 
 @pytest.mark.slow
 def test_null_arms_and_release_1_train_on_the_checked_snapshot(tmp_path: Path) -> None:
     """Before: the arms trained on raw ``train`` (data hash = the task snapshot id), shared states and all."""
-    from envloop_pipelines.core.loop.config import LoopConfig
-    from envloop_pipelines.core.loop.ledger import Ledger
-    from envloop_pipelines.core.loop.setup import measure_noise_floor
+    from envloop_pipelines.core.ledger.loop_config import LoopConfig
+    from envloop_pipelines.core.ledger.ledger import Ledger
+    from envloop_pipelines.core.decision_loop.noise_floor import measure_noise_floor
     from envloop_pipelines.core.tracking import MlflowTracker
 
     snap, shared = _contaminated_task(tmp_path)
@@ -175,10 +175,10 @@ def test_null_arms_and_release_1_train_on_the_checked_snapshot(tmp_path: Path) -
 def test_a_user_generator_reads_nothing_of_the_labels_and_its_rows_are_checked(tmp_path: Path) -> None:
     """``generator=module:attr`` runs in the sandbox. Before, it ran in the loop's process, as the owner of the
     0400 label files, and read them whole (shown here in-process)."""
-    from envloop_pipelines.core.loop.config import LoopConfig
-    from envloop_pipelines.core.loop.mining import FailureCluster
-    from envloop_pipelines.core.loop.steps import checked_training_snapshot
-    from envloop_pipelines.core.loop.synthesis import SandboxedGenerator, SynthesisRequest, load_generator
+    from envloop_pipelines.core.ledger.loop_config import LoopConfig
+    from envloop_pipelines.core.decision_loop.mining import FailureCluster
+    from envloop_pipelines.core.decision_loop.before_training import checked_training_snapshot
+    from envloop_pipelines.core.decision_loop.synthesis import SandboxedGenerator, SynthesisRequest, load_generator
 
     snap, _ = _contaminated_task(tmp_path)
     home = tmp_path / "home"
@@ -206,8 +206,8 @@ def test_a_user_generator_reads_nothing_of_the_labels_and_its_rows_are_checked(t
 
 
 def test_a_user_generator_is_refused_where_the_sandbox_cannot_hide_the_labels() -> None:
-    from envloop_pipelines.core.loop.synthesis import SandboxRefusedError, load_generator
+    from envloop_pipelines.core.decision_loop.synthesis import SandboxRefusedError, load_generator
     from envloop_pipelines.core.sandbox import LocalSandbox
 
-    with pytest.raises(SandboxRefusedError, match="'envloop_pipelines.core.loop.synthesis:VariantGenerator' is user code"):
-        load_generator("envloop_pipelines.core.loop.synthesis:VariantGenerator", sandbox=LocalSandbox(switch_uid=False))
+    with pytest.raises(SandboxRefusedError, match="'envloop_pipelines.core.decision_loop.synthesis:VariantGenerator' is user code"):
+        load_generator("envloop_pipelines.core.decision_loop.synthesis:VariantGenerator", sandbox=LocalSandbox(switch_uid=False))

@@ -102,7 +102,7 @@ def _prepare(root: Path, *, deepspeed: str | None) -> tuple[dict[str, str], Path
 
     Returns the environment to launch with and the recipe path.
     """
-    from envloop_pipelines.core.data.datasets import generate_builtin_task
+    from envloop_pipelines.core.benchmark.builtin_task import generate_builtin_task
     from envloop_pipelines.core.data.snapshots import open_task
     from envloop_pipelines_tests.core.test_model_data import table_texts, tiny_causal_lm
 

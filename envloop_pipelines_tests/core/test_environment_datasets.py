@@ -234,8 +234,8 @@ def test_decision_environments_come_from_open_splits_with_their_labels(task_home
 
 
 def test_synthesized_rows_become_decision_environments(task_home: Path) -> None:
-    from envloop_pipelines.core.loop.mining import FailureCluster
-    from envloop_pipelines.core.loop.synthesis import SynthesisRequest, VariantGenerator
+    from envloop_pipelines.core.decision_loop.mining import FailureCluster
+    from envloop_pipelines.core.decision_loop.synthesis import SynthesisRequest, VariantGenerator
 
     train = open_task("tickets", home=task_home).table("train")
     family = train.column("family")[0].as_py()
@@ -258,9 +258,9 @@ def test_the_synthesis_step_stores_its_rows_as_a_dataset(task_home: Path, tmp_pa
 
     import pyarrow.parquet as pq
 
-    from envloop_pipelines.core.loop.config import LoopConfig
-    from envloop_pipelines.core.loop.results import EnvironmentSynthesis, FailureMining
-    from envloop_pipelines.core.loop.steps import synthesize_environments
+    from envloop_pipelines.core.ledger.loop_config import LoopConfig
+    from envloop_pipelines.core.decision_loop.step_records import EnvironmentSynthesis, FailureMining
+    from envloop_pipelines.core.decision_loop.before_training import synthesize_environments
 
     home = tmp_path / "home"
     shutil.copytree(task_home, home)

@@ -148,7 +148,7 @@ def _predictions_key(env: DecisionEnvironment, answers: dict) -> str:
 
 def test_a_second_holdout_read_through_an_environment_is_refused(tmp_path: Path) -> None:
     """Rule 4 through an environment: the holdout is read as a release's one read, in the task home's own ledger."""
-    from envloop_pipelines.core.loop.ledger import EVENT_HOLDOUT_READ, HoldoutAlreadyReadError, Ledger
+    from envloop_pipelines.core.ledger.ledger import EVENT_HOLDOUT_READ, HoldoutAlreadyReadError, Ledger
     from envloop_pipelines.core.verify.runner import HiddenSplitQueryError
 
     home = tmp_path / "home"  # a home of its own: this test spends its releases' holdout reads

@@ -22,11 +22,11 @@ import pytest
 from envloop_pipelines.cli.round import decision_lines
 from envloop_pipelines.core import metrics
 from envloop_pipelines.core.data.datasets import import_file
-from envloop_pipelines.core.loop.config import LoopConfig
-from envloop_pipelines.core.loop.decide import FloorRecipeError, decide_round
-from envloop_pipelines.core.loop.ledger import EVENT_ROUND_DECIDED, Gate, Hypothesis, Ledger
-from envloop_pipelines.core.loop.promotion import gate_bar, noise_floor_from_arms
-from envloop_pipelines.core.loop.results import (
+from envloop_pipelines.core.ledger.loop_config import LoopConfig
+from envloop_pipelines.core.decision_loop.verdict import FloorRecipeError, decide_round
+from envloop_pipelines.core.ledger.ledger import EVENT_ROUND_DECIDED, Gate, Hypothesis, Ledger
+from envloop_pipelines.core.ledger.promotion import gate_bar, noise_floor_from_arms
+from envloop_pipelines.core.decision_loop.step_records import (
     EnvironmentSynthesis,
     MeasuredNoiseFloor,
     Reevaluation,
@@ -34,9 +34,9 @@ from envloop_pipelines.core.loop.results import (
     TrainedCheckpoint,
     TrainingSnapshot,
 )
-from envloop_pipelines.core.loop.setup import continuation_path, noise_floor_key
-from envloop_pipelines.core.loop.steps import UnmeasuredPowerError, paired_noise, register_hypothesis
-from envloop_pipelines.core.loop.store import RoundStore
+from envloop_pipelines.core.decision_loop.noise_floor import continuation_path, noise_floor_key
+from envloop_pipelines.core.decision_loop.before_training import UnmeasuredPowerError, paired_noise, register_hypothesis
+from envloop_pipelines.core.ledger.store import RoundStore
 from envloop_pipelines.core.storage import atomic_write_json, atomic_write_parquet
 from envloop_pipelines.core.tracking import KIND_HYPOTHESIS, TAG_KIND, TAG_ROUND, MlflowTracker
 

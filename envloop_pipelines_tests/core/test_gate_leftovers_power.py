@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from envloop_pipelines.core.loop.ledger import (
+from envloop_pipelines.core.ledger.ledger import (
     EVENT_HYPOTHESIS_REGISTERED,
     Gate,
     Hypothesis,
@@ -71,7 +71,7 @@ def test_a_hypothesis_registered_before_the_rule_still_reads_and_re_registers(tm
 # -- the RL round: an analytic MDE from its held-out evaluation's size --------------------------------------------
 
 def _rl_config(tmp_path: Path, **kw: Any) -> Any:
-    from envloop_pipelines.core.loop.rl_config import RlRoundConfig
+    from envloop_pipelines.core.rl_loop.round_config import RlRoundConfig
 
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(f"base_model: {tmp_path / 'no-model'}\n")
@@ -84,7 +84,7 @@ def _rl_config(tmp_path: Path, **kw: Any) -> Any:
 ])
 def test_the_rl_round_registers_an_analytic_mde(tmp_path: Path, n_heldout: int, eval_attempts: int, predicted: float,
                                                 underpowered: bool) -> None:
-    from envloop_pipelines.core.loop.rl_steps import register_rl_hypothesis
+    from envloop_pipelines.core.rl_loop.round_steps import register_rl_hypothesis
     from envloop_pipelines.core.tracking import KIND_HYPOTHESIS, TAG_KIND, TAG_ROUND, TAG_UNDERPOWERED, MlflowTracker
 
     from .test_rl_round import dataset
@@ -108,7 +108,7 @@ def test_the_rl_round_registers_an_analytic_mde(tmp_path: Path, n_heldout: int, 
 
 
 def test_an_rl_round_with_no_held_out_environment_has_no_mde_and_is_refused(tmp_path: Path) -> None:
-    from envloop_pipelines.core.loop.rl_steps import register_rl_hypothesis
+    from envloop_pipelines.core.rl_loop.round_steps import register_rl_hypothesis
     from envloop_pipelines.core.tracking import MlflowTracker
 
     from .test_rl_round import dataset

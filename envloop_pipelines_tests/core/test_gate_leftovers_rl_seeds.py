@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from envloop_pipelines.core.loop.ledger import Gate, Ledger, LedgerError
-from envloop_pipelines.core.loop.sft_snapshot import build_sft_snapshot
+from envloop_pipelines.core.ledger.ledger import Gate, Ledger, LedgerError
+from envloop_pipelines.core.rl_loop.sft_snapshot import build_sft_snapshot
 
 from . import test_rl_round
 from .test_rl_round import attempt, decide_given, texts
@@ -23,11 +23,11 @@ round_setup = test_rl_round.round_setup
 
 
 def test_an_amended_rl_round_refuses_a_candidate_on_a_used_seed(round_setup: dict[str, Any], tmp_path: Path) -> None:
-    from envloop_pipelines.core.loop.promotion import noise_floor_from_arms
-    from envloop_pipelines.core.loop.rl_results import ArmScore, HeldoutComparison, RlRoundResult
-    from envloop_pipelines.core.loop.rl_round import RL_DECISION, candidate_seed
-    from envloop_pipelines.core.loop.rl_steps import register_rl_hypothesis, train_policy
-    from envloop_pipelines.core.loop.store import RoundStore
+    from envloop_pipelines.core.ledger.promotion import noise_floor_from_arms
+    from envloop_pipelines.core.rl_loop.step_records import ArmScore, HeldoutComparison, RlRoundResult
+    from envloop_pipelines.core.rl_loop.run_round import RL_DECISION, candidate_seed
+    from envloop_pipelines.core.rl_loop.round_steps import register_rl_hypothesis, train_policy
+    from envloop_pipelines.core.ledger.store import RoundStore
     from envloop_pipelines.core.tracking import MlflowTracker
 
     ds = round_setup["dataset"]

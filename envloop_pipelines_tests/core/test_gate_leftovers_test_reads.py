@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from envloop_pipelines.core.loop.ledger import (
+from envloop_pipelines.core.ledger.ledger import (
     EVENT_TEST_READ,
     ROUND_TEST_READ_BUDGET,
     Ledger,
@@ -94,7 +94,7 @@ def test_a_round_reads_three_files_and_a_fourth_is_refused_before_any_label_is_r
 
 def test_a_gate_amendment_gives_the_round_one_more_read_for_its_fresh_seed_candidate(tmp_path: Path) -> None:
     """Rule 3 trains the candidate again on the amendment's fresh seeds; its re-evaluation reads that new file."""
-    from envloop_pipelines.core.loop.ledger import Gate, Hypothesis
+    from envloop_pipelines.core.ledger.ledger import Gate, Hypothesis
 
     from .measured_power import measured_power
 
@@ -155,14 +155,14 @@ def test_the_loops_own_setup_and_round_read_test_within_their_budgets(tmp_path: 
     round's re-evaluation reads nothing new; one more file for the round is refused."""
     from envloop_pipelines.core.data.datasets import import_file
     from envloop_pipelines.core.data.snapshots import open_task
-    from envloop_pipelines.core.loop.candidate import reevaluate, snapshot_rows, train_into_store
-    from envloop_pipelines.core.loop.config import LoopConfig
-    from envloop_pipelines.core.loop.results import TrainedCheckpoint
-    from envloop_pipelines.core.loop.runs import verify_predictions
-    from envloop_pipelines.core.loop.setup import continuation_path, measure_noise_floor, setup_reader
-    from envloop_pipelines.core.loop.steps import checked_training_snapshot, paired_noise
-    from envloop_pipelines.core.loop.store import RoundStore
-    from envloop_pipelines.core.loop.synthesis import SNAPSHOT_SCHEMA
+    from envloop_pipelines.core.decision_loop.candidate import reevaluate, snapshot_rows, train_into_store
+    from envloop_pipelines.core.ledger.loop_config import LoopConfig
+    from envloop_pipelines.core.decision_loop.step_records import TrainedCheckpoint
+    from envloop_pipelines.core.release.tracked_runs import verify_predictions
+    from envloop_pipelines.core.decision_loop.noise_floor import continuation_path, measure_noise_floor, setup_reader
+    from envloop_pipelines.core.decision_loop.before_training import checked_training_snapshot, paired_noise
+    from envloop_pipelines.core.ledger.store import RoundStore
+    from envloop_pipelines.core.decision_loop.synthesis import SNAPSHOT_SCHEMA
     from envloop_pipelines.core.tracking import MlflowTracker
 
     from .data.test_records import good_record, write_lines

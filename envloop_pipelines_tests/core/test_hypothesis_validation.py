@@ -9,8 +9,8 @@ from pathlib import Path
 import click
 import pytest
 
-from envloop_pipelines.core.loop.ledger import Gate, Hypothesis, HypothesisRefusedError, Ledger
-from envloop_pipelines.core.loop.steps import proposal_errors
+from envloop_pipelines.core.ledger.ledger import Gate, Hypothesis, HypothesisRefusedError, Ledger
+from envloop_pipelines.core.decision_loop.before_training import proposal_errors
 
 BAD = [
     ({"change": {"kind": "recipe", "recipe_diff": {"max_stepz": 3}}}, "change.recipe_diff",
@@ -72,9 +72,9 @@ def test_the_ledger_refuses_an_invalid_hypothesis_and_writes_nothing(tmp_path: P
 
 def test_the_registration_step_refuses_before_writing_anything(tmp_path: Path) -> None:
     """``steps.register_hypothesis`` (the launchpad's registration step): no ledger, file or MLflow run."""
-    from envloop_pipelines.core.loop.config import LoopConfig
-    from envloop_pipelines.core.loop.results import EnvironmentSynthesis
-    from envloop_pipelines.core.loop.steps import register_hypothesis
+    from envloop_pipelines.core.ledger.loop_config import LoopConfig
+    from envloop_pipelines.core.decision_loop.step_records import EnvironmentSynthesis
+    from envloop_pipelines.core.decision_loop.before_training import register_hypothesis
     from envloop_pipelines.core.tracking import MlflowTracker
 
     home = tmp_path / "home"

@@ -10,17 +10,17 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from envloop_pipelines.core.loop.budget import LoopBudget, next_round, start_loop
-from envloop_pipelines.core.loop.contamination import check_contamination
-from envloop_pipelines.core.loop.ledger import Gate, GateTooLooseError, Hypothesis, Ledger, LedgerError, gate_errors
-from envloop_pipelines.core.loop.mining import mine_failures, mine_failures_with_fallback
-from envloop_pipelines.core.loop.promotion import (
+from envloop_pipelines.core.ledger.loop_budget import LoopBudget, next_round, start_loop
+from envloop_pipelines.core.data.contamination import check_contamination
+from envloop_pipelines.core.ledger.ledger import Gate, GateTooLooseError, Hypothesis, Ledger, LedgerError, gate_errors
+from envloop_pipelines.core.decision_loop.mining import mine_failures, mine_failures_with_fallback
+from envloop_pipelines.core.ledger.promotion import (
     ArmIdentityError,
     check_arm_identity,
     decide_promotion,
     noise_floor_from_arms,
 )
-from envloop_pipelines.core.loop.synthesis import SNAPSHOT_SCHEMA, SynthesisRequest, VariantGenerator, allocate, load_generator
+from envloop_pipelines.core.decision_loop.synthesis import SNAPSHOT_SCHEMA, SynthesisRequest, VariantGenerator, allocate, load_generator
 from envloop_pipelines.core.data.records import QUESTION_SCHEMA
 from envloop_pipelines_tests.core.measured_power import measured_power
 
@@ -106,7 +106,7 @@ def test_noul_negation_flips_the_label() -> None:
 
 
 def test_allocation_follows_excess_errors() -> None:
-    from envloop_pipelines.core.loop.mining import FailureCluster
+    from envloop_pipelines.core.decision_loop.mining import FailureCluster
 
     clusters = [FailureCluster({"family": "a"}, 10, 8, 2, 0.8, 6.0, ()), FailureCluster({"family": "b"}, 10, 3, 0, 0.3, 1.0, ())]
     counts = allocate(clusters, 90)
@@ -115,7 +115,7 @@ def test_allocation_follows_excess_errors() -> None:
 
 def test_generator_plugins_resolve_by_name_and_path() -> None:
     assert load_generator("label_preserving_variants").name == "label_preserving_variants"
-    assert load_generator("envloop_pipelines.core.loop.synthesis:VariantGenerator").name == "label_preserving_variants"
+    assert load_generator("envloop_pipelines.core.decision_loop.synthesis:VariantGenerator").name == "label_preserving_variants"
     with pytest.raises(ValueError, match="unknown environment generator 'nope'"):
         load_generator("nope")
 
@@ -207,7 +207,7 @@ def test_seed_bound_refuses_a_null_candidate_that_clears_the_spread_over_a_low_c
                              {"delta": -0.5, "ci_low": -0.7, "ci_high": -0.3}, floor, {}, {"nll": 1.2})
     assert not other.promote and other.checks["seed_bound"] is None
     assert other.reasons == ("no noise floor on nll: the null arms measured family_macro_accuracy",)
-    from envloop_pipelines.core.loop.steps import proposal_errors
+    from envloop_pipelines.core.decision_loop.before_training import proposal_errors
 
     assert proposal_errors({"gate": {"primary_metric": "nll", "direction": "decrease"}}) == [
         "gate.primary_metric: the noise floor's null arms measure family_macro_accuracy only, so a gate on 'nll' "
@@ -257,10 +257,10 @@ def test_family_and_safety_guards_decide_on_paired_cis_not_point_drops() -> None
 
 def test_snapshot_rows_overlapping_test_or_holdout_are_removed_base_rows_too(tmp_path: Path) -> None:
     from envloop_pipelines.core.data.datasets import import_file
-    from envloop_pipelines.core.loop.config import LoopConfig
-    from envloop_pipelines.core.loop.results import EnvironmentSynthesis
-    from envloop_pipelines.core.loop.steps import build_training_snapshot
-    from envloop_pipelines.core.loop.synthesis import SNAPSHOT_SCHEMA
+    from envloop_pipelines.core.ledger.loop_config import LoopConfig
+    from envloop_pipelines.core.decision_loop.step_records import EnvironmentSynthesis
+    from envloop_pipelines.core.decision_loop.before_training import build_training_snapshot
+    from envloop_pipelines.core.decision_loop.synthesis import SNAPSHOT_SCHEMA
     from envloop_pipelines.core.storage import atomic_write_parquet
 
     from .data.test_records import good_record, write_lines
@@ -292,7 +292,7 @@ def test_snapshot_rows_overlapping_test_or_holdout_are_removed_base_rows_too(tmp
 
 
 def test_the_card_shows_safety_fnr_beside_tfidf_with_the_deferral_rate_and_the_power() -> None:
-    from envloop_pipelines.core.loop.cards import render_card
+    from envloop_pipelines.core.release.card import render_card
 
     card = {"release": 2, "task": "t", "round": "r0001", "parent_release": 1, "benchmark_version": "b",
             "data_snapshot": "d", "recipe_hash": "r", "checkpoint_sha256": "c", "holdout": {"brier": 0.3},
@@ -313,7 +313,7 @@ def test_the_card_shows_safety_fnr_beside_tfidf_with_the_deferral_rate_and_the_p
 
 
 def test_the_card_puts_tfidf_beside_the_release_on_the_holdout_with_the_paired_delta() -> None:
-    from envloop_pipelines.core.loop.cards import render_card
+    from envloop_pipelines.core.release.card import render_card
 
     base = {"release": 1, "task": "t", "round": "bootstrap", "parent_release": None, "benchmark_version": "b",
             "data_snapshot": "d", "recipe_hash": "r", "checkpoint_sha256": "c", "test": {}, "gate": {},
@@ -334,7 +334,7 @@ def test_the_card_puts_tfidf_beside_the_release_on_the_holdout_with_the_paired_d
 def test_a_checkpoints_safety_thresholds_are_read_from_its_calibration(tmp_path: Path) -> None:
     import math
 
-    from envloop_pipelines.core.loop.runs import checkpoint_safety_thresholds
+    from envloop_pipelines.core.release.tracked_runs import checkpoint_safety_thresholds
     from envloop_pipelines.core.model.calibration import Calibration
 
     (tmp_path / "calibration.json").write_text(json.dumps(
@@ -372,7 +372,7 @@ LOOSE_GATES = [
 @pytest.mark.parametrize("loose, message", LOOSE_GATES)
 def test_a_hypothesis_may_not_loosen_its_gate(tmp_path: Path, loose: dict, message: str) -> None:
     """Rule 2 at every door: a proposal's check, the ledger's registration, an amendment, the decision."""
-    from envloop_pipelines.core.loop.steps import proposal_errors
+    from envloop_pipelines.core.decision_loop.before_training import proposal_errors
 
     assert any(message in e for e in proposal_errors({"gate": {"min_delta": 0.01, **loose}}))  # before any compute
     assert any(message in e for e in gate_errors(loose))
@@ -394,7 +394,7 @@ def test_a_hypothesis_may_not_loosen_its_gate(tmp_path: Path, loose: dict, messa
 
 
 def test_a_stricter_gate_and_guard_amendments_are_allowed(tmp_path: Path) -> None:
-    from envloop_pipelines.core.loop.steps import proposal_errors
+    from envloop_pipelines.core.decision_loop.before_training import proposal_errors
 
     strict = {"floor_multiplier": 2.0, "min_delta": 0.02, "max_ece": 0.05, "family_drop_tolerance": 0.03}
     assert proposal_errors({"gate": strict}) == []
@@ -448,9 +448,10 @@ def test_budget_stops_on_rounds_patience_and_wall_time(tmp_path: Path) -> None:
 
 def test_card_limitations_hold_for_the_task_at_hand(tmp_path: Path) -> None:
     """The built-in benchmark's cards say its hidden splits hold an unseen renderer; an imported task's do not."""
-    from envloop_pipelines.core.data.datasets import generate_builtin_task, import_file
+    from envloop_pipelines.core.benchmark.builtin_task import generate_builtin_task
+    from envloop_pipelines.core.data.datasets import import_file
     from envloop_pipelines.core.data.snapshots import open_task
-    from envloop_pipelines.core.loop.cards import benchmark_limitations
+    from envloop_pipelines.core.release.card import benchmark_limitations
 
     from .data.test_snapshots import dataset
 

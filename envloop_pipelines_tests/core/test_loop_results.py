@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from envloop_pipelines.core.loop.ledger import Gate, Hypothesis
-from envloop_pipelines.core.loop.promotion import NoiseFloor, PromotionDecision
-from envloop_pipelines.core.loop.results import (
+from envloop_pipelines.core.ledger.ledger import Gate, Hypothesis
+from envloop_pipelines.core.ledger.promotion import NoiseFloor, PromotionDecision
+from envloop_pipelines.core.decision_loop.step_records import (
     STEP_RECORDS,
     BaselineEval,
     Benchmark,
@@ -23,7 +23,7 @@ from envloop_pipelines.core.loop.results import (
     TrainedCheckpoint,
     TrainingSnapshot,
 )
-from envloop_pipelines.core.loop.store import RoundStore
+from envloop_pipelines.core.ledger.store import RoundStore
 
 HYP = Hypothesis(task="t", round="r0001", benchmark_version="t@abc", change={"kind": "recipe", "recipe_diff": {"x": 1}},
                  predicted_delta=0.02, gate=Gate(min_delta=0.01), seeds=(1001,), recipe_hash="f" * 64, created_at=1.0)

@@ -22,8 +22,8 @@ import pytest
 from envloop_pipelines.core.agents.attempts import Attempt
 from envloop_pipelines.core.environments.shell import shell_spec
 from envloop_pipelines.core.environments.spec import EnvironmentSpec, VerifierSpec
-from envloop_pipelines.core.loop.ledger import Ledger
-from envloop_pipelines.core.loop.sft_snapshot import (
+from envloop_pipelines.core.ledger.ledger import Ledger
+from envloop_pipelines.core.rl_loop.sft_snapshot import (
     ContaminatedSnapshotError,
     build_sft_snapshot,
     environment_text,
@@ -162,7 +162,7 @@ def round_lm(path: Path, ds: EnvDataset) -> Path:
 def round_setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     import yaml
 
-    from envloop_pipelines.core.loop.rl_config import RlRoundConfig
+    from envloop_pipelines.core.rl_loop.round_config import RlRoundConfig
     from envloop_pipelines.core.model.causal_sft import CausalSftRecipe
 
     ds = dataset([0, 1, 2, 3], [10, 11])
@@ -181,8 +181,8 @@ def round_setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def decide_given(config: Any, tracker: Any, hypothesis: Any, snap: Any, policy: Any, comparison: Any, floor: Any,
                  **candidate: Any) -> Any:
     """``decide_rl_round`` on given records: the snapshot, a trained policy, a comparison and a floor."""
-    from envloop_pipelines.core.loop.rl_results import RlCandidate, RlNoiseFloor, RlReevaluation, RlSampling, RlSnapshot
-    from envloop_pipelines.core.loop.rl_round import decide_rl_round
+    from envloop_pipelines.core.rl_loop.step_records import RlCandidate, RlNoiseFloor, RlReevaluation, RlSampling, RlSnapshot
+    from envloop_pipelines.core.rl_loop.run_round import decide_rl_round
 
     key = hypothesis.round
     fields = {"checkpoint_sha256": policy.sha256, "path": str(policy.path), "model": f"policy-{policy.sha256[:12]}",
@@ -197,7 +197,7 @@ def test_an_rl_round_runs_end_to_end_and_the_gate_rejects_a_policy_that_passes_n
 
     from dataclasses import replace
 
-    from envloop_pipelines.core.loop.rl_round import run_rl_round
+    from envloop_pipelines.core.rl_loop.run_round import run_rl_round
     from envloop_pipelines.core.tracking import MlflowTracker
     from envloop_pipelines.defs.rl.serving import serve_policy
     from envloop_pipelines_tests.core.agents.scripted import scripted_server
@@ -268,8 +268,8 @@ def test_an_rl_round_runs_end_to_end_and_the_gate_rejects_a_policy_that_passes_n
     # Decided once: a retry returns the stored decision without sampling again.
     assert run_rl_round(config, ds, tracker, serve_policy, key=result.round) == result
     # Each step's record is where the step's asset stores it (the RL IO manager's files).
-    from envloop_pipelines.core.loop.rl_results import RL_STEP_RECORDS
-    from envloop_pipelines.core.loop.store import RoundStore
+    from envloop_pipelines.core.rl_loop.step_records import RL_STEP_RECORDS
+    from envloop_pipelines.core.ledger.store import RoundStore
 
     store = RoundStore("shell-rl", home)
     assert all(store.load(step, record, result.round) is not None for step, record in RL_STEP_RECORDS.items())
@@ -279,7 +279,7 @@ def test_an_rl_round_runs_end_to_end_and_the_gate_rejects_a_policy_that_passes_n
 def test_a_round_whose_policy_passes_nothing_has_nothing_to_train_on(round_setup: dict[str, Any], tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from envloop_pipelines.core.loop.rl_round import run_rl_round
+    from envloop_pipelines.core.rl_loop.run_round import run_rl_round
     from envloop_pipelines.core.tracking import MlflowTracker
     from envloop_pipelines.defs.rl.serving import serve_policy
 
@@ -296,9 +296,9 @@ def test_a_round_whose_policy_passes_nothing_has_nothing_to_train_on(round_setup
 
 
 def test_round_settings_are_validated(round_setup: dict[str, Any]) -> None:
-    from envloop_pipelines.core.loop.ledger import GateTooLooseError
-    from envloop_pipelines.core.loop.rl_config import RlRoundConfig
-    from envloop_pipelines.core.loop.rl_steps import register_rl_hypothesis
+    from envloop_pipelines.core.ledger.ledger import GateTooLooseError
+    from envloop_pipelines.core.rl_loop.round_config import RlRoundConfig
+    from envloop_pipelines.core.rl_loop.round_steps import register_rl_hypothesis
     from envloop_pipelines.core.tracking import MlflowTracker
 
     recipe = round_setup["config"].recipe
@@ -320,10 +320,10 @@ def test_a_round_that_clears_the_gate_publishes_a_release_the_next_round_samples
     """The promotion path, on given aggregates (a tiny random LM never earns one) and a real policy checkpoint."""
     from dataclasses import replace
 
-    from envloop_pipelines.core.loop.ledger import HoldoutAlreadyReadError
-    from envloop_pipelines.core.loop.promotion import noise_floor_from_arms
-    from envloop_pipelines.core.loop.rl_results import ArmScore, HeldoutComparison, RlRoundResult
-    from envloop_pipelines.core.loop.rl_steps import current_policy, register_rl_hypothesis, train_policy
+    from envloop_pipelines.core.ledger.ledger import HoldoutAlreadyReadError
+    from envloop_pipelines.core.ledger.promotion import noise_floor_from_arms
+    from envloop_pipelines.core.rl_loop.step_records import ArmScore, HeldoutComparison, RlRoundResult
+    from envloop_pipelines.core.rl_loop.round_steps import current_policy, register_rl_hypothesis, train_policy
     from envloop_pipelines.core.tracking import KIND_RELEASE, TAG_KIND, MlflowTracker
 
     ds = round_setup["dataset"]

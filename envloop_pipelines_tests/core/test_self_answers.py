@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from envloop_pipelines.core.loop.self_answers import SelfAnswerGenerator, sample_options, verified_self_answers
+from envloop_pipelines.core.decision_loop.self_answers import SelfAnswerGenerator, sample_options, verified_self_answers
 from envloop_pipelines_tests.core.test_model_data import limit_threads_under_xdist
 
 limit_threads_under_xdist()
@@ -23,7 +23,7 @@ limit_threads_under_xdist()
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    from envloop_pipelines.core.data.datasets import generate_builtin_task
+    from envloop_pipelines.core.benchmark.builtin_task import generate_builtin_task
     from envloop_pipelines_tests.serve.helpers import build_checkpoint
 
     home = tmp_path_factory.mktemp("self-home")
@@ -67,8 +67,8 @@ def test_hidden_splits_and_train_are_refused(setup: dict[str, Any]) -> None:
 
 
 def test_the_generator_aims_at_the_clusters_families_and_caps_the_rows(setup: dict[str, Any]) -> None:
-    from envloop_pipelines.core.loop.mining import FailureCluster
-    from envloop_pipelines.core.loop.synthesis import SNAPSHOT_SCHEMA, SynthesisRequest
+    from envloop_pipelines.core.decision_loop.mining import FailureCluster
+    from envloop_pipelines.core.decision_loop.synthesis import SNAPSHOT_SCHEMA, SynthesisRequest
 
     table, _ = verified_self_answers(setup["checkpoint"], "pa", split="dev", seed=5, home=setup["home"])
     family = table.column("family").to_pylist()[0]

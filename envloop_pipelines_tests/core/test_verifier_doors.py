@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from envloop_pipelines.cli.sandbox import sandbox as sandbox_cli
 from envloop_pipelines.core.data.datasets import import_file
 from envloop_pipelines.core.environments.decision import DecisionEnvironment
-from envloop_pipelines.core.loop.ledger import (
+from envloop_pipelines.core.ledger.ledger import (
     EVENT_HOLDOUT_READ,
     EVENT_TEST_READ,
     HoldoutAlreadyReadError,
@@ -124,7 +124,7 @@ def test_the_holdout_slot_is_the_task_homes_own_ledger_for_the_release_being_pub
 _CRASH_AFTER_READ = """
 import os, signal, sys
 from envloop_pipelines.core.verify.runner import verify_task
-from envloop_pipelines.core.loop.ledger import Ledger
+from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.verify.runner import holdout_read_key
 Ledger("tickets", sys.argv[2]).open_holdout_slot(1, holdout_read_key(sys.argv[1]), by="release step")
 run = verify_task("tickets", "holdout", sys.argv[1], home=sys.argv[2], holdout_slot=Ledger("tickets", sys.argv[2]),

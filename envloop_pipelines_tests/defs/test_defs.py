@@ -19,7 +19,7 @@ EXPECTED_DEPS = {
     "independent_reeval": {"lora_checkpoint", "training_dataset_snapshot"},
     "promotion_decision": {"independent_reeval", "lora_checkpoint", "training_dataset_snapshot",
                            "registered_hypothesis", "noise_floor"},
-    # RL from verified attempts: one asset per step (core/loop/rl_steps.py), records through the RL IO manager.
+    # RL from verified attempts: one asset per step (core/rl_loop/round_steps.py), records through the RL IO manager.
     "rl_hypothesis": set(),
     "rl_sampled_attempts": {"rl_hypothesis"},
     "rl_sft_snapshot": {"rl_sampled_attempts"},

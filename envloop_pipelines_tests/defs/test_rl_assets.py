@@ -32,9 +32,9 @@ def _materialize(selection: list, home: Path, settings: dict, *, raise_on_error:
 
 def test_the_first_rl_steps_hand_their_records_through_the_store(tmp_path: Path) -> None:
     from envloop_pipelines.core.environments.dataset import store_dataset
-    from envloop_pipelines.core.loop.ledger import Ledger
-    from envloop_pipelines.core.loop.rl_results import RlHypothesis, RlSampling, RlSnapshot
-    from envloop_pipelines.core.loop.store import RoundStore
+    from envloop_pipelines.core.ledger.ledger import Ledger
+    from envloop_pipelines.core.rl_loop.step_records import RlHypothesis, RlSampling, RlSnapshot
+    from envloop_pipelines.core.ledger.store import RoundStore
     from envloop_pipelines.defs.rl.assets import rl_hypothesis, rl_sampled_attempts, rl_sft_snapshot
     from envloop_pipelines_tests.core.agents.scripted import scripted_server
 

@@ -16,12 +16,12 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from envloop_pipelines.core.loop import candidate, setup
-from envloop_pipelines.core.loop.config import round_key
-from envloop_pipelines.core.loop.results import RegisteredHypothesis, RoundDecision, TrainingSnapshot
-from envloop_pipelines.core.loop.store import RoundStore
-from envloop_pipelines.core.loop.budget import LoopBudget, start_loop
-from envloop_pipelines.core.loop.ledger import Gate, Ledger, LedgerError
+from envloop_pipelines.core.decision_loop import candidate, noise_floor as setup
+from envloop_pipelines.core.ledger.loop_config import round_key
+from envloop_pipelines.core.decision_loop.step_records import RegisteredHypothesis, RoundDecision, TrainingSnapshot
+from envloop_pipelines.core.ledger.store import RoundStore
+from envloop_pipelines.core.ledger.loop_budget import LoopBudget, start_loop
+from envloop_pipelines.core.ledger.ledger import Gate, Ledger, LedgerError
 from envloop_pipelines.core.tracking import KIND_HYPOTHESIS, KIND_REEVAL, KIND_ROUND, KIND_TRAINING, TAG_KIND, TAG_ROUND, MlflowTracker
 from envloop_pipelines.definitions import defs
 from envloop_pipelines.defs.rounds.assets import ROUND_ASSETS, noise_floor, task_benchmark, with_upstream_sources
@@ -234,12 +234,12 @@ def test_reeval_ran_the_verifier_in_another_process(loop_env: dict[str, Any]) ->
 
 
 def test_no_second_holdout_read_and_cards_never_rewritten(loop_env: dict[str, Any]) -> None:
-    from envloop_pipelines.core.loop.ledger import HoldoutAlreadyReadError, ReleaseCardExistsError
+    from envloop_pipelines.core.ledger.ledger import HoldoutAlreadyReadError, ReleaseCardExistsError
 
     from pathlib import Path
 
     from envloop_pipelines.core.data.snapshots import open_task
-    from envloop_pipelines.core.loop.release import holdout_metrics
+    from envloop_pipelines.core.release.publish import holdout_metrics
 
     ledger = Ledger(TASK, loop_env["home"])
     card = ledger.releases()[-1]
@@ -286,7 +286,7 @@ def test_round_without_hypothesis_is_refused(loop_env: dict[str, Any]) -> None:
 def test_hypothesis_is_immutable(loop_env: dict[str, Any]) -> None:
     from dataclasses import replace
 
-    from envloop_pipelines.core.loop.ledger import HypothesisImmutableError
+    from envloop_pipelines.core.ledger.ledger import HypothesisImmutableError
 
     ledger = Ledger(TASK, loop_env["home"])
     registered = ledger.hypothesis("r0001")
@@ -303,7 +303,7 @@ def tick_sensor(env: dict[str, Any]) -> Any:
 
 
 def test_sensor_ticks_request_the_next_round_until_the_budget_is_spent(loop_env: dict[str, Any]) -> None:
-    from envloop_pipelines.core.loop.budget import last_round_number
+    from envloop_pipelines.core.ledger.loop_budget import last_round_number
 
     env = loop_env
     home = env["home"]
@@ -360,7 +360,7 @@ class LeakyGenerator:
     name = "leaky"
 
     def synthesize(self, request: Any, train: Any) -> Any:
-        from envloop_pipelines.core.loop.synthesis import with_provenance
+        from envloop_pipelines.core.decision_loop.synthesis import with_provenance
 
         in_train = set(train.column("state_text").to_pylist())
         hidden = [r["state"] for r in learnable_tickets(N_USERS) if r["state"] not in in_train]

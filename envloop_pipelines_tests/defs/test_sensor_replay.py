@@ -49,9 +49,9 @@ from dagster._core.workspace.context import WorkspaceProcessContext
 from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
 from dagster._daemon.sensor import execute_sensor_iteration
 
-from envloop_pipelines.core.loop.budget import LoopBudget, next_round, start_loop
-from envloop_pipelines.core.loop.ledger import Ledger
-from envloop_pipelines.core.loop.store import RoundStore
+from envloop_pipelines.core.ledger.loop_budget import LoopBudget, next_round, start_loop
+from envloop_pipelines.core.ledger.ledger import Ledger
+from envloop_pipelines.core.ledger.store import RoundStore
 from envloop_pipelines.definitions import defs
 
 SENSOR = "next_round_sensor"

@@ -22,7 +22,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from envloop_pipelines.core.loop.ledger import Ledger
+from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.tracking import MlflowTracker
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -117,7 +117,7 @@ def test_no_duplicate_or_half_written_artifact(recovered: dict[str, Any]) -> Non
     snapshots = sorted(p.name for p in (home / "artifacts" / "snapshots").iterdir())
     snap = json.loads((recovered["round_dir"] / "training_dataset_snapshot.json").read_text())
     # the round's snapshot, and the null arms' (their train rows, contamination-checked too), each with its report
-    from envloop_pipelines.core.loop.store import RoundStore
+    from envloop_pipelines.core.ledger.store import RoundStore
 
     floors = [json.loads(p.read_text()) for p in RoundStore(TASK, home).noise.glob("*.json")]
     shas = {snap["sha256"]} | {arm["training_snapshot"] for f in floors for arm in f.get("arms", [])}

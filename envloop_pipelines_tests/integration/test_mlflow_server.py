@@ -9,7 +9,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from envloop_pipelines.core.loop.ledger import Ledger
+from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.tracking import MlflowTracker
 from envloop_pipelines.defs.rounds.assets import (
     ROUND_ASSETS,

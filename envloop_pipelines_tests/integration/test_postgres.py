@@ -23,7 +23,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from envloop_pipelines.core.loop.ledger import Ledger
+from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.tracking import MlflowTracker
 from envloop_pipelines.defs.rounds.assets import ROUND_ASSETS
 from envloop_pipelines_tests.postgres import PostgresServer, start_postgres

@@ -25,9 +25,9 @@ import httpx
 import pytest
 
 from envloop_pipelines.core import progress
-from envloop_pipelines.core.loop.ledger import Ledger
-from envloop_pipelines.core.loop.results import RoundDecision
-from envloop_pipelines.core.loop.store import RoundStore
+from envloop_pipelines.core.ledger.ledger import Ledger
+from envloop_pipelines.core.decision_loop.step_records import RoundDecision
+from envloop_pipelines.core.ledger.store import RoundStore
 from envloop_pipelines.sdk import Client, ClientError
 from envloop_pipelines_tests import services
 from envloop_pipelines_tests.test_docs import doc_fences

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from envloop_pipelines.core.loop.ledger import Ledger
-from envloop_pipelines.core.loop.store import RoundStore
+from envloop_pipelines.core.ledger.ledger import Ledger
+from envloop_pipelines.core.ledger.store import RoundStore
 from envloop_pipelines.sdk import Client, NotFoundError, RefusedError, RoundFailed, RoundRun, UnavailableError
 from envloop_pipelines.sdk.client import PARTITION_TAG, REFUSED_TAG, ROUND_JOB
 from envloop_pipelines_tests import services

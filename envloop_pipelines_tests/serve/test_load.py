@@ -12,7 +12,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from envloop_pipelines.core.loop.ledger import Ledger
+from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.model.checkpoint import checkpoint_hash
 from envloop_pipelines_tests.serve.helpers import ServerProcess, benchmark_records, jev_request, start_server
 

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from starlette.testclient import TestClient
 
 from envloop_pipelines.cli.serve import serve
-from envloop_pipelines.core.loop.ledger import Ledger
+from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.serve.app import create_app
 from envloop_pipelines.core.serve.lifecycle import CheckpointMismatchError, ModelHolder
 from envloop_pipelines.core.serve.settings import (

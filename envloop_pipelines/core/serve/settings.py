@@ -258,7 +258,7 @@ def source_from_release(
         LookupError: the task has no releases, or not that one.
         ValueError: ``release`` is neither a positive integer nor ``"champion"``.
     """
-    from envloop_pipelines.core.loop.ledger import Ledger
+    from envloop_pipelines.core.ledger.ledger import Ledger
 
     ledger = Ledger(task, home)
     cards = ledger.releases()

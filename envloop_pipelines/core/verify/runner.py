@@ -24,7 +24,7 @@ every caller (the loop, ``envloop sandbox verify``, an environment, the SDK):
   reader (``adhoc`` for a person's call, ``round:<key>``, ``setup:<noise floor key>``);
   a loop reader reads test only within its budget of distinct predictions
   files, refused before the labels are read beyond it
-  (:class:`~envloop_pipelines.core.loop.ledger.TestReadBudgetError`);
+  (:class:`~envloop_pipelines.core.ledger.ledger.TestReadBudgetError`);
   the holdout is read only inside its release's one read, in the task home's own
   ledger (the verifier opens it; a slot that is not that ledger is refused),
   for the release being published now; a retry of the same read after a
@@ -66,14 +66,14 @@ class HiddenSplitQueryError(PermissionError):
 
 @runtime_checkable
 class HoldoutSlot(Protocol):
-    """The one holdout read of each release (rule 4): the shape of :class:`~envloop_pipelines.core.loop.ledger.Ledger`.
+    """The one holdout read of each release (rule 4): the shape of :class:`~envloop_pipelines.core.ledger.ledger.Ledger`.
 
     :func:`verify_task` takes no object of this shape on trust: it reads the holdout only in the task
     home's own ``Ledger`` and refuses any other slot.
 
     ``read_holdout_once(release, read)`` calls ``read()`` at most once per release and keeps its
     JSON result; a second call for the same release raises
-    (:class:`~envloop_pipelines.core.loop.ledger.HoldoutAlreadyReadError`), and a ``read()`` that
+    (:class:`~envloop_pipelines.core.ledger.ledger.HoldoutAlreadyReadError`), and a ``read()`` that
     raises leaves the slot free.
     """
 
@@ -319,7 +319,7 @@ def verify_task(
         TestReadBudgetError: a ``test`` read beyond the reader's budget (nothing read, nothing appended).
         ValueError: an unknown reader or a bad budget.
     """
-    from envloop_pipelines.core.loop.ledger import reader_budget
+    from envloop_pipelines.core.ledger.ledger import reader_budget
 
     budget = reader_budget(reader, read_budget)
     hidden = split in HIDDEN_SPLITS
@@ -388,8 +388,8 @@ def verify_task(
 
 def _task_ledger(task: str, home: str | Path | None, slot: Any) -> Any:
     """The task home's own ledger; ``slot``, when given, must be that very ledger (same task, same folder)."""
-    from envloop_pipelines.core.loop.ledger import Ledger
-    from envloop_pipelines.core.loop.store import loop_dir
+    from envloop_pipelines.core.ledger.ledger import Ledger
+    from envloop_pipelines.core.ledger.store import loop_dir
 
     if slot is not None:
         own = loop_dir(task, home).resolve()

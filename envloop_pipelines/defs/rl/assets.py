@@ -1,7 +1,7 @@
 """The assets of an RL round, one per step. Each body resolves its settings, calls one core step, returns its record.
 
-The steps are :mod:`envloop_pipelines.core.loop.rl_steps`; their frozen records
-(``core/loop/rl_results.py``) go through ``RlStoreIOManager`` (``defs/rl/resources.py``),
+The steps are :mod:`envloop_pipelines.core.rl_loop.round_steps`; their frozen records
+(``core/rl_loop/step_records.py``) go through ``RlStoreIOManager`` (``defs/rl/resources.py``),
 so the graph's edges are the data flow. The policy server the steps use is
 ``defs/rl/serving.py``'s (``envloop serve``'s policy app).
 """
@@ -10,8 +10,8 @@ from typing import Any
 
 import dagster as dg
 
-from envloop_pipelines.core.loop import rl_round, rl_steps
-from envloop_pipelines.core.loop.rl_results import (
+from envloop_pipelines.core.rl_loop import run_round as rl_round, round_steps as rl_steps
+from envloop_pipelines.core.rl_loop.step_records import (
     RlCandidate,
     RlHypothesis,
     RlNoiseFloor,
@@ -46,7 +46,7 @@ def _asset(**kwargs: Any) -> Any:
 @_asset()
 def rl_hypothesis(context: dg.AssetExecutionContext, rl: RlResource, mlflow: MlflowResource) -> dg.Output[RlHypothesis]:
     """The RL round's hypothesis (change, predicted pass@1 gain, gate, seeds, MDE, parent policy), registered first."""
-    from envloop_pipelines.core.loop.ledger import GateTooLooseError, HypothesisRefusedError
+    from envloop_pipelines.core.ledger.ledger import GateTooLooseError, HypothesisRefusedError
 
     config, dataset = rl.config(), _dataset(rl)
     try:
@@ -124,7 +124,7 @@ def rl_decision(rl: RlResource, mlflow: MlflowResource, rl_hypothesis: RlHypothe
 
 RL_ASSETS = [rl_hypothesis, rl_sampled_attempts, rl_sft_snapshot, rl_policy_checkpoint, rl_noise_floor, rl_heldout_reeval,
              rl_decision]
-rl_round_job = dg.define_asset_job("rl_round_job", selection=dg.AssetSelection.assets(*RL_ASSETS), partitions_def=rl_rounds,
+rl_round_job = dg.define_asset_job("rl_round_job", selection=dg.AssetSelection.assets(*RL_ASSETS),  # partitioned as its assets (rl_rounds)
                                    description="One RL round (RL from verified attempts), for one partition of `rl_rounds`.")
 
 __all__ = ["RL_ASSETS", "RL_GROUP", "rl_round_job", "rl_rounds"]

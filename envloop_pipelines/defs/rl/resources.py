@@ -1,9 +1,9 @@
 """The RL round's resources: its settings, generated from ``RlRoundConfig``, and the store of its step values.
 
-``RlResource``'s fields are the fields of :class:`~envloop_pipelines.core.loop.rl_config.RlRoundConfig`
+``RlResource``'s fields are the fields of :class:`~envloop_pipelines.core.rl_loop.round_config.RlRoundConfig`
 (same names, types, defaults and help), so the launch config cannot drift from the core. A run sets
 them under ``resources.rl.config`` (README, "RL from verified attempts"). ``RlStoreIOManager`` stores
-each step's frozen record (``core/loop/rl_results.py``) in the RL task's ``RoundStore``, as the decision
+each step's frozen record (``core/rl_loop/step_records.py``) in the RL task's ``RoundStore``, as the decision
 round's IO manager does for its own.
 """
 
@@ -12,9 +12,9 @@ from typing import Any
 import dagster as dg
 import pydantic
 
-from envloop_pipelines.core.loop.rl_config import RlRoundConfig, rl_field_type, rl_fields
-from envloop_pipelines.core.loop.rl_results import RL_STEP_RECORDS
-from envloop_pipelines.core.loop.store import RoundStore
+from envloop_pipelines.core.rl_loop.round_config import RlRoundConfig, rl_field_type, rl_fields
+from envloop_pipelines.core.rl_loop.step_records import RL_STEP_RECORDS
+from envloop_pipelines.core.ledger.store import RoundStore
 
 
 class _RlSettings(dg.ConfigurableResource):
@@ -41,7 +41,7 @@ class RlStoreIOManager(dg.ConfigurableIOManager):
     def _where(self, context: "dg.OutputContext | dg.InputContext") -> tuple[RoundStore, str, str]:
         step = context.asset_key.path[-1]
         if step not in RL_STEP_RECORDS:
-            raise dg.DagsterInvariantViolationError(f"asset {step!r} has no record type in core/loop/rl_results.RL_STEP_RECORDS")
+            raise dg.DagsterInvariantViolationError(f"asset {step!r} has no record type in core/rl_loop/step_records.RL_STEP_RECORDS")
         cfg = self.rl.config()
         return RoundStore(cfg.task, cfg.home), step, context.asset_partition_key
 

@@ -1,6 +1,6 @@
 """The policy server the RL round is given: ``envloop serve``'s policy app, in a thread of this process.
 
-The loop (``core/loop/rl_steps.py``) takes any :class:`~envloop_pipelines.core.loop.rl_steps.PolicyServer`;
+The loop (``core/rl_loop/round_steps.py``) takes any :class:`~envloop_pipelines.core.rl_loop.round_steps.PolicyServer`;
 this is the one the assets pass in, so the loop never imports the serving layer.
 """
 

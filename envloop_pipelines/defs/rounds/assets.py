@@ -1,6 +1,6 @@
 """The assets of a round. Each body resolves config, calls one core function, returns its typed value.
 
-The values are frozen records (``core/loop/results.py``) that the ``RoundStoreIOManager``
+The values are frozen records (``core/decision_loop/step_records.py``) that the ``RoundStoreIOManager``
 stores and hands to the downstream assets, so the graph's edges are the data flow.
 """
 
@@ -11,8 +11,8 @@ import dagster as dg
 import pyarrow.parquet as pq
 
 from envloop_pipelines.core.data.snapshots import open_task
-from envloop_pipelines.core.loop import candidate, decide, setup, steps
-from envloop_pipelines.core.loop.results import (
+from envloop_pipelines.core.decision_loop import candidate, verdict as decide, noise_floor as setup, before_training as steps
+from envloop_pipelines.core.decision_loop.step_records import (
     BaselineEval,
     Benchmark,
     EnvironmentSynthesis,
@@ -49,7 +49,7 @@ def refuse_bad_proposal(context: dg.AssetExecutionContext, proposal_json: str) -
     """
     if not proposal_json.strip():
         return None
-    from envloop_pipelines.core.loop.proposals import ProposalError, parse_proposal
+    from envloop_pipelines.core.decision_loop.proposals import ProposalError, parse_proposal
 
     try:
         return parse_proposal(proposal_json, source="proposal_json", text_only=True)
@@ -74,7 +74,7 @@ def refuse(context: dg.AssetExecutionContext, message: str) -> NoReturn:
 
 def _round_started(context: dg.AssetExecutionContext, key: str) -> bool:
     """Whether anything of round ``key`` is on disk (an earlier run's steps)."""
-    from envloop_pipelines.core.loop.store import RoundStore
+    from envloop_pipelines.core.ledger.store import RoundStore
 
     cfg = context.resources.loop.config()
     return (RoundStore(cfg.task, cfg.home).loop / "rounds" / key).exists()  # round_dir() would create it
@@ -116,7 +116,7 @@ def task_benchmark(loop: LoopResource) -> dg.Output[Benchmark]:
 def noise_floor(context: dg.AssetExecutionContext, loop: LoopResource,
                 mlflow: MlflowResource) -> dg.Output[MeasuredNoiseFloor]:
     """Spread of the primary metric over K null arms of the control recipe; cached per benchmark version and recipe."""
-    from envloop_pipelines.core.loop.promotion import champion_out_of_reach
+    from envloop_pipelines.core.ledger.promotion import champion_out_of_reach
 
     cfg = loop.config()
     result = setup.measure_noise_floor(cfg, mlflow.tracker(), run_tags=run_tags(context))
@@ -141,7 +141,7 @@ def noise_floor(context: dg.AssetExecutionContext, loop: LoopResource,
 @dg.asset(partitions_def=rounds, group_name=ROUND_GROUP, deps=[noise_floor])
 def baseline_eval(context: dg.AssetExecutionContext, loop: LoopResource) -> dg.Output[BaselineEval]:
     """The champion on dev: per-question predictions and metrics."""
-    from envloop_pipelines.core.loop.plots import reliability_diagram
+    from envloop_pipelines.core.decision_loop.plots import reliability_diagram
 
     refuse_bad_proposal(context, _run_proposal_json(context))  # before anything of the round is written
     cfg = loop.config()
@@ -208,7 +208,7 @@ def registered_hypothesis(context: dg.AssetExecutionContext, config: HypothesisC
                           mlflow: MlflowResource,
                           environment_synthesis: EnvironmentSynthesis) -> dg.Output[RegisteredHypothesis]:
     """The round's hypothesis (change, predicted delta, gate, seeds), in MLflow and the ledger before training; immutable."""
-    from envloop_pipelines.core.loop.ledger import GateTooLooseError, HypothesisRefusedError
+    from envloop_pipelines.core.ledger.ledger import GateTooLooseError, HypothesisRefusedError
 
     proposal = refuse_bad_proposal(context, config.proposal_json)
     try:
@@ -296,8 +296,8 @@ def promotion_decision(context: dg.AssetExecutionContext, loop: LoopResource, ml
                        training_dataset_snapshot: TrainingSnapshot, lora_checkpoint: TrainedCheckpoint,
                        independent_reeval: Reevaluation) -> dg.Output[RoundDecision]:
     """The registered gate applied: a release card and the champion alias on promotion, a refuted hypothesis otherwise."""
-    from envloop_pipelines.core.loop.ledger import Ledger
-    from envloop_pipelines.core.loop.plots import metric_by_round
+    from envloop_pipelines.core.ledger.ledger import Ledger
+    from envloop_pipelines.core.decision_loop.plots import metric_by_round
 
     cfg = loop.config()
     result = decide.decide_round(cfg, registered_hypothesis, training_dataset_snapshot, lora_checkpoint,

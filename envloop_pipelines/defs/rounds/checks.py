@@ -11,8 +11,8 @@ from typing import Any
 import dagster as dg
 
 from envloop_pipelines.core.data.snapshots import open_task
-from envloop_pipelines.core.loop.results import STEP_RECORDS, Reevaluation, TrainedCheckpoint, TrainingSnapshot
-from envloop_pipelines.core.loop.store import RoundStore
+from envloop_pipelines.core.decision_loop.step_records import STEP_RECORDS, Reevaluation, TrainedCheckpoint, TrainingSnapshot
+from envloop_pipelines.core.ledger.store import RoundStore
 from envloop_pipelines.defs.rounds.assets import independent_reeval, lora_checkpoint, training_dataset_snapshot
 from envloop_pipelines.resources.loop import LoopResource
 
@@ -64,7 +64,7 @@ def checkpoint_reproduces(context: dg.AssetCheckExecutionContext, loop: LoopReso
 @dg.asset_check(asset=independent_reeval)
 def candidate_is_calibrated(context: dg.AssetCheckExecutionContext, loop: LoopResource) -> dg.AssetCheckResult:
     """The candidate's test ECE is within the registered gate's calibration guard."""
-    from envloop_pipelines.core.loop.ledger import Ledger
+    from envloop_pipelines.core.ledger.ledger import Ledger
 
     cfg = loop.config()
     independent_reeval: Reevaluation = _value(context, loop, "independent_reeval")

@@ -40,7 +40,7 @@ PROMOTION_WARNING = "promotion_warning"
 def ledger_metadata(task: str, home: str | None, *, round_key: str | None = None, noise_key: str | None = None,
                     release: int | None = None) -> dict[str, dg.MetadataValue]:
     """The ledger's events about this step (its round, its noise floor, its release) and its release card, as JSON."""
-    from envloop_pipelines.core.loop.ledger import Ledger
+    from envloop_pipelines.core.ledger.ledger import Ledger
 
     ledger = Ledger(task, home)
 

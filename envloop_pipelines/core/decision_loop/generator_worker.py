@@ -1,7 +1,7 @@
 """The sandboxed side of a user's environment generator (``generator=module:attr`` or an entry point).
 
-Run as ``python -m envloop_pipelines.core.loop.generator_worker`` inside the sandbox by
-:class:`~envloop_pipelines.core.loop.synthesis.SandboxedGenerator`. It reads one JSON document on stdin:
+Run as ``python -m envloop_pipelines.core.decision_loop.generator_worker`` inside the sandbox by
+:class:`~envloop_pipelines.core.decision_loop.synthesis.SandboxedGenerator`. It reads one JSON document on stdin:
 
 ``{"spec": "module:attr", "describe": true}``
     load the generator and answer its ``name`` (the check at load time);
@@ -36,8 +36,8 @@ def run(payload: dict[str, Any]) -> dict[str, Any]:
     import pyarrow as pa
 
     from envloop_pipelines.core.data.records import QUESTION_SCHEMA
-    from envloop_pipelines.core.loop.mining import FailureCluster
-    from envloop_pipelines.core.loop.synthesis import SNAPSHOT_SCHEMA, SynthesisRequest, resolve_generator
+    from envloop_pipelines.core.decision_loop.mining import FailureCluster
+    from envloop_pipelines.core.decision_loop.synthesis import SNAPSHOT_SCHEMA, SynthesisRequest, resolve_generator
 
     spec = payload["spec"]
     generator = resolve_generator(spec, **dict(payload.get("kwargs") or {}))

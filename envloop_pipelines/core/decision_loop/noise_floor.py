@@ -13,16 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from envloop_pipelines.core.data.snapshots import TaskSnapshot, open_task
-from envloop_pipelines.core.loop.cards import benchmark_limitations
-from envloop_pipelines.core.loop.config import LoopConfig
-from envloop_pipelines.core.loop.ledger import EVENT_CHECKPOINT_TRAINED, EVENT_NULL_ARM, Ledger, LedgerError
-from envloop_pipelines.core.loop.promotion import check_arm_identity, noise_floor_from_arms
-from envloop_pipelines.core.loop.release import publish_release, tfidf_baseline
-from envloop_pipelines.core.loop.results import Benchmark, MeasuredNoiseFloor, TrainingSnapshot
+from envloop_pipelines.core.release.card import benchmark_limitations
+from envloop_pipelines.core.ledger.loop_config import LoopConfig
+from envloop_pipelines.core.ledger.ledger import EVENT_CHECKPOINT_TRAINED, EVENT_NULL_ARM, Ledger, LedgerError
+from envloop_pipelines.core.ledger.promotion import check_arm_identity, noise_floor_from_arms
+from envloop_pipelines.core.release.publish import publish_release, tfidf_baseline
+from envloop_pipelines.core.decision_loop.step_records import Benchmark, MeasuredNoiseFloor, TrainingSnapshot
 from envloop_pipelines.core.storage import envloop_home
-from envloop_pipelines.core.loop.runs import verify_predictions, write_predictions
-from envloop_pipelines.core.loop.store import RoundStore
-from envloop_pipelines.core.loop.candidate import snapshot_rows, train_into_store
+from envloop_pipelines.core.release.tracked_runs import verify_predictions, write_predictions
+from envloop_pipelines.core.ledger.store import RoundStore
+from envloop_pipelines.core.decision_loop.candidate import snapshot_rows, train_into_store
 from envloop_pipelines.core.storage import atomic_write_json, atomic_write_parquet, canonical_json, sha256_bytes
 from envloop_pipelines.core.tracking import (
     KIND_NOISE_FLOOR,
@@ -53,7 +53,7 @@ def _open_or_generate(config: LoopConfig) -> TaskSnapshot:
     except FileNotFoundError:
         if config.generator != "builtin_targeted":
             raise
-    from envloop_pipelines.core.data.datasets import generate_builtin_task
+    from envloop_pipelines.core.benchmark.builtin_task import generate_builtin_task
 
     generate_builtin_task(task=config.task, n_users=config.builtin_users,
                           records_per_user=config.builtin_records_per_user, home=envloop_home(config.home))
@@ -73,7 +73,7 @@ def noise_floor_key(benchmark_version: str, config: LoopConfig) -> str:
     a function of the benchmark, the check's thresholds and the policy; a floor measured on other data
     (an unchecked train split, before rule 7 covered the arms) is not reused.
     """
-    from envloop_pipelines.core.loop.contamination import ContaminationConfig
+    from envloop_pipelines.core.data.contamination import ContaminationConfig
 
     data = {"train": "contamination-checked", "policy": config.contamination_policy,
             "check": dict(ContaminationConfig().__dict__)}
@@ -224,8 +224,8 @@ def base_training_snapshot(config: LoopConfig, snapshot: TaskSnapshot) -> Traini
     Raises:
         ContaminatedDataError: the check is not clean (policy ``refuse``).
     """
-    from envloop_pipelines.core.loop.steps import checked_training_snapshot
-    from envloop_pipelines.core.loop.synthesis import SNAPSHOT_SCHEMA
+    from envloop_pipelines.core.decision_loop.before_training import checked_training_snapshot
+    from envloop_pipelines.core.decision_loop.synthesis import SNAPSHOT_SCHEMA
 
     data = checked_training_snapshot(config, snapshot, SNAPSHOT_SCHEMA.empty_table(), round="noise_floor")
     if data.problems():

@@ -1,8 +1,8 @@
 """RL from verified attempts, as a round of the loop: sample, keep what the verifier passed, SFT, re-evaluate, gate.
 
 A round over an environment dataset whose environments are split ``train`` / ``heldout`` is seven
-typed steps (:mod:`~envloop_pipelines.core.loop.rl_steps`, one Dagster asset each in ``defs/rl/assets.py``;
-their records in :mod:`~envloop_pipelines.core.loop.rl_results`; :func:`run_rl_round` calls them in order
+typed steps (:mod:`~envloop_pipelines.core.rl_loop.round_steps`, one Dagster asset each in ``defs/rl/assets.py``;
+their records in :mod:`~envloop_pipelines.core.rl_loop.step_records`; :func:`run_rl_round` calls them in order
 without Dagster):
 
 1. **Hypothesis** (``rl_hypothesis``, rule 1): the change, the predicted gain in held-out pass@1, the gate,
@@ -10,7 +10,7 @@ without Dagster):
    MLflow before any attempt is sampled; the gate may be stricter, never looser, than the measured floor and
    a paired CI above zero (rule 2, :meth:`Ledger.register_hypothesis`).
 2. **Sampling** (``rl_sampled_attempts``): K attempts per training environment by the sampler (a given
-   agent, else the parent policy served by the caller's :class:`~.rl_steps.PolicyServer`), each in its own
+   agent, else the parent policy served by the caller's :class:`~.round_steps.PolicyServer`), each in its own
    sandbox.
 3. **SFT snapshot** (``rl_sft_snapshot``, rule 7): the passed attempts as chat rows with provenance,
    contamination-checked against the held-out environments, content-addressed.
@@ -23,7 +23,7 @@ without Dagster):
    held-out environment with the same sampling seeds; only aggregates leave (each arm's pass@1 with its CI,
    the paired delta with a percentile-bootstrap CI over environments, both from ``agents/stats.py``).
 7. **Decision** (``rl_decision``): the registered (or amended) gate, the floor and the CI through the
-   decision loop's :func:`~envloop_pipelines.core.loop.promotion.decide_promotion`; a rejection is recorded
+   decision loop's :func:`~envloop_pipelines.core.ledger.promotion.decide_promotion`; a rejection is recorded
    (``candidate_rejected``, ``hypothesis_refuted``); a promotion reads the held-out split once for the
    release (:meth:`Ledger.read_holdout_once`) and writes the release card naming the policy checkpoint the
    next round samples with. ``round_decided`` either way.
@@ -41,16 +41,16 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from envloop_pipelines.core.loop.config import round_key
-from envloop_pipelines.core.loop.ledger import (
+from envloop_pipelines.core.ledger.loop_config import round_key
+from envloop_pipelines.core.ledger.ledger import (
     EVENT_CANDIDATE_REJECTED,
     EVENT_HYPOTHESIS_REFUTED,
     EVENT_ROUND_DECIDED,
     Ledger,
 )
-from envloop_pipelines.core.loop.promotion import decide_promotion
-from envloop_pipelines.core.loop.rl_config import CHANGE_KIND, RL_METRIC, RlRoundConfig
-from envloop_pipelines.core.loop.rl_results import (
+from envloop_pipelines.core.ledger.promotion import decide_promotion
+from envloop_pipelines.core.rl_loop.round_config import CHANGE_KIND, RL_METRIC, RlRoundConfig
+from envloop_pipelines.core.rl_loop.step_records import (
     HeldoutComparison,
     RlCandidate,
     RlHypothesis,
@@ -60,7 +60,7 @@ from envloop_pipelines.core.loop.rl_results import (
     RlSampling,
     RlSnapshot,
 )
-from envloop_pipelines.core.loop.rl_steps import (
+from envloop_pipelines.core.rl_loop.round_steps import (
     PolicyServer,
     build_rl_snapshot,
     measure_rl_noise_floor,
@@ -69,8 +69,8 @@ from envloop_pipelines.core.loop.rl_steps import (
     sample_attempts,
     train_rl_candidate,
 )
-from envloop_pipelines.core.loop.runs import child_run, round_run
-from envloop_pipelines.core.loop.store import RoundStore
+from envloop_pipelines.core.release.tracked_runs import child_run, round_run
+from envloop_pipelines.core.ledger.store import RoundStore
 from envloop_pipelines.core.model.causal_sft import RECIPE_FILE, read_policy_checkpoint
 from envloop_pipelines.core.tracking import KIND_RELEASE, TAG_CHECKPOINT, TAG_RELEASE, Tracker
 

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from envloop_pipelines.core.loop.store import loop_dir
+from envloop_pipelines.core.ledger.store import loop_dir
 from envloop_pipelines.core.storage import atomic_write_bytes, canonical_json, sha256_bytes
 
 # -- the ledger's event kinds: the only spelling (docs/concepts.md) -------------------------------------------

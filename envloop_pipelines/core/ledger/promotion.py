@@ -40,7 +40,7 @@ from typing import Any, Mapping, Sequence
 
 from scipy import stats
 
-from envloop_pipelines.core.loop.ledger import GUARD_FIELDS, MIN_FLOOR_MULTIPLIER, Gate, metric_direction
+from envloop_pipelines.core.ledger.ledger import GUARD_FIELDS, MIN_FLOOR_MULTIPLIER, Gate, metric_direction
 from envloop_pipelines.core.metrics import DEFAULT_POWER, minimum_detectable_effect
 from envloop_pipelines.core.storage import canonical_json, sha256_bytes
 
@@ -125,7 +125,7 @@ def applied_gate(gate: Gate) -> Gate:
     """The gate as a decision applies it: never looser than the default, whatever was registered.
 
     Defence in depth for gates written before every door checked them (rule 2): the direction is the
-    primary metric's own (:func:`~envloop_pipelines.core.loop.ledger.metric_direction`), each guard
+    primary metric's own (:func:`~envloop_pipelines.core.ledger.ledger.metric_direction`), each guard
     tolerance at most its default, a NaN ``min_delta`` 0. The floor multiplier and the CI are applied
     by the decision itself.
     """
@@ -164,7 +164,7 @@ def hypothesis_power(noise: Mapping[str, Any] | None, gate: Gate, predicted_delt
     to be promoted 80% of the time, clearing both the bar (:func:`gate_bar`, from ``floor`` and the
     champion's score) and its CI's lower end above zero. ``α`` is the verifier's CI level and ``se`` the
     standard error of a *candidate-vs-champion* paired delta on test (``noise["deltas"][metric]["se"]``,
-    :func:`~envloop_pipelines.core.loop.steps.paired_noise`: earlier rounds' candidates and continuation
+    :func:`~envloop_pipelines.core.decision_loop.before_training.paired_noise`: earlier rounds' candidates and continuation
     arms trained from the control arm, never null arms, whose seeds may nearly agree). The hypothesis is
     ``underpowered`` when its predicted effect, in the gate's direction, is below the MDE. The flag
     informs; it changes no rule of the gate.
@@ -234,7 +234,7 @@ def unreachable_bar(floor: NoiseFloor, champion_score: float, gate: Gate | None 
 
 def champion_out_of_reach(task: str, home: Any, floor: NoiseFloor, gate: Gate | None = None) -> str | None:
     """:func:`unreachable_bar` for the task's champion (its release card's test score); ``None`` without one."""
-    from envloop_pipelines.core.loop.ledger import Ledger
+    from envloop_pipelines.core.ledger.ledger import Ledger
 
     releases = Ledger(task, home).releases()
     score = (releases[-1].get("test") or {}).get(floor.metric) if releases else None

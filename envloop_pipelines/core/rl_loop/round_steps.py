@@ -1,6 +1,6 @@
 """The steps of an RL round, each a function from the records of the steps it depends on to its own record.
 
-One asset per step (``defs/rl/assets.py``); :func:`~envloop_pipelines.core.loop.rl_round.run_rl_round`
+One asset per step (``defs/rl/assets.py``); :func:`~envloop_pipelines.core.rl_loop.run_round.run_rl_round`
 calls the same functions without Dagster. Policies are served by a :class:`PolicyServer` the caller
 passes in (``defs/rl/serving.py`` wraps ``envloop serve``'s policy app): the loop does not import the
 serving layer.
@@ -22,9 +22,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from envloop_pipelines.core.agents.client import AgentSpec
-from envloop_pipelines.core.loop.ledger import EVENT_CHECKPOINT_TRAINED, EVENT_NULL_ARM, Hypothesis, Ledger
-from envloop_pipelines.core.loop.promotion import check_arm_identity, noise_floor_from_arms
-from envloop_pipelines.core.loop.rl_config import (
+from envloop_pipelines.core.ledger.ledger import EVENT_CHECKPOINT_TRAINED, EVENT_NULL_ARM, Hypothesis, Ledger
+from envloop_pipelines.core.ledger.promotion import check_arm_identity, noise_floor_from_arms
+from envloop_pipelines.core.rl_loop.round_config import (
     CHANGE_KIND,
     CONFIDENCE_LEVEL,
     HELDOUT_SPLIT,
@@ -32,7 +32,7 @@ from envloop_pipelines.core.loop.rl_config import (
     TRAIN_SPLIT,
     RlRoundConfig,
 )
-from envloop_pipelines.core.loop.rl_results import (
+from envloop_pipelines.core.rl_loop.step_records import (
     ArmScore,
     HeldoutComparison,
     RlCandidate,
@@ -42,9 +42,9 @@ from envloop_pipelines.core.loop.rl_results import (
     RlSampling,
     RlSnapshot,
 )
-from envloop_pipelines.core.loop.runs import child_run, flat_metrics, round_run
-from envloop_pipelines.core.loop.sft_snapshot import build_sft_snapshot, environment_text
-from envloop_pipelines.core.loop.store import RoundStore
+from envloop_pipelines.core.release.tracked_runs import child_run, flat_metrics, round_run
+from envloop_pipelines.core.rl_loop.sft_snapshot import build_sft_snapshot, environment_text
+from envloop_pipelines.core.ledger.store import RoundStore
 from envloop_pipelines.core.metrics import DEFAULT_POWER, minimum_detectable_effect
 from envloop_pipelines.core.model.causal_sft import PolicyCheckpoint, read_policy_checkpoint, train_causal_sft
 from envloop_pipelines.core.storage import staging_dir

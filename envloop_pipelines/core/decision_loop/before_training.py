@@ -2,7 +2,7 @@
 
 ``evaluate_champion → mine_failures → synthesize_environments → register_hypothesis →
 build_training_snapshot``; training, re-evaluation and the decision follow in
-``candidate.py`` and ``decide.py``. Rows and predictions a step writes go to
+``candidate.py`` and ``verdict.py``. Rows and predictions a step writes go to
 the round's folder; the step's value is returned, not written (the IO manager
 stores it).
 """
@@ -21,22 +21,22 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from envloop_pipelines.core.data.snapshots import open_task, require_same_benchmark
-from envloop_pipelines.core.loop.config import LoopConfig, round_number
-from envloop_pipelines.core.loop.contamination import ContaminationReport, check_contamination, record_texts, row_texts
-from envloop_pipelines.core.loop.ledger import EVENT_ROUND_DECIDED, Gate, Hypothesis, Ledger, LedgerError
-from envloop_pipelines.core.loop.mining import FailureCluster, mine_failures_with_fallback
-from envloop_pipelines.core.loop.promotion import hypothesis_power
-from envloop_pipelines.core.loop.release import champion
-from envloop_pipelines.core.loop.results import (
+from envloop_pipelines.core.ledger.loop_config import LoopConfig, round_number
+from envloop_pipelines.core.data.contamination import ContaminationReport, check_contamination, record_texts, row_texts
+from envloop_pipelines.core.ledger.ledger import EVENT_ROUND_DECIDED, Gate, Hypothesis, Ledger, LedgerError
+from envloop_pipelines.core.decision_loop.mining import FailureCluster, mine_failures_with_fallback
+from envloop_pipelines.core.ledger.promotion import hypothesis_power
+from envloop_pipelines.core.release.publish import champion
+from envloop_pipelines.core.decision_loop.step_records import (
     BaselineEval,
     EnvironmentSynthesis,
     FailureMining,
     RegisteredHypothesis,
     TrainingSnapshot,
 )
-from envloop_pipelines.core.loop.runs import child_run, verify_predictions, write_predictions
-from envloop_pipelines.core.loop.store import RoundStore
-from envloop_pipelines.core.loop.synthesis import SNAPSHOT_SCHEMA, SynthesisRequest, load_generator, with_provenance
+from envloop_pipelines.core.release.tracked_runs import child_run, verify_predictions, write_predictions
+from envloop_pipelines.core.ledger.store import RoundStore
+from envloop_pipelines.core.decision_loop.synthesis import SNAPSHOT_SCHEMA, SynthesisRequest, load_generator, with_provenance
 from envloop_pipelines.core.storage import (
     atomic_write_bytes,
     atomic_write_json,
@@ -146,10 +146,10 @@ def proposal_errors(proposal: Mapping[str, Any]) -> list[str]:
     registration step). Unknown fields; ``change`` (a non-empty object of kind ``data`` or ``recipe``, a
     ``recipe_diff`` with the recipe's fields only, not the loop's ``recipe_overrides``); ``predicted_delta``
     a finite number; ``seeds`` a list of distinct integers; a ``gate`` with unknown fields, bad values or
-    any field looser than the default (:func:`~envloop_pipelines.core.loop.ledger.gate_errors`), or on a
+    any field looser than the default (:func:`~envloop_pipelines.core.ledger.ledger.gate_errors`), or on a
     metric the floor does not measure. Each message names the field. Fields left out are derived.
     """
-    from envloop_pipelines.core.loop.ledger import PROPOSAL_CHANGE_KINDS, hypothesis_errors
+    from envloop_pipelines.core.ledger.ledger import PROPOSAL_CHANGE_KINDS, hypothesis_errors
 
     if not isinstance(proposal, Mapping):
         return ["hypothesis: must be a JSON object (change, predicted_delta, gate, seeds, rationale)"]
@@ -172,7 +172,7 @@ def proposal_errors(proposal: Mapping[str, Any]) -> list[str]:
 
 def _unmeasured_metric(gate: Any) -> list[str]:
     """A gate on a metric the noise floor does not measure would be held to a floor in another metric's units."""
-    from envloop_pipelines.core.loop.setup import PRIMARY_METRIC
+    from envloop_pipelines.core.decision_loop.noise_floor import PRIMARY_METRIC
 
     metric = gate.get("primary_metric", PRIMARY_METRIC) if isinstance(gate, Mapping) else PRIMARY_METRIC
     if metric == PRIMARY_METRIC:
@@ -202,8 +202,8 @@ def paired_noise(config: LoopConfig) -> dict[str, Any] | None:
         "n_questions", "n_clusters", "n_pairs"}}}``, or ``None`` when the floor is not measured for this
         config or no pair exists.
     """
-    from envloop_pipelines.core.loop.results import Reevaluation
-    from envloop_pipelines.core.loop.setup import continuation_path, current_noise_floor, setup_reader
+    from envloop_pipelines.core.decision_loop.step_records import Reevaluation
+    from envloop_pipelines.core.decision_loop.noise_floor import continuation_path, current_noise_floor, setup_reader
 
     try:
         measured = current_noise_floor(config)
@@ -266,7 +266,7 @@ class UnmeasuredPowerError(LedgerError, ValueError):
 
 def _measured_power(config: LoopConfig, key: str, gate: Gate, predicted: float) -> dict[str, Any]:
     """:func:`hypothesis_power` at this loop's floor, champion and paired noise; refused without an MDE."""
-    from envloop_pipelines.core.loop.setup import current_noise_floor
+    from envloop_pipelines.core.decision_loop.noise_floor import current_noise_floor
 
     try:
         measured = current_noise_floor(config)
@@ -298,7 +298,7 @@ def register_hypothesis(config: LoopConfig, synthesis: EnvironmentSynthesis, tra
     given is derived from the mined failures and past rounds.
 
     The registration records the test's power (rule 2): the minimum detectable effect of the primary
-    metric at 80% power and the measured noise (:func:`paired_noise`, :func:`~envloop_pipelines.core.loop.promotion.hypothesis_power`)
+    metric at 80% power and the measured noise (:func:`paired_noise`, :func:`~envloop_pipelines.core.ledger.promotion.hypothesis_power`)
     beside the predicted delta, and flags the hypothesis ``underpowered`` when its predicted effect is
     below it: in the hypothesis, its ledger event and its MLflow run (tag ``envloop.underpowered``).
     The flag changes no rule of the gate. A hypothesis whose MDE cannot be measured (no noise floor for
@@ -383,7 +383,7 @@ def checked_training_snapshot(config: LoopConfig, task: Any, synth: pa.Table, *,
     """The task's train rows plus ``synth``, contamination-checked, stored under their sha256 with the report.
 
     Every snapshot any arm trains on comes from here: a round's (``build_training_snapshot``), and the
-    null arms' and release 1's (``synth`` empty, ``core/loop/setup.py``).
+    null arms' and release 1's (``synth`` empty, ``core/decision_loop/noise_floor.py``).
     """
     store = RoundStore(config.task, config.home)
     base = with_provenance(task.table("train"), json.dumps({"kind": "base", "snapshot": task.snapshot_id}))

@@ -15,7 +15,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from envloop_pipelines.core.loop.config import CONTAMINATION_POLICIES, LoopConfig
+from envloop_pipelines.core.ledger.loop_config import CONTAMINATION_POLICIES, LoopConfig
 
 #: What an RL round measures and gates on: held-out pass@1 (``Gate.primary_metric``).
 RL_METRIC = "pass_at_1"
@@ -89,7 +89,7 @@ class RlRoundConfig:
 
     def gate(self) -> Any:
         """The gate the round registers (``Gate`` on :data:`RL_METRIC`)."""
-        from envloop_pipelines.core.loop.ledger import Gate
+        from envloop_pipelines.core.ledger.ledger import Gate
 
         return Gate(primary_metric=RL_METRIC, min_delta=self.min_delta, floor_multiplier=self.floor_multiplier)
 

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from envloop_pipelines.core.data.snapshots import TaskSnapshot
-from envloop_pipelines.core.loop.cards import render_card
-from envloop_pipelines.core.loop.config import LoopConfig
-from envloop_pipelines.core.loop.ledger import Ledger, LedgerError
-from envloop_pipelines.core.loop.runs import child_run, flat_metrics, verify_predictions, write_predictions
+from envloop_pipelines.core.release.card import render_card
+from envloop_pipelines.core.ledger.loop_config import LoopConfig
+from envloop_pipelines.core.ledger.ledger import Ledger, LedgerError
+from envloop_pipelines.core.release.tracked_runs import child_run, flat_metrics, verify_predictions, write_predictions
 from envloop_pipelines.core.storage import atomic_write_parquet
 from envloop_pipelines.core.tracking import (
     HOLDOUT_PREFIX,

@@ -32,7 +32,7 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 import pyarrow as pa
 
-from envloop_pipelines.core.loop.mining import FailureCluster
+from envloop_pipelines.core.decision_loop.mining import FailureCluster
 from envloop_pipelines.core.data.records import QUESTION_SCHEMA, questions_table, records_from_objects
 
 #: A synthesized or base training row: the question table plus where the row came from.
@@ -235,7 +235,7 @@ class SandboxRefusedError(RuntimeError):
 class SandboxedGenerator:
     """A user's generator, run in the sandbox: clusters and train rows in as JSON, rows back as JSON.
 
-    Each call is a fresh sandboxed process (:mod:`envloop_pipelines.core.loop.generator_worker`) under
+    Each call is a fresh sandboxed process (:mod:`envloop_pipelines.core.decision_loop.generator_worker`) under
     :data:`GENERATOR_LIMITS`: another uid than the loop's, the home's ``verifier`` folder hidden, no network, a
     scrubbed environment (no ``ENVLOOP_HOME``). The rows it returns are typed against ``SNAPSHOT_SCHEMA`` here
     and, like every row, contamination-checked in the training snapshot.
@@ -273,7 +273,7 @@ class SandboxedGenerator:
         # The generator's module is imported from where the loop would import it (the environment is scrubbed).
         path = os.pathsep.join(dict.fromkeys(os.path.abspath(p or os.curdir) for p in sys.path
                                              if os.path.isdir(p or os.curdir)))
-        result = sandbox.run([sys.executable, "-m", "envloop_pipelines.core.loop.generator_worker"], stdin=body,
+        result = sandbox.run([sys.executable, "-m", "envloop_pipelines.core.decision_loop.generator_worker"], stdin=body,
                              result_channel=True, limits=SandboxLimits(**GENERATOR_LIMITS),
                              hidden_paths=[self.home / "verifier"], env={"PYTHONPATH": path})
         self.last_run = result.to_dict(include_channel=False)

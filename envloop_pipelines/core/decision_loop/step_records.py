@@ -2,7 +2,7 @@
 
 Each step function takes the records of the steps it depends on and returns its
 own (a frozen dataclass). Dagster's IO manager (``resources/round_store.py``)
-stores them as JSON at the paths of :class:`~envloop_pipelines.core.loop.store.RoundStore`
+stores them as JSON at the paths of :class:`~envloop_pipelines.core.ledger.store.RoundStore`
 and hands them downstream, so lineage in the UI is the real data flow; without
 Dagster (benches, tests) the same functions are called with the values directly.
 Large artifacts (snapshots, checkpoints) stay content-addressed on disk and are
@@ -13,37 +13,13 @@ their keys are the metric names of ``core/metrics.py``.
 from __future__ import annotations
 
 import dataclasses
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from envloop_pipelines.core.loop.ledger import Gate, Hypothesis
-from envloop_pipelines.core.loop.promotion import NoiseFloor, PromotionDecision
-
-
-class Record:
-    """JSON round trip for flat frozen dataclasses (tuples are lists in JSON)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {}
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            value = getattr(self, f.name)
-            out[f.name] = list(value) if isinstance(value, tuple) else value
-        return out
-
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> Any:
-        hints = typing.get_type_hints(cls)
-        data = {}
-        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-            if f.name not in raw:
-                continue
-            value = raw[f.name]
-            if typing.get_origin(hints[f.name]) is tuple and isinstance(value, list):
-                value = tuple(value)
-            data[f.name] = value
-        return cls(**data)
+from envloop_pipelines.core.ledger.ledger import Gate, Hypothesis
+from envloop_pipelines.core.ledger.promotion import NoiseFloor, PromotionDecision
+from envloop_pipelines.core.ledger.store import Record
 
 
 @dataclass(frozen=True)

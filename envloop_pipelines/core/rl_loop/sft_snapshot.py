@@ -13,7 +13,7 @@ environments before the snapshot is used:
 * **environment**: a row from a held-out environment (its id is a held-out id, or its split is not
   ``train``) is contamination by definition;
 * **text**: the row's environment text (instruction and starting files) against every held-out
-  environment's, by :func:`~envloop_pipelines.core.loop.contamination.check_contamination`
+  environment's, by :func:`~envloop_pipelines.core.data.contamination.check_contamination`
   (exact normalised text, near-duplicate word shingles, 13-gram overlap both ways: the row's 13-grams
   found in held-out text, and a held-out environment's 13-grams contained in the row), the decision
   loop's check applied to environments.
@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from envloop_pipelines.core.loop.contamination import ContaminationConfig, check_contamination
+from envloop_pipelines.core.data.contamination import ContaminationConfig, check_contamination
 from envloop_pipelines.core.storage import canonical_json, make_read_only, publish_dir, sha256_bytes, sha256_file, staging_dir
 
 FORMAT = "envloop-sft-snapshot/1"

@@ -1,9 +1,9 @@
-"""The typed values the steps of an RL round hand each other (as ``results.py`` is for the decision round).
+"""The typed values the steps of an RL round hand each other (as ``decision_loop/step_records.py`` is for the decision round).
 
-Each step of :mod:`~envloop_pipelines.core.loop.rl_steps` takes the records of the steps it
+Each step of :mod:`~envloop_pipelines.core.rl_loop.round_steps` takes the records of the steps it
 depends on and returns its own frozen record; Dagster's ``RlStoreIOManager`` (``defs/rl/resources.py``)
 stores each at ``<home>/loops/<task>/rounds/<round>/<asset>.json`` and hands it downstream, and
-:func:`~envloop_pipelines.core.loop.rl_round.run_rl_round` calls the same steps with the values
+:func:`~envloop_pipelines.core.rl_loop.run_round.run_rl_round` calls the same steps with the values
 directly. Attempts, SFT snapshots and policy checkpoints stay content-addressed on disk, referenced
 here by hash and path. Per-environment held-out results never enter a record (rule 4): only each
 arm's pass@1 with its CI and the paired delta.
@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from envloop_pipelines.core.loop.ledger import Hypothesis
-from envloop_pipelines.core.loop.promotion import NoiseFloor
-from envloop_pipelines.core.loop.results import Record
+from envloop_pipelines.core.ledger.ledger import Hypothesis
+from envloop_pipelines.core.ledger.promotion import NoiseFloor
+from envloop_pipelines.core.ledger.store import Record
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class RlSnapshot(Record):
 
     def sft(self) -> Any:
         """The snapshot (``SftSnapshot``) whose rows are trained on."""
-        from envloop_pipelines.core.loop.sft_snapshot import SftSnapshot
+        from envloop_pipelines.core.rl_loop.sft_snapshot import SftSnapshot
 
         return SftSnapshot.from_dict({k: v for k, v in self.to_dict().items() if k != "round"})
 

@@ -2,8 +2,8 @@
 
 ::
 
-    ledger.jsonl, hypotheses/, amendments/, releases/   the ledger (core/loop/ledger.py)
-    loop.json                                          the active loop and its budget (core/loop/budget.py)
+    ledger.jsonl, hypotheses/, amendments/, releases/   the ledger (core/ledger/ledger.py)
+    loop.json                                          the active loop and its budget (core/ledger/loop_budget.py)
     noise/<key>.json, noise/<key>/                     noise floors by key, their arms' predictions
     <step>.json                                        the value of an unpartitioned step (task_benchmark, noise_floor)
     rounds/<round>/<step>.json                         the value of each round step (the IO manager's files)
@@ -15,7 +15,10 @@ Content-addressed artifacts shared by every loop of the home live under
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -31,6 +34,30 @@ class StepRecord(Protocol):
     """A typed step value that round-trips through JSON."""
 
     def to_dict(self) -> dict[str, Any]: ...
+
+
+class Record:
+    """JSON round trip for flat frozen dataclasses (tuples are lists in JSON): the base of every loop's step records."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> Any:
+        hints = typing.get_type_hints(cls)
+        data = {}
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            if f.name not in raw:
+                continue
+            value = raw[f.name]
+            if typing.get_origin(hints[f.name]) is tuple and isinstance(value, list):
+                value = tuple(value)
+            data[f.name] = value
+        return cls(**data)
 
 
 R = TypeVar("R")

@@ -15,13 +15,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from envloop_pipelines.core.data.snapshots import open_task, require_same_benchmark
-from envloop_pipelines.core.loop.config import LoopConfig, round_number
-from envloop_pipelines.core.loop.ledger import EVENT_CHECKPOINT_TRAINED, Ledger, LedgerError
-from envloop_pipelines.core.loop.release import champion, tfidf_baseline
-from envloop_pipelines.core.loop.results import Reevaluation, RegisteredHypothesis, TrainedCheckpoint, TrainingSnapshot
+from envloop_pipelines.core.ledger.loop_config import LoopConfig, round_number
+from envloop_pipelines.core.ledger.ledger import EVENT_CHECKPOINT_TRAINED, Ledger, LedgerError
+from envloop_pipelines.core.release.publish import champion, tfidf_baseline
+from envloop_pipelines.core.decision_loop.step_records import Reevaluation, RegisteredHypothesis, TrainedCheckpoint, TrainingSnapshot
 from envloop_pipelines.core.storage import envloop_home
-from envloop_pipelines.core.loop.runs import child_run, flat_metrics, verify_predictions, write_predictions
-from envloop_pipelines.core.loop.store import RoundStore
+from envloop_pipelines.core.release.tracked_runs import child_run, flat_metrics, verify_predictions, write_predictions
+from envloop_pipelines.core.ledger.store import RoundStore
 from envloop_pipelines.core.storage import atomic_write_parquet, publish_dir, staging_dir
 from envloop_pipelines.core.tracking import (
     KIND_HYPOTHESIS,
@@ -129,7 +129,7 @@ def reevaluate(config: LoopConfig, candidate: TrainedCheckpoint, snapshot: Train
 
     The round's reads of test (reader ``round:<key>``): the candidate's predictions paired with the
     champion's, and the TF-IDF baseline's, three files, its whole budget
-    (:data:`~envloop_pipelines.core.loop.ledger.ROUND_TEST_READ_BUDGET`, one more per gate amendment, whose
+    (:data:`~envloop_pipelines.core.ledger.ledger.ROUND_TEST_READ_BUDGET`, one more per gate amendment, whose
     fresh-seed candidate is a new file); a retry reads the same files again and is not counted twice.
     """
     key = candidate.round

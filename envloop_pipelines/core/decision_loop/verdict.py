@@ -12,19 +12,19 @@ from pathlib import Path
 from typing import Any
 
 from envloop_pipelines.core.data.snapshots import open_task, require_same_benchmark
-from envloop_pipelines.core.loop.candidate import snapshot_rows
-from envloop_pipelines.core.loop.cards import benchmark_limitations
-from envloop_pipelines.core.loop.ledger import (
+from envloop_pipelines.core.decision_loop.candidate import snapshot_rows
+from envloop_pipelines.core.release.card import benchmark_limitations
+from envloop_pipelines.core.ledger.ledger import (
     EVENT_CANDIDATE_REJECTED,
     EVENT_HYPOTHESIS_REFUTED,
     EVENT_ROUND_DECIDED,
     Ledger,
     LedgerError,
 )
-from envloop_pipelines.core.loop.config import LoopConfig
-from envloop_pipelines.core.loop.promotion import PromotionDecision, decide_promotion
-from envloop_pipelines.core.loop.release import champion, publish_release, tfidf_baseline
-from envloop_pipelines.core.loop.results import (
+from envloop_pipelines.core.ledger.loop_config import LoopConfig
+from envloop_pipelines.core.ledger.promotion import PromotionDecision, decide_promotion
+from envloop_pipelines.core.release.publish import champion, publish_release, tfidf_baseline
+from envloop_pipelines.core.decision_loop.step_records import (
     MeasuredNoiseFloor,
     Reevaluation,
     RegisteredHypothesis,
@@ -32,7 +32,7 @@ from envloop_pipelines.core.loop.results import (
     TrainedCheckpoint,
     TrainingSnapshot,
 )
-from envloop_pipelines.core.loop.store import RoundStore
+from envloop_pipelines.core.ledger.store import RoundStore
 from envloop_pipelines.core.tracking import Tracker
 
 PROMOTION_DECISION = "promotion_decision"

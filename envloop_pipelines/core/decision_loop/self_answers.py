@@ -10,7 +10,7 @@ nothing about them reaches the trainer. The trainer reads the inputs only (``INP
 it learns about a label it learns from a verified answer, as an RL agent learns from its reward.
 
 :class:`SelfAnswerGenerator` puts this behind the environment generator protocol
-(``core/loop/synthesis.py``), so a round of the decision loop trains on the verified self-answers
+(``core/decision_loop/synthesis.py``), so a round of the decision loop trains on the verified self-answers
 and is gated like any other (registered hypothesis, floor, paired CI on the wide test).
 
 Sampling (not the argmax) matters: a question the champion gets right with probability 0.6 is kept
@@ -90,7 +90,7 @@ def verified_self_answers(
     """
     from envloop_pipelines.core.data.snapshots import open_task
     from envloop_pipelines.core.environments.decision import DecisionEnvironment
-    from envloop_pipelines.core.loop.synthesis import with_provenance
+    from envloop_pipelines.core.decision_loop.synthesis import with_provenance
     from envloop_pipelines.core.model.checkpoint import checkpoint_hash
     from envloop_pipelines.core.model.predict import DecisionModel
 

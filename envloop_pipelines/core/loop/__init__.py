@@ -1,1 +1,0 @@
-"""The loop: failure mining, synthesis, hypotheses, the noise floor, promotion, the ledger."""
