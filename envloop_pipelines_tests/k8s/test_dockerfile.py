@@ -91,12 +91,13 @@ def test_dockerignore_sends_only_what_the_build_copies() -> None:
     patterns = [line for line in (REPO / ".dockerignore").read_text().splitlines() if line and not line.startswith("#")]
     # docker-py's exclude_paths yields what the patterns let into the context (files and folders).
     context = {p for p in exclude_paths(str(REPO), patterns) if (REPO / p).is_file()}
-    for needed in ("pyproject.toml", "constraints.txt", "README.md", "envloop_pipelines/definitions.py",
+    for needed in ("pyproject.toml", "constraints.txt", "README.md", "dagster.yaml", "envloop_pipelines/definitions.py",
                    "envloop_pipelines/recipes/label_token_qwen_gpu.yaml", "envloop_pipelines/recipes/deepspeed_zero2.json"):
         assert needed in context, needed
     tops = {p.split("/")[0] for p in context}
     # Docker always sends the Dockerfile and .dockerignore themselves.
-    assert tops <= {"pyproject.toml", "constraints.txt", "README.md", "envloop_pipelines", "Dockerfile", ".dockerignore"}, tops
+    assert tops <= {"pyproject.toml", "constraints.txt", "README.md", "dagster.yaml", "envloop_pipelines", "Dockerfile",
+                    ".dockerignore"}, tops
     assert not [p for p in context if "__pycache__" in p or p.endswith(".pyc")]
     # Every COPY source of the build stage is in the context.
     for c in _instructions():
