@@ -19,11 +19,11 @@ from typing import Any
 
 from envloop_pipelines.core.ledger.ledger import Gate, Hypothesis
 from envloop_pipelines.core.ledger.promotion import NoiseFloor, PromotionDecision
-from envloop_pipelines.core.ledger.store import Record
+from envloop_pipelines.core.ledger.store import JsonRecord
 
 
 @dataclass(frozen=True)
-class Benchmark(Record):
+class Benchmark(JsonRecord):
     """``task_benchmark``: the task's current snapshot."""
 
     task: str
@@ -59,7 +59,7 @@ class MeasuredNoiseFloor:
 
 
 @dataclass(frozen=True)
-class BaselineEval(Record):
+class BaselineEval(JsonRecord):
     """``baseline_eval``: the champion on dev."""
 
     round: str
@@ -73,7 +73,7 @@ class BaselineEval(Record):
 
 
 @dataclass(frozen=True)
-class FailureMining(Record):
+class FailureMining(JsonRecord):
     """``failure_mining``: the champion's dev errors, clustered (``mining.FailureReport`` as data)."""
 
     round: str
@@ -87,7 +87,7 @@ class FailureMining(Record):
 
 
 @dataclass(frozen=True)
-class EnvironmentSynthesis(Record):
+class EnvironmentSynthesis(JsonRecord):
     """``environment_synthesis``: the rows written for the top clusters, and the same rows as an environment dataset.
 
     ``environment_dataset`` is ``<name>@<version>`` of the decision environments made of the rows
@@ -129,7 +129,7 @@ class RegisteredHypothesis:
 
 
 @dataclass(frozen=True)
-class TrainingSnapshot(Record):
+class TrainingSnapshot(JsonRecord):
     """``training_dataset_snapshot``: base train plus synthesized rows, content-addressed, with its contamination report."""
 
     round: str
@@ -154,7 +154,7 @@ class TrainingSnapshot(Record):
 
 
 @dataclass(frozen=True)
-class TrainedCheckpoint(Record):
+class TrainedCheckpoint(JsonRecord):
     """``lora_checkpoint``: the candidate, trained from the champion, published under its content hash."""
 
     round: str
@@ -171,7 +171,7 @@ class TrainedCheckpoint(Record):
 
 
 @dataclass(frozen=True)
-class Reevaluation(Record):
+class Reevaluation(JsonRecord):
     """``independent_reeval``: candidate and champion on the hidden test set, from the verifier, beside TF-IDF."""
 
     round: str
@@ -198,7 +198,7 @@ class Reevaluation(Record):
 
 
 @dataclass(frozen=True)
-class RoundDecision(Record):
+class RoundDecision(JsonRecord):
     """``promotion_decision``: the gate's verdict (``promotion.PromotionDecision``) and the release it made."""
 
     round: str
@@ -235,6 +235,6 @@ STEP_RECORDS: dict[str, type] = {
     "promotion_decision": RoundDecision,
 }
 
-__all__ = ["Benchmark", "BaselineEval", "EnvironmentSynthesis", "FailureMining", "MeasuredNoiseFloor", "Record",
+__all__ = ["Benchmark", "BaselineEval", "EnvironmentSynthesis", "FailureMining", "MeasuredNoiseFloor", "JsonRecord",
            "Reevaluation", "RegisteredHypothesis", "RoundDecision", "STEP_RECORDS", "TrainedCheckpoint",
            "TrainingSnapshot"]

@@ -36,7 +36,7 @@ class StepRecord(Protocol):
     def to_dict(self) -> dict[str, Any]: ...
 
 
-class Record:
+class JsonRecord:
     """JSON round trip for flat frozen dataclasses (tuples are lists in JSON): the base of every loop's step records."""
 
     def to_dict(self) -> dict[str, Any]:

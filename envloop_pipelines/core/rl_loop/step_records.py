@@ -18,7 +18,7 @@ from typing import Any
 
 from envloop_pipelines.core.ledger.ledger import Hypothesis
 from envloop_pipelines.core.ledger.promotion import NoiseFloor
-from envloop_pipelines.core.ledger.store import Record
+from envloop_pipelines.core.ledger.store import JsonRecord
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class RlHypothesis:
 
 
 @dataclass(frozen=True)
-class RlSampling(Record):
+class RlSampling(JsonRecord):
     """``rl_sampled_attempts``: the training attempts, stored as ``attempts.jsonl`` (transcripts and verdicts)."""
 
     round: str
@@ -64,7 +64,7 @@ class RlSampling(Record):
 
 
 @dataclass(frozen=True)
-class RlSnapshot(Record):
+class RlSnapshot(JsonRecord):
     """``rl_sft_snapshot``: the verified attempts as chat rows (``sft_snapshot.SftSnapshot`` as data)."""
 
     round: str
@@ -89,7 +89,7 @@ class RlSnapshot(Record):
 
 
 @dataclass(frozen=True)
-class RlCandidate(Record):
+class RlCandidate(JsonRecord):
     """``rl_policy_checkpoint``: the candidate policy, or ``skipped`` (why) when the snapshot is empty."""
 
     round: str
@@ -171,7 +171,7 @@ class RlReevaluation:
 
 
 @dataclass(frozen=True)
-class RlRoundResult(Record):
+class RlRoundResult(JsonRecord):
     """``rl_decision``: what the round decided, and what it made on the way."""
 
     round: str
