@@ -69,23 +69,23 @@ def main() -> None:
     os.environ["ENVLOOP_HOME"] = str(home)
     cfg = resources_for(home, overrides)["loop"].config()
     tracker = MlflowTracker(home=home)
+    task = open_task(cfg.task, home=home)  # the snapshot every step is handed, as each asset opens it once
     direct: dict[str, float] = {}
     values: dict[str, Any] = {}
     calls = {
-        "baseline_eval": lambda: steps.evaluate_champion(cfg, "r0001"),
-        "failure_mining": lambda: steps.mine_failures(cfg, values["baseline_eval"]),
-        "environment_synthesis": lambda: steps.synthesize_environments(cfg, values["failure_mining"]),
-        "registered_hypothesis": lambda: steps.register_hypothesis(cfg, values["environment_synthesis"], tracker),
-        "training_dataset_snapshot": lambda: steps.build_training_snapshot(cfg, values["environment_synthesis"]),
+        "baseline_eval": lambda: steps.evaluate_champion(cfg, task, "r0001"),
+        "failure_mining": lambda: steps.mine_failures(cfg, task, values["baseline_eval"]),
+        "environment_synthesis": lambda: steps.synthesize_environments(cfg, task, values["failure_mining"]),
+        "registered_hypothesis": lambda: steps.register_hypothesis(cfg, task, values["environment_synthesis"], tracker),
+        "training_dataset_snapshot": lambda: steps.build_training_snapshot(cfg, task, values["environment_synthesis"]),
         "lora_checkpoint": lambda: candidate.train_candidate(
-            cfg, values["registered_hypothesis"], values["training_dataset_snapshot"], tracker),
-        "checkpoint_reproduces": lambda: rescore_matches(
-            values["lora_checkpoint"].checkpoint, open_task(cfg.task, home=home).table("val")),
+            cfg, task, values["registered_hypothesis"], values["training_dataset_snapshot"], tracker),
+        "checkpoint_reproduces": lambda: rescore_matches(values["lora_checkpoint"].checkpoint, task.table("val")),
         "independent_reeval": lambda: candidate.reevaluate(
-            cfg, values["lora_checkpoint"], values["training_dataset_snapshot"], tracker),
+            cfg, task, values["lora_checkpoint"], values["training_dataset_snapshot"], tracker),
         "promotion_decision": lambda: decide.decide_round(
-            cfg, values["registered_hypothesis"], values["training_dataset_snapshot"], values["lora_checkpoint"],
-            values["independent_reeval"], setup.current_noise_floor(cfg), tracker),
+            cfg, task, values["registered_hypothesis"], values["training_dataset_snapshot"],
+            values["lora_checkpoint"], values["independent_reeval"], setup.current_noise_floor(cfg, task), tracker),
     }
     t0 = time.perf_counter()
     for name, call in calls.items():

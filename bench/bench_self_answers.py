@@ -103,7 +103,7 @@ def main() -> None:
     print(f"champion trained  [{timings['train champion']:.0f}s]", flush=True)
 
     t0 = time.perf_counter()
-    rows, stats = verified_self_answers(champion, "personal_agent", split="dev", seed=args.seed, home=home)
+    rows, stats = verified_self_answers(champion, snapshot, split="dev", seed=args.seed, home=home)
     timings["self-answers"] = time.perf_counter() - t0
     print(f"self-answers on dev (seed {args.seed}): {stats.n_questions} questions, {stats.n_passed} passed "
           f"({stats.n_soft_skipped} soft-labelled skipped), pass rate {stats.pass_rate:.4f}, mean sampled "

@@ -15,6 +15,8 @@ from typing import Any
 import dagster as dg
 import pydantic
 
+from envloop_pipelines.core.data.snapshots import TaskSnapshot, open_pinned_task
+from envloop_pipelines.core.decision_loop.step_records import Benchmark
 from envloop_pipelines.core.ledger.loop_config import LoopConfig, field_default, field_type, loop_fields
 from envloop_pipelines.core.tracking import MlflowTracker
 
@@ -23,6 +25,14 @@ class _LoopSettings(dg.ConfigurableResource):
     def config(self) -> LoopConfig:
         """The loop's settings as the core's value (validated there)."""
         return LoopConfig.from_settings({f.name: getattr(self, f.name) for f in loop_fields()})
+
+    def task_snapshot(self, benchmark: Benchmark) -> TaskSnapshot:
+        """The task's snapshot for one step, opened once and handed to every core function the step calls.
+
+        Refused (``BenchmarkMismatchError``, naming the task and both versions) unless it is the benchmark
+        version ``benchmark`` (the stored ``task_benchmark``) pinned: a task re-imported since is never read.
+        """
+        return open_pinned_task(self.task, benchmark.benchmark_version, home=self.home)
 
     @property
     def settings(self) -> dict[str, Any]:

@@ -224,11 +224,12 @@ class LocalClient:
         """Why no candidate can be promoted with the measured noise floor; ``None`` when one can, or with no floor."""
         from envloop_pipelines.core.ledger.ledger import LedgerError
         from envloop_pipelines.core.ledger.promotion import champion_out_of_reach
+        from envloop_pipelines.core.data.snapshots import open_task
         from envloop_pipelines.core.decision_loop.noise_floor import current_noise_floor
 
         cfg = self._cfg()
         try:
-            floor = current_noise_floor(cfg).floor
+            floor = current_noise_floor(cfg, open_task(cfg.task, home=cfg.home)).floor
         except (LedgerError, FileNotFoundError):
             return None
         return champion_out_of_reach(cfg.task, cfg.home, floor) or None

@@ -131,12 +131,12 @@ def test_null_arms_refuse_unchecked_data_before_any_training(tmp_path: Path) -> 
     from envloop_pipelines.core.ledger.store import RoundStore
     from envloop_pipelines.core.tracking import MlflowTracker
 
-    _, shared = _contaminated_task(tmp_path)
+    snap, shared = _contaminated_task(tmp_path)
     home = tmp_path / "home"
     config = LoopConfig(task="tickets", home=str(home), noise_arms=2, safety_families=(), contamination_policy="refuse",
                         recipe_overrides={"max_steps": 1, "max_length": 64})
     with pytest.raises(ContaminatedDataError, match=f"{shared} rows overlap test/holdout.*contamination_policy='refuse'"):
-        measure_noise_floor(config, MlflowTracker(home=home))
+        measure_noise_floor(config, snap, MlflowTracker(home=home))
     assert list(Ledger("tickets", str(home)).events()) == []
     store = RoundStore("tickets", str(home))
     assert not store.checkpoints.exists() or not any(store.checkpoints.iterdir())
@@ -154,7 +154,7 @@ def test_null_arms_and_release_1_train_on_the_checked_snapshot(tmp_path: Path) -
     home = tmp_path / "home"
     config = LoopConfig(task="tickets", home=str(home), noise_arms=2, safety_families=(),
                         recipe_overrides={"max_steps": 1, "max_length": 64})
-    measured = measure_noise_floor(config, MlflowTracker(home=home))
+    measured = measure_noise_floor(config, snap, MlflowTracker(home=home))
     shas = {arm["training_snapshot"] for arm in measured.floor.arms}
     assert len(shas) == 1
     sha = shas.pop()

@@ -271,7 +271,8 @@ def test_the_synthesis_step_stores_its_rows_as_a_dataset(task_home: Path, tmp_pa
                                      "confident_errors": 1, "error_rate": 0.4, "excess_errors": 2.0,
                                      "example_ids": []},))
     config = LoopConfig(task="tickets", home=str(home), generator="label_preserving_variants", n_synthesized=6)
-    result = synthesize_environments(config, mined)
+    task = open_task("tickets", home=home)
+    result = synthesize_environments(config, task, mined)
     rows = pq.read_table(result.path)
     assert result.n_rows == rows.num_rows == 6
     dataset = open_dataset(result.environment_dataset, home=home)
@@ -279,7 +280,7 @@ def test_the_synthesis_step_stores_its_rows_as_a_dataset(task_home: Path, tmp_pa
     assert dataset.manifest["source"]["synthesis_sha256"] == result.sha256
     assert [e.instruction for e in dataset.environments] == [
         e.instruction for e in sorted(synthesis_environments(rows, task="tickets", round_key="r0002"), key=lambda e: e.id)]
-    again = synthesize_environments(config, mined)  # a retry: the same rows, the same version
+    again = synthesize_environments(config, task, mined)  # a retry: the same rows, the same version
     assert again.environment_dataset == result.environment_dataset and again.sha256 == result.sha256
     assert EnvironmentSynthesis.from_dict(result.to_dict()) == result
     old = {k: v for k, v in result.to_dict().items() if k != "environment_dataset"}  # a record stored before

@@ -95,7 +95,7 @@ def loop(tmp_path: Path) -> dict[str, Any]:
         "recipe_hash": config.recipe_hash(), "checkpoint_dir": "/none", "checkpoint_sha256": "c0",
         "test": {METRIC: 0.50}}, "# release 1\n")
     return {"config": config, "home": home, "measured": measured, "tracker": MlflowTracker(home=home),
-            "benchmark": snap.benchmark_version, "n": n, "test": test}
+            "benchmark": snap.benchmark_version, "n": n, "test": test, "task": snap}
 
 
 def _synthesis(key: str) -> EnvironmentSynthesis:
@@ -121,13 +121,13 @@ def test_the_mde_formula_accounts_for_the_bar() -> None:
 
 def test_the_mde_comes_from_the_continuation_arm_not_from_null_arms_that_agree(loop: dict[str, Any]) -> None:
     config = loop["config"]
-    noise = paired_noise(config)
+    noise = paired_noise(config, loop["task"])
     assert noise is not None and noise["pairs"] == [
         "continuation arm seed 5000 (trained from the control arm, seed 0) vs the control arm"]
     se = noise["deltas"][METRIC]["se"]
     # The null arms differ on one question: their paired se would be ~0; the continuation arm's is large.
     assert se > 0.05
-    registered = register_hypothesis(config, _synthesis("r0001"), loop["tracker"])
+    registered = register_hypothesis(config, loop["task"], _synthesis("r0001"), loop["tracker"])
     power = registered.hypothesis.power
     bar = gate_bar(Gate(), loop["measured"].floor, 0.50)["bar"]
     assert bar == pytest.approx(loop["measured"].floor.seed_bound() - 0.50)
@@ -138,7 +138,7 @@ def test_the_mde_comes_from_the_continuation_arm_not_from_null_arms_that_agree(l
 
 def test_the_mde_pools_earlier_rounds_of_this_ledger(loop: dict[str, Any]) -> None:
     config = loop["config"]
-    first = paired_noise(config)["deltas"][METRIC]["se"]
+    first = paired_noise(config, loop["task"])["deltas"][METRIC]["se"]
     ledger = Ledger(config.task, config.home)
     h = Hypothesis(task=config.task, round="r0001", benchmark_version=loop["benchmark"], change={},
                    predicted_delta=0.01, gate=Gate(), seeds=(1,), recipe_hash=config.recipe_hash(),
@@ -151,7 +151,7 @@ def test_the_mde_pools_earlier_rounds_of_this_ledger(loop: dict[str, Any]) -> No
         candidate_checkpoint_sha256="c1", champion_checkpoint_sha256="c0"), "r0001")
     ledger.append(EVENT_ROUND_DECIDED, {"round": "r0001", "promoted": False, "observed_delta": 0.0, "release": None},
                   key="decided:r0001")
-    pooled = paired_noise(config)
+    pooled = paired_noise(config, loop["task"])
     assert pooled["deltas"][METRIC]["n_pairs"] == 2 and "round r0001: candidate vs champion" in pooled["pairs"]
     assert pooled["deltas"][METRIC]["se"] == pytest.approx(math.sqrt((first ** 2 + 0.2 ** 2) / 2))
 
@@ -163,12 +163,12 @@ def test_a_hypothesis_without_an_mde_is_not_registered(loop: dict[str, Any]) -> 
     other = LoopConfig(task="tickets", home=str(home), noise_arms=2, safety_families=(),
                        recipe_overrides={"max_steps": 3})
     with pytest.raises(UnmeasuredPowerError, match="no minimum detectable effect: no noise floor for this loop's recipe"):
-        register_hypothesis(other, _synthesis("r0001"), tracker)
+        register_hypothesis(other, loop["task"], _synthesis("r0001"), tracker)
     # The floor of this recipe, but no continuation arm and no earlier round: no se a candidate shows.
     continuation_path(RoundStore(config.task, config.home), loop["measured"].floor.key).unlink()
     before = _files(home)
     with pytest.raises(UnmeasuredPowerError, match="no continuation arm"):
-        register_hypothesis(config, _synthesis("r0001"), tracker)
+        register_hypothesis(config, loop["task"], _synthesis("r0001"), tracker)
     assert _files(home) == before  # ledger, hypothesis files, round store unchanged
     assert Ledger(config.task, config.home).hypothesis("r0001") is None
     assert tracker.find_run(config.task, {TAG_ROUND: "r0001", TAG_KIND: KIND_HYPOTHESIS}) is None
@@ -206,7 +206,7 @@ def test_a_floor_of_another_recipe_gates_no_round(loop: dict[str, Any]) -> None:
     before = _files(loop["home"])
     with pytest.raises(FloorRecipeError, match="noise_floor.recipe_hash 0000000000000000 is not the recipe of the "
                                                "candidate's parent"):
-        decide_round(config, registered, snapshot, candidate, reeval, foreign, loop["tracker"])
+        decide_round(config, loop["task"], registered, snapshot, candidate, reeval, foreign, loop["tracker"])
     assert _files(loop["home"]) == before  # no decision, no ledger event, no release
     assert list(Ledger(config.task, config.home).events(EVENT_ROUND_DECIDED)) == []
 
@@ -215,14 +215,14 @@ def test_a_round_of_another_recipe_than_the_floor_is_not_decided(loop: dict[str,
     config = loop["config"]
     registered, snapshot, candidate, reeval = _round(loop, recipe_hash="1" * 64, gain=0.30)
     with pytest.raises(FloorRecipeError, match=r"is not the round's recipe \(hypothesis.recipe_hash 1111"):
-        decide_round(config, registered, snapshot, candidate, reeval, loop["measured"], loop["tracker"])
+        decide_round(config, loop["task"], registered, snapshot, candidate, reeval, loop["measured"], loop["tracker"])
     assert list(Ledger(config.task, config.home).events(EVENT_ROUND_DECIDED)) == []
 
 
 def test_the_floor_of_the_parents_recipe_decides_and_the_line_shows_the_mde(loop: dict[str, Any]) -> None:
     config = loop["config"]
     registered, snapshot, candidate, reeval = _round(loop, recipe_hash=config.recipe_hash(), gain=0.001)
-    decision = decide_round(config, registered, snapshot, candidate, reeval, loop["measured"], loop["tracker"])
+    decision = decide_round(config, loop["task"], registered, snapshot, candidate, reeval, loop["measured"], loop["tracker"])
     assert not decision.promote
     assert decision.checks["mde"] == 0.0476 and decision.checks["ci_half_width"] == pytest.approx(0.033)
     line = decision_lines("r0001", decision)[0]

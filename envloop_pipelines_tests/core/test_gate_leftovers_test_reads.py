@@ -180,8 +180,9 @@ def test_the_loops_own_setup_and_round_read_test_within_their_budgets(tmp_path: 
     tracker = MlflowTracker(home=home)
     ledger = Ledger(TASK, home)
 
-    measured = measure_noise_floor(config, tracker)  # null arms, release 1 (the control arm), continuation arm
-    assert paired_noise(config) is not None  # the continuation arm paired with the control: the setup's read
+    task = open_task(TASK, home=home)
+    measured = measure_noise_floor(config, task, tracker)  # null arms, release 1 (the control arm), continuation arm
+    assert paired_noise(config, task) is not None  # the continuation arm paired with the control: the setup's read
     setup = setup_reader(config, measured.floor.key)
     assert setup == {"reader": f"setup:{measured.floor.key}", "read_budget": 2 + 1 + 1}
     arms = [a["test_predictions"] for a in measured.floor.arms]
@@ -194,7 +195,6 @@ def test_the_loops_own_setup_and_round_read_test_within_their_budgets(tmp_path: 
     paired = [e for e in ledger.events(EVENT_TEST_READ) if e["reader"] == setup["reader"] and e["baseline"]]
     assert [(e["predictions"], e["baseline"]) for e in paired] == [(continuation, arms[0])]  # vs the control arm
 
-    task = open_task(TASK, home=home)
     snapshot = checked_training_snapshot(config, task, SNAPSHOT_SCHEMA.empty_table(), round="r0001")
     control = Path(measured.floor.arms[0]["checkpoint"])
     recipe = config.load_recipe().replace(seed=1001)
@@ -203,12 +203,12 @@ def test_the_loops_own_setup_and_round_read_test_within_their_budgets(tmp_path: 
     candidate = TrainedCheckpoint(round="r0001", checkpoint=str(ckpt), checkpoint_sha256=ckpt.name,
                                   init_from=control.name, snapshot_sha256=snapshot.sha256, seed=1001, train_s=0.0,
                                   metrics={}, mlflow_run_id="", mlflow_url="", hypothesis_hash="h")
-    reevaluate(config, candidate, snapshot, tracker)
+    reevaluate(config, task, candidate, snapshot, tracker)
     read = ledger.test_files_read("round:r0001")
     assert len(read) == ROUND_TEST_READ_BUDGET  # its candidate, its champion, the TF-IDF baseline
     assert {e["reader"] for e in ledger.events(EVENT_TEST_READ)} == {setup["reader"], "round:r0001"}  # no adhoc read
     before = list(ledger.events(EVENT_TEST_READ))
-    reevaluate(config, candidate, snapshot, tracker)  # a retry of the step: the same reads, nothing new
+    reevaluate(config, task, candidate, snapshot, tracker)  # a retry of the step: the same reads, nothing new
     assert ledger.test_files_read("round:r0001") == read and list(ledger.events(EVENT_TEST_READ)) == before
     with pytest.raises(TestReadBudgetError, match="'round:r0001'"):  # a null arm's file is not the round's to read
         verify_predictions(config, "test", Path(measured.floor.arms[1]["test_predictions"]), reader="round:r0001")

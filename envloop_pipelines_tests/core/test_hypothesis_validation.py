@@ -74,6 +74,7 @@ def test_the_registration_step_refuses_before_writing_anything(tmp_path: Path) -
     """``steps.register_hypothesis`` (the launchpad's registration step): no ledger, file or MLflow run."""
     from envloop_pipelines.core.ledger.loop_config import LoopConfig
     from envloop_pipelines.core.decision_loop.step_records import EnvironmentSynthesis
+    from envloop_pipelines.core.data.snapshots import TaskSnapshot
     from envloop_pipelines.core.decision_loop.before_training import register_hypothesis
     from envloop_pipelines.core.tracking import MlflowTracker
 
@@ -84,8 +85,8 @@ def test_the_registration_step_refuses_before_writing_anything(tmp_path: Path) -
     synthesis = EnvironmentSynthesis(round="r0001", generator="g", n_rows=0, per_cluster={}, clusters=(),
                                      path=str(tmp_path / "none.parquet"), sha256="0" * 64)
     with pytest.raises(ValueError, match=r"predicted_delta: must be a finite number, got \"big\""):
-        register_hypothesis(config, synthesis, tracker, proposal={"predicted_delta": "big",
-                                                                  "change": {"kind": "recipe",
-                                                                             "recipe_diff": {"max_stepz": 1}}})
+        register_hypothesis(config, TaskSnapshot(tmp_path / "never-read"), synthesis, tracker,
+                            proposal={"predicted_delta": "big",
+                                      "change": {"kind": "recipe", "recipe_diff": {"max_stepz": 1}}})
     assert [p for p in home.rglob("*")] == []
     assert tracker.client.get_experiment_by_name("tickets") is None  # no MLflow experiment, so no run

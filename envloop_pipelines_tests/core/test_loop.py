@@ -281,13 +281,13 @@ def test_snapshot_rows_overlapping_test_or_holdout_are_removed_base_rows_too(tmp
     empty = atomic_write_parquet(tmp_path / "synth.parquet", SNAPSHOT_SCHEMA.empty_table())
     synthesis = EnvironmentSynthesis(round="r0001", generator="g", n_rows=0, per_cluster={}, clusters=(),
                                      path=str(empty), sha256="e")
-    kept = build_training_snapshot(LoopConfig(task="tickets", home=str(home)), synthesis)
+    kept = build_training_snapshot(LoopConfig(task="tickets", home=str(home)), snap, synthesis)
     assert kept.n_removed == shared and kept.n_base == train.num_rows - shared and kept.contamination["clean"]
     assert kept.problems() == []
     report = json.loads(Path(kept.path).with_suffix(".contamination.json").read_text())
     assert report["removed_base_rows"] == shared and report["checked"]["n_flagged"] == shared
     refused = build_training_snapshot(LoopConfig(task="tickets", home=str(home), contamination_policy="refuse"),
-                                      synthesis)
+                                      snap, synthesis)
     assert refused.n_removed == 0 and refused.problems() == [f"{shared} rows overlap test/holdout"]
 
 

@@ -65,7 +65,7 @@ def loop(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     measured = MeasuredNoiseFloor(floor=floor, benchmark_version=snap.benchmark_version,
                                   recipe_hash=config.recipe_hash(), identity="i")
     atomic_write_json(store.noise / f"{key}.json", measured.to_dict())
-    return {"config": config, "tracker": MlflowTracker(home=home), "n_test": test.num_rows}
+    return {"config": config, "tracker": MlflowTracker(home=home), "n_test": test.num_rows, "task": snap}
 
 
 def _synthesis(key: str) -> EnvironmentSynthesis:
@@ -74,26 +74,26 @@ def _synthesis(key: str) -> EnvironmentSynthesis:
 
 
 def test_paired_noise_of_the_continuation_arm_is_measured_once_by_the_verifier(loop: dict[str, Any]) -> None:
-    noise = paired_noise(loop["config"])
+    noise = paired_noise(loop["config"], loop["task"])
     assert noise is not None and noise["source"].startswith("candidate-vs-champion paired se on test")
     assert noise["pairs"] == ["continuation arm seed 5000 (trained from the control arm, seed 0) vs the control arm"]
     primary = noise["deltas"]["family_macro_accuracy"]
     assert primary["n_questions"] == loop["n_test"] and primary["confidence_level"] == 0.95
     assert 0.05 < primary["se"] < 0.5  # a handful of records and arms that disagree: a wide test
-    assert paired_noise(loop["config"]) == noise  # kept beside the floor
+    assert paired_noise(loop["config"], loop["task"]) == noise  # kept beside the floor
 
 
 def test_an_underpowered_hypothesis_is_flagged_and_a_powered_one_is_not(loop: dict[str, Any]) -> None:
     config, tracker = loop["config"], loop["tracker"]
-    se = paired_noise(config)["deltas"]["family_macro_accuracy"]["se"]
+    se = paired_noise(config, loop["task"])["deltas"]["family_macro_accuracy"]["se"]
     # No champion in this fixture: the bar is the floor (0.6 - 0.5); the MDE clears it and the CI's zero.
     mde = max(0.1, 1.959964 * se) + 0.841621 * se
     # The loop's own guess (+0.01 for a first round) on a test split of a few records: far below the MDE.
-    weak = register_hypothesis(config, _synthesis("r0001"), tracker)
+    weak = register_hypothesis(config, loop["task"], _synthesis("r0001"), tracker)
     assert weak.hypothesis.power["mde"] == pytest.approx(mde, rel=1e-5) and weak.hypothesis.underpowered
     assert weak.hypothesis.power["predicted_effect"] == pytest.approx(0.01)
     # A person predicting an effect above the MDE: the same test has the power to see it.
-    strong = register_hypothesis(config, _synthesis("r0002"), tracker,
+    strong = register_hypothesis(config, loop["task"], _synthesis("r0002"), tracker,
                                  proposal={"predicted_delta": round(mde + 0.05, 4), "rationale": "a large change"})
     assert strong.hypothesis.power["mde"] == pytest.approx(mde, rel=1e-5) and not strong.hypothesis.underpowered
     ledger = Ledger(config.task, config.home)
@@ -108,7 +108,7 @@ def test_an_underpowered_hypothesis_is_flagged_and_a_powered_one_is_not(loop: di
         assert data.tags[TAG_UNDERPOWERED] == flag
         assert data.metrics["mde"] == pytest.approx(mde, rel=1e-5)
     # A retry registers nothing new and keeps the recorded power.
-    again = register_hypothesis(config, _synthesis("r0001"), tracker)
+    again = register_hypothesis(config, loop["task"], _synthesis("r0001"), tracker)
     assert again.hash == weak.hash and again.hypothesis.power == weak.hypothesis.power
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from envloop_pipelines.core.data.snapshots import open_task
 from envloop_pipelines.core.decision_loop.self_answers import SelfAnswerGenerator, sample_options, verified_self_answers
 from envloop_pipelines_tests.core.test_model_data import limit_threads_under_xdist
 
@@ -40,10 +41,8 @@ def test_sampling_follows_the_distribution() -> None:
 
 
 def test_only_verified_self_answers_become_rows(setup: dict[str, Any]) -> None:
-    from envloop_pipelines.core.data.snapshots import open_task
-
-    table, stats = verified_self_answers(setup["checkpoint"], "pa", split="dev", seed=7, home=setup["home"])
     snapshot = open_task("pa", home=setup["home"])
+    table, stats = verified_self_answers(setup["checkpoint"], snapshot, split="dev", seed=7, home=setup["home"])
     labels = {(r["record_id"], r["question_id"]): r for r in snapshot.labels("dev").to_pylist()}
     assert stats.n_questions == snapshot.table("dev").num_rows and 0 < stats.n_passed < stats.n_questions
     assert table.num_rows == stats.n_passed and 0.0 < stats.pass_rate < 1.0
@@ -56,21 +55,23 @@ def test_only_verified_self_answers_become_rows(setup: dict[str, Any]) -> None:
         assert prov["generator"] == "self_answers" and prov["checkpoint_sha256"] == stats.checkpoint_sha256
         assert 0.0 < prov["sampled_probability"] <= 1.0
     # The same seed samples the same answers; another seed others.
-    again, _ = verified_self_answers(setup["checkpoint"], "pa", split="dev", seed=7, home=setup["home"])
+    again, _ = verified_self_answers(setup["checkpoint"], snapshot, split="dev", seed=7, home=setup["home"])
     assert again.equals(table)
 
 
 def test_hidden_splits_and_train_are_refused(setup: dict[str, Any]) -> None:
     for split in ("test", "holdout", "train"):
         with pytest.raises(ValueError, match="self-answers sample on val or dev"):
-            verified_self_answers(setup["checkpoint"], "pa", split=split, home=setup["home"])
+            verified_self_answers(setup["checkpoint"], open_task("pa", home=setup["home"]), split=split,
+                                  home=setup["home"])
 
 
 def test_the_generator_aims_at_the_clusters_families_and_caps_the_rows(setup: dict[str, Any]) -> None:
     from envloop_pipelines.core.decision_loop.mining import FailureCluster
     from envloop_pipelines.core.decision_loop.synthesis import SNAPSHOT_SCHEMA, SynthesisRequest
 
-    table, _ = verified_self_answers(setup["checkpoint"], "pa", split="dev", seed=5, home=setup["home"])
+    table, _ = verified_self_answers(setup["checkpoint"], open_task("pa", home=setup["home"]), split="dev", seed=5,
+                                     home=setup["home"])
     family = table.column("family").to_pylist()[0]
     cluster = FailureCluster(key={"family": family}, n=4, errors=2, confident_errors=1, error_rate=0.5, excess_errors=1.0,
                              example_ids=())

@@ -9,15 +9,16 @@ from envloop_pipelines.definitions import defs
 EXPECTED_DEPS = {
     "task_benchmark": set(),
     "noise_floor": {"task_benchmark"},
-    "baseline_eval": {"noise_floor"},
-    "failure_mining": {"baseline_eval"},
-    "environment_synthesis": {"failure_mining"},
-    "registered_hypothesis": {"environment_synthesis"},
-    "training_dataset_snapshot": {"environment_synthesis"},
-    "lora_checkpoint": {"training_dataset_snapshot", "registered_hypothesis"},
+    # Every step of a round reads task_benchmark's record: the benchmark version it opens the task at (issue 25).
+    "baseline_eval": {"task_benchmark", "noise_floor"},
+    "failure_mining": {"task_benchmark", "baseline_eval"},
+    "environment_synthesis": {"task_benchmark", "failure_mining"},
+    "registered_hypothesis": {"task_benchmark", "environment_synthesis"},
+    "training_dataset_snapshot": {"task_benchmark", "environment_synthesis"},
+    "lora_checkpoint": {"task_benchmark", "training_dataset_snapshot", "registered_hypothesis"},
     # Typed values flow through the IO manager: an asset depends on every step whose value it reads.
-    "independent_reeval": {"lora_checkpoint", "training_dataset_snapshot"},
-    "promotion_decision": {"independent_reeval", "lora_checkpoint", "training_dataset_snapshot",
+    "independent_reeval": {"task_benchmark", "lora_checkpoint", "training_dataset_snapshot"},
+    "promotion_decision": {"task_benchmark", "independent_reeval", "lora_checkpoint", "training_dataset_snapshot",
                            "registered_hypothesis", "noise_floor"},
     # RL from verified attempts: one asset per step (core/rl_loop/round_steps.py), records through the RL IO manager.
     "rl_hypothesis": set(),

@@ -16,6 +16,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from envloop_pipelines.core.data.snapshots import open_task
 from envloop_pipelines.core.decision_loop import candidate, noise_floor as setup
 from envloop_pipelines.core.ledger.loop_config import round_key
 from envloop_pipelines.core.decision_loop.step_records import RegisteredHypothesis, RoundDecision, TrainingSnapshot
@@ -268,12 +269,13 @@ def test_round_without_hypothesis_is_refused(loop_env: dict[str, Any]) -> None:
     store = RoundStore(TASK, env["home"])
     registered = store.load("registered_hypothesis", RegisteredHypothesis, "r0001")
     snapshot = store.load("training_dataset_snapshot", TrainingSnapshot, "r0001")
+    task = open_task(TASK, home=env["home"])
     from dataclasses import replace
 
     with pytest.raises(LedgerError, match="no registered hypothesis"):
-        candidate.train_candidate(env["config"], registered, replace(snapshot, round="r0099"), env["tracker"])
+        candidate.train_candidate(env["config"], task, registered, replace(snapshot, round="r0099"), env["tracker"])
     with pytest.raises(LedgerError, match="is not the one registered"):  # a hypothesis handed in must be the ledger's
-        candidate.train_candidate(env["config"], replace(registered, hash="0" * 64), snapshot, env["tracker"])
+        candidate.train_candidate(env["config"], task, replace(registered, hash="0" * 64), snapshot, env["tracker"])
     env["instance"].add_dynamic_partitions("rounds", ["r0098"])
     from envloop_pipelines.defs.rounds.assets import lora_checkpoint
 
@@ -388,6 +390,6 @@ def test_ledger_keeps_every_arm_and_hypothesis(loop_env: dict[str, Any]) -> None
 
 
 def test_noise_floor_is_cached(loop_env: dict[str, Any]) -> None:
-    result = setup.measure_noise_floor(loop_env["config"], loop_env["tracker"])
+    result = setup.measure_noise_floor(loop_env["config"], open_task(TASK, home=loop_env["home"]), loop_env["tracker"])
     assert result.cached is True and len(result.floor.values) == 2
     assert result.floor.floor == pytest.approx(max(result.floor.values) - min(result.floor.values))

@@ -42,6 +42,7 @@ def test_the_launchpads_registration_step_writes_nothing_for_an_unknown_recipe_k
     """A run launched with the raw config (the doc's curl, the launchpad) reaches this step unchecked."""
     from envloop_pipelines.core.ledger.loop_config import LoopConfig
     from envloop_pipelines.core.decision_loop.step_records import EnvironmentSynthesis
+    from envloop_pipelines.core.data.snapshots import open_task
     from envloop_pipelines.core.decision_loop.before_training import register_hypothesis
     from envloop_pipelines.core.tracking import MlflowTracker
 
@@ -61,6 +62,6 @@ def test_the_launchpads_registration_step_writes_nothing_for_an_unknown_recipe_k
     proposal = {"change": {"kind": "recipe", "recipe_diff": {"max_stepz": 3}}, "predicted_delta": 0.02,
                 "rationale": "a typo"}
     with pytest.raises(ValueError, match=r"change\.recipe_diff: unknown recipe field\(s\) 'max_stepz'"):
-        register_hypothesis(config, synthesis, tracker, proposal=proposal)
+        register_hypothesis(config, open_task("personal_agent", home=home), synthesis, tracker, proposal=proposal)
     assert sorted(p for p in home.rglob("*") if p.is_file()) == before  # no ledger event, no hypothesis file
     assert tracker.client.get_experiment_by_name("personal_agent") is None  # no MLflow run

@@ -9,7 +9,8 @@ Layout under the EnvLoop home::
     verifier/<task>/<id>/test.labels.parquet     labels of test and holdout, read by the verifier only
                                                  (owner-only: files 0400, folders 0700)
 
-The training side opens a snapshot with :func:`open_task`; it can read the
+The training side opens a snapshot with :func:`open_task` (a round's step with :func:`open_pinned_task`,
+once, handing the snapshot to the core functions it calls); it can read the
 labels of train, val and dev and the inputs of test and holdout, never their
 labels. The verifier reads hidden labels through
 :mod:`envloop_pipelines.core.verify.labels`, a module private to ``core/verify/``.
@@ -353,14 +354,41 @@ def open_task(task: str, *, snapshot_id: str | None = None, home: str | Path | N
     return TaskSnapshot(path)
 
 
-def require_same_benchmark(*versions: str) -> str:
+def require_same_benchmark(*versions: str, task: str | None = None, why: str = "") -> str:
     """Refuse to compare results from different benchmark versions.
+
+    Args:
+        versions: the benchmark versions the results come from.
+        task: the task, named in the error when given.
+        why: what the versions are, added to the error.
 
     Returns the common version.
     """
     distinct = sorted(set(versions))
     if len(distinct) != 1:
         raise BenchmarkMismatchError(
-            f"results come from different benchmark versions {distinct}; they are never compared"
+            (f"task {task!r}: " if task else "")
+            + f"results come from different benchmark versions {distinct}; they are never compared"
+            + (f" ({why})" if why else "")
         )
     return distinct[0]
+
+
+def open_pinned_task(task: str, benchmark_version: str, *, home: str | Path | None = None) -> TaskSnapshot:
+    """The task's current snapshot, refused unless it is ``benchmark_version`` (the version a round pinned).
+
+    A step of a round opens the task once with this and hands the snapshot to the core functions it
+    calls: a task re-imported after ``task_benchmark`` pinned its version is refused, never read.
+
+    Raises:
+        BenchmarkMismatchError: the current snapshot is another benchmark version; the error names the task
+            and both versions.
+        FileNotFoundError: the task has no snapshot.
+    """
+    snapshot = open_task(task, home=home)
+    current = snapshot.benchmark_version
+    require_same_benchmark(benchmark_version, current, task=task,
+                           why=f"task_benchmark pinned {benchmark_version}, the task's current snapshot is {current}: "
+                               f"it was re-imported since; materialize task_benchmark and noise_floor again "
+                               f"(setup_job) before a round reads it")
+    return snapshot

@@ -4,7 +4,9 @@
 build_training_snapshot``; training, re-evaluation and the decision follow in
 ``candidate.py`` and ``verdict.py``. Rows and predictions a step writes go to
 the round's folder; the step's value is returned, not written (the IO manager
-stores it).
+stores it). Each takes the task's snapshot the step opened once (``task``, pinned to the version
+``task_benchmark`` recorded: :func:`~envloop_pipelines.core.data.snapshots.open_pinned_task`) and
+never opens the task itself, so one step reads one snapshot, however often the task is re-imported.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from envloop_pipelines.core.data.snapshots import open_task, require_same_benchmark
+from envloop_pipelines.core.data.snapshots import TaskSnapshot, require_same_benchmark
 from envloop_pipelines.core.ledger.loop_config import LoopConfig, round_number
 from envloop_pipelines.core.data.contamination import ContaminationReport, check_contamination, record_texts, row_texts
 from envloop_pipelines.core.ledger.ledger import EVENT_ROUND_DECIDED, Gate, Hypothesis, Ledger, LedgerError
@@ -61,11 +63,10 @@ log = logging.getLogger(__name__)
 PROPOSAL_KEYS = ("change", "predicted_delta", "gate", "seeds", "rationale")
 
 
-def evaluate_champion(config: LoopConfig, key: str) -> BaselineEval:
+def evaluate_champion(config: LoopConfig, task: TaskSnapshot, key: str) -> BaselineEval:
     """The champion on dev: per-question predictions and metrics."""
     from envloop_pipelines.core.model.predict import score_table
 
-    task = open_task(config.task, home=config.home)
     champ = champion(config)
     require_same_benchmark(champ["benchmark_version"], task.benchmark_version)
     dev = task.table("dev")
@@ -79,9 +80,9 @@ def evaluate_champion(config: LoopConfig, key: str) -> BaselineEval:
                         predictions=str(preds), automation_threshold=float("inf") if threshold is None else threshold)
 
 
-def mine_failures(config: LoopConfig, baseline: BaselineEval) -> FailureMining:
+def mine_failures(config: LoopConfig, task: TaskSnapshot, baseline: BaselineEval) -> FailureMining:
     """Cluster the champion's dev errors, ranked by excess error."""
-    dev = open_task(config.task, home=config.home).table("dev")
+    dev = task.table("dev")
     report = mine_failures_with_fallback(dev, pq.read_table(baseline.predictions),
                                          threshold=baseline.automation_threshold)
     return FailureMining.from_dict({"round": baseline.round, **report.to_dict()})
@@ -94,10 +95,9 @@ def top_clusters(mined: FailureMining, k: int) -> tuple[FailureCluster, ...]:
                                 example_ids=tuple(c["example_ids"])) for c in mined.clusters[:k])
 
 
-def synthesize_environments(config: LoopConfig, mined: FailureMining) -> EnvironmentSynthesis:
+def synthesize_environments(config: LoopConfig, task: TaskSnapshot, mined: FailureMining) -> EnvironmentSynthesis:
     """New training rows aimed at the top clusters, each with provenance to its cluster."""
     key = mined.round
-    task = open_task(config.task, home=config.home)
     clusters = top_clusters(mined, config.top_clusters)
     kwargs: dict[str, Any] = {}
     if config.generator == "builtin_targeted":
@@ -181,7 +181,7 @@ def _unmeasured_metric(gate: Any) -> list[str]:
             f"{metric!r} would have no floor in its own units; got {metric!r}"]
 
 
-def paired_noise(config: LoopConfig) -> dict[str, Any] | None:
+def paired_noise(config: LoopConfig, task: TaskSnapshot) -> dict[str, Any] | None:
     """The standard error of a candidate-vs-champion paired delta on test: the noise a round's test works at.
 
     Pooled (root mean square of each pair's ``se``, per metric) over every pair of this loop's kind known
@@ -193,6 +193,8 @@ def paired_noise(config: LoopConfig) -> dict[str, Any] | None:
       kept as ``noise/<key>.continuation-power.json``);
     - each **earlier round** of this ledger on the same benchmark and recipe: its candidate paired with
       its champion in its re-evaluation.
+
+    The floor is the one of ``task``'s benchmark version (the snapshot the step opened).
 
     The null arms are not used: two seeds trained from the base model can nearly agree (the demo's hybrid
     readout: se 0.0027) while a candidate trained from the champion moves much further (se ~0.017).
@@ -206,7 +208,7 @@ def paired_noise(config: LoopConfig) -> dict[str, Any] | None:
     from envloop_pipelines.core.decision_loop.noise_floor import continuation_path, current_noise_floor, setup_reader
 
     try:
-        measured = current_noise_floor(config)
+        measured = current_noise_floor(config, task)
     except LedgerError:
         return None
     store = RoundStore(config.task, config.home)
@@ -264,12 +266,12 @@ class UnmeasuredPowerError(LedgerError, ValueError):
     """A hypothesis whose minimum detectable effect cannot be measured; it is not registered."""
 
 
-def _measured_power(config: LoopConfig, key: str, gate: Gate, predicted: float) -> dict[str, Any]:
+def _measured_power(config: LoopConfig, task: TaskSnapshot, key: str, gate: Gate, predicted: float) -> dict[str, Any]:
     """:func:`hypothesis_power` at this loop's floor, champion and paired noise; refused without an MDE."""
     from envloop_pipelines.core.decision_loop.noise_floor import current_noise_floor
 
     try:
-        measured = current_noise_floor(config)
+        measured = current_noise_floor(config, task)
     except LedgerError as exc:
         raise UnmeasuredPowerError(f"round {key}: hypothesis not registered: no minimum detectable effect: no noise "
                                    f"floor for this loop's recipe (recipe_hash {config.recipe_hash()[:16]}) and "
@@ -279,7 +281,7 @@ def _measured_power(config: LoopConfig, key: str, gate: Gate, predicted: float) 
         held = (champion(config).get("test") or {}).get(measured.floor.metric)
     except LedgerError:
         held = None
-    power = hypothesis_power(paired_noise(config), gate, predicted, floor=measured.floor,
+    power = hypothesis_power(paired_noise(config, task), gate, predicted, floor=measured.floor,
                              champion_score=float(held) if isinstance(held, (int, float)) else None)
     if power.get("mde") is None:
         raise UnmeasuredPowerError(f"round {key}: hypothesis not registered: no minimum detectable effect: "
@@ -288,10 +290,13 @@ def _measured_power(config: LoopConfig, key: str, gate: Gate, predicted: float) 
     return power
 
 
-def register_hypothesis(config: LoopConfig, synthesis: EnvironmentSynthesis, tracker: Tracker, *,
+def register_hypothesis(config: LoopConfig, task: TaskSnapshot, synthesis: EnvironmentSynthesis, tracker: Tracker, *,
                         proposal: Mapping[str, Any] | None = None,
                         run_tags: Mapping[str, str] | None = None) -> RegisteredHypothesis:
     """Write the round's hypothesis to MLflow and the ledger before any training.
+
+    ``task`` is the snapshot the step opened: the hypothesis records its benchmark version, and its power is
+    measured at that version's noise floor.
 
     ``proposal`` (from a person) may set ``change`` (with ``recipe_diff`` for a recipe change),
     ``predicted_delta``, ``gate`` (``Gate`` fields), ``seeds`` and ``rationale``; anything not
@@ -322,11 +327,11 @@ def register_hypothesis(config: LoopConfig, synthesis: EnvironmentSynthesis, tra
     predicted = float(proposal.get("predicted_delta", np.mean(past) if past else 0.01))
     gate = Gate(**proposal.get("gate", {}))
     registered = ledger.hypothesis(key)
-    power = None if registered is not None else _measured_power(config, key, gate, predicted)
+    power = None if registered is not None else _measured_power(config, task, key, gate, predicted)
     hypothesis = registered or Hypothesis(  # immutable: a retry reuses what was registered
         task=config.task,
         round=key,
-        benchmark_version=open_task(config.task, home=config.home).benchmark_version,
+        benchmark_version=task.benchmark_version,
         change=proposal.get("change") or {"kind": "data", "generator": synthesis.generator,
                                           "clusters": list(synthesis.clusters), "n_new_examples": synthesis.n_rows,
                                           "synthesis_sha256": synthesis.sha256,
@@ -363,7 +368,7 @@ def register_hypothesis(config: LoopConfig, synthesis: EnvironmentSynthesis, tra
     return RegisteredHypothesis(hypothesis=hypothesis, hash=digest, mlflow_run_id=run.run_id, mlflow_url=run.url)
 
 
-def build_training_snapshot(config: LoopConfig, synthesis: EnvironmentSynthesis) -> TrainingSnapshot:
+def build_training_snapshot(config: LoopConfig, task: TaskSnapshot, synthesis: EnvironmentSynthesis) -> TrainingSnapshot:
     """Base train + synthesized rows as content-addressed Parquet, checked for contamination.
 
     Every row, base and synthesized, is checked against the test and holdout records (rule 7), both
@@ -374,12 +379,11 @@ def build_training_snapshot(config: LoopConfig, synthesis: EnvironmentSynthesis)
     13-grams with some test or holdout state. Under ``refuse`` they stay, and the snapshot's report
     blocks training. Rows are checked one by one, so the rows kept are exactly the clean ones.
     """
-    task = open_task(config.task, home=config.home)
     return checked_training_snapshot(config, task, pq.read_table(synthesis.path).cast(SNAPSHOT_SCHEMA),
                                      round=synthesis.round)
 
 
-def checked_training_snapshot(config: LoopConfig, task: Any, synth: pa.Table, *, round: str) -> TrainingSnapshot:
+def checked_training_snapshot(config: LoopConfig, task: TaskSnapshot, synth: pa.Table, *, round: str) -> TrainingSnapshot:
     """The task's train rows plus ``synth``, contamination-checked, stored under their sha256 with the report.
 
     Every snapshot any arm trains on comes from here: a round's (``build_training_snapshot``), and the

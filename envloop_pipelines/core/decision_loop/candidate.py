@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from envloop_pipelines.core.data.snapshots import open_task, require_same_benchmark
+from envloop_pipelines.core.data.snapshots import TaskSnapshot, require_same_benchmark
 from envloop_pipelines.core.ledger.loop_config import LoopConfig, round_number
 from envloop_pipelines.core.ledger.ledger import EVENT_CHECKPOINT_TRAINED, Ledger, LedgerError
 from envloop_pipelines.core.release.publish import champion, tfidf_baseline
@@ -75,9 +75,13 @@ def recipe_diff(change: Mapping[str, Any]) -> dict[str, Any]:
     return dict(change.get(RECIPE_DIFF) or {})
 
 
-def train_candidate(config: LoopConfig, hypothesis: RegisteredHypothesis, snapshot: TrainingSnapshot,
-                    tracker: Tracker, *, run_tags: Mapping[str, str] | None = None) -> TrainedCheckpoint:
+def train_candidate(config: LoopConfig, task: TaskSnapshot, hypothesis: RegisteredHypothesis,
+                    snapshot: TrainingSnapshot, tracker: Tracker, *,
+                    run_tags: Mapping[str, str] | None = None) -> TrainedCheckpoint:
     """LoRA SFT from the champion on the round's snapshot, with the hypothesis's recipe change and seed.
+
+    ``task`` is the task's snapshot the step opened (calibration reads its val split); it must be the
+    benchmark version the hypothesis was registered on.
 
     Raises:
         LedgerError: the round has no registered hypothesis in the ledger and MLflow (rule 1), the
@@ -95,7 +99,6 @@ def train_candidate(config: LoopConfig, hypothesis: RegisteredHypothesis, snapsh
     problems = snapshot.problems()
     if problems:
         raise LedgerError(f"round {key}: training snapshot {snapshot.sha256[:12]} refused: {'; '.join(problems)}")
-    task = open_task(config.task, home=envloop_home(config.home))
     require_same_benchmark(registered.benchmark_version, task.benchmark_version)
     champ = champion(config)
     # The hypothesis's seed, or after a gate amendment the fresh seed it requires (rule 3).
@@ -123,18 +126,18 @@ def train_candidate(config: LoopConfig, hypothesis: RegisteredHypothesis, snapsh
                              mlflow_url=run.url, hypothesis_hash=registered.hash)
 
 
-def reevaluate(config: LoopConfig, candidate: TrainedCheckpoint, snapshot: TrainingSnapshot, tracker: Tracker, *,
-               run_tags: Mapping[str, str] | None = None) -> Reevaluation:
+def reevaluate(config: LoopConfig, task: TaskSnapshot, candidate: TrainedCheckpoint, snapshot: TrainingSnapshot,
+               tracker: Tracker, *, run_tags: Mapping[str, str] | None = None) -> Reevaluation:
     """Candidate vs champion on the hidden test set through the sandboxed verifier, with the TF-IDF baseline.
 
     The round's reads of test (reader ``round:<key>``): the candidate's predictions paired with the
     champion's, and the TF-IDF baseline's, three files, its whole budget
     (:data:`~envloop_pipelines.core.ledger.ledger.ROUND_TEST_READ_BUDGET`, one more per gate amendment, whose
     fresh-seed candidate is a new file); a retry reads the same files again and is not counted twice.
+    ``task`` is the task's snapshot the step opened: its test inputs are answered, its train rows fit TF-IDF.
     """
     key = candidate.round
     d = RoundStore(config.task, config.home).round_dir(key)
-    task = open_task(config.task, home=envloop_home(config.home))
     champ = champion(config)
     test = task.table("test")
     # Reused by (checkpoint, inputs): the champion answered this test split when it was a candidate.

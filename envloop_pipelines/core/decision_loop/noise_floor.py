@@ -2,6 +2,11 @@
 
 The floor is cached per (benchmark version, recipe hash, K) under the loop's
 ``noise/`` folder, so a second loop on the same benchmark and recipe reuses it.
+
+``task_benchmark`` (:func:`ensure_task_benchmark`) is the one step that opens the task here (generating
+the built-in benchmark on first use); its record pins the benchmark version, and every later step opens
+the task once with :func:`~envloop_pipelines.core.data.snapshots.open_pinned_task` and hands the snapshot
+to the functions it calls.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ CONTINUATION_SEED_OFFSET = 5_000
 
 
 def ensure_task_benchmark(config: LoopConfig) -> Benchmark:
-    """The task's current snapshot; the built-in benchmark is generated on first use."""
+    """The task's current snapshot, pinned as the loop's benchmark; the built-in benchmark is generated on first use."""
     return _benchmark(config.task, _open_or_generate(config))
 
 
@@ -81,27 +86,28 @@ def noise_floor_key(benchmark_version: str, config: LoopConfig) -> str:
                                         "arms": config.noise_arms, "data": data}))[:16]
 
 
-def measure_noise_floor(config: LoopConfig, tracker: Tracker, *, run_tags: Mapping[str, str] | None = None,
+def measure_noise_floor(config: LoopConfig, task: TaskSnapshot, tracker: Tracker, *,
+                        run_tags: Mapping[str, str] | None = None,
                         continuation_arms: int = CONTINUATION_ARMS) -> MeasuredNoiseFloor:
-    """K null arms of the loop's recipe on the base data, scored on test by the verifier.
+    """K null arms of the loop's recipe on the base data (``task``, the snapshot the step opened), scored on test
+    by the verifier.
 
     Cached per (benchmark version, recipe, K). When the loop has no champion
     yet, the control arm (the recipe's own seed) becomes release 1. Then
     ``continuation_arms`` arms are trained from the control arm as a candidate is from its champion
     (:func:`measure_continuation_arms`): the first rounds' minimum detectable effect comes from them.
     """
-    snapshot = _open_or_generate(config)
     store = RoundStore(config.task, config.home)
-    key = noise_floor_key(snapshot.benchmark_version, config)
+    key = noise_floor_key(task.benchmark_version, config)
     cache = store.noise / f"{key}.json"
     if cache.exists():
         result = MeasuredNoiseFloor.from_dict({**json.loads(cache.read_text(encoding="utf-8")), "cached": True})
     else:
-        result = _measure(config, tracker, snapshot, store, key, run_tags)
+        result = _measure(config, tracker, task, store, key, run_tags)
         atomic_write_json(cache, result.to_dict(), overwrite=True)
     if not Ledger(config.task, config.home).releases():
-        _release_control_arm(config, tracker, result, snapshot, store, run_tags)
-    measure_continuation_arms(config, result, snapshot, store, n=continuation_arms)
+        _release_control_arm(config, tracker, result, task, store, run_tags)
+    measure_continuation_arms(config, result, task, store, n=continuation_arms)
     return result
 
 
@@ -275,14 +281,13 @@ def _release_control_arm(config: LoopConfig, tracker: Tracker, measured: Measure
                     tfidf=tfidf)
 
 
-def current_noise_floor(config: LoopConfig) -> MeasuredNoiseFloor:
-    """The floor measured for the task's current benchmark and the loop's recipe.
+def current_noise_floor(config: LoopConfig, task: TaskSnapshot) -> MeasuredNoiseFloor:
+    """The floor measured for ``task``'s benchmark version (the snapshot the step opened) and the loop's recipe.
 
     Raises:
         LedgerError: it has not been measured (materialize ``noise_floor`` first).
     """
-    snapshot = open_task(config.task, home=envloop_home(config.home))
-    cache = RoundStore(config.task, config.home).noise / f"{noise_floor_key(snapshot.benchmark_version, config)}.json"
+    cache = RoundStore(config.task, config.home).noise / f"{noise_floor_key(task.benchmark_version, config)}.json"
     if not cache.exists():
         raise LedgerError(f"{cache} is missing: materialize noise_floor first")
     return MeasuredNoiseFloor.from_dict(json.loads(cache.read_text(encoding="utf-8")))

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from envloop_pipelines.core.data.records import INPUT_SCHEMA, QUESTION_SCHEMA
+from envloop_pipelines.core.data.snapshots import TaskSnapshot, open_task
 from envloop_pipelines.core.data.splits import HIDDEN_SPLITS
 
 GENERATOR_NAME = "self_answers"
@@ -65,7 +66,7 @@ def sample_options(probabilities: Sequence[np.ndarray], seed: int) -> list[int]:
 
 def verified_self_answers(
     checkpoint: str | Path,
-    task: str,
+    task: TaskSnapshot,
     *,
     split: str = "dev",
     families: Sequence[str] | None = None,
@@ -77,7 +78,8 @@ def verified_self_answers(
 
     Args:
         checkpoint: the champion's checkpoint (its calibrated distribution is sampled).
-        task: the task whose split is answered.
+        task: the task's snapshot whose split is answered (opened once by the caller; the verifier scores
+            against the same snapshot).
         split: ``dev`` or ``val`` (open splits the trainer does not train on; test and holdout never
             answer per item).
         families: only questions of these families (None: every question).
@@ -88,7 +90,6 @@ def verified_self_answers(
     Raises:
         ValueError: a hidden split or train, or a selection with no question.
     """
-    from envloop_pipelines.core.data.snapshots import open_task
     from envloop_pipelines.core.environments.decision import DecisionEnvironment
     from envloop_pipelines.core.decision_loop.synthesis import with_provenance
     from envloop_pipelines.core.model.checkpoint import checkpoint_hash
@@ -97,19 +98,19 @@ def verified_self_answers(
     if split not in ALLOWED_SPLITS or split in HIDDEN_SPLITS:
         raise ValueError(f"self-answers sample on {' or '.join(ALLOWED_SPLITS)} (labels the trainer never sees, a "
                          f"verifier that answers per item), got {split!r}")
-    snapshot = open_task(task, home=home)
-    inputs = snapshot.table(split).select(INPUT_SCHEMA.names)  # the inputs only: labels stay with the verifier
+    name = task.manifest.task
+    inputs = task.table(split).select(INPUT_SCHEMA.names)  # the inputs only: labels stay with the verifier
     if families is not None:
         inputs = inputs.filter(pc.is_in(inputs.column("family"), value_set=pa.array(list(families), pa.string())))
     if inputs.num_rows == 0:
-        raise ValueError(f"no question of task {task!r} split {split!r}" + (f" in families {list(families)}" if families else ""))
+        raise ValueError(f"no question of task {name!r} split {split!r}" + (f" in families {list(families)}" if families else ""))
     model = DecisionModel.load(checkpoint)
     predictions = model.predict(inputs)
     picks = sample_options([p.probs for p in predictions], seed)
     keys = inputs.column("option_keys").to_pylist()
     answers = {f"{r}#{q}": keys[n][picks[n]] for n, (r, q) in enumerate(
         zip(inputs.column("record_id").to_pylist(), inputs.column("question_id").to_pylist()))}
-    env = DecisionEnvironment(task, split, snapshot_id=snapshot.snapshot_id, home=home, sandboxed=sandboxed)
+    env = DecisionEnvironment(name, split, snapshot_id=task.snapshot_id, home=home, sandboxed=sandboxed)
     run = env.evaluate(answers)
     if run.report is None:
         raise RuntimeError(f"the verifier did not report on the self-answers: {run.error or run.status}")
@@ -155,8 +156,10 @@ class SelfAnswerGenerator:
     def synthesize(self, request: Any, train: pa.Table) -> pa.Table:
         """Verified self-answers on the clusters' families, at most ``request.n_examples`` (a seeded choice)."""
         families = sorted({c.key["family"] for c in request.clusters if c.key.get("family")}) or None
-        table, self.stats = verified_self_answers(self.checkpoint, self.task, split=self.split, families=families,
-                                                  seed=request.seed, home=self.home)
+        # Built by name (a generator's JSON arguments), it opens the task once per call and hands the snapshot on.
+        table, self.stats = verified_self_answers(self.checkpoint, open_task(self.task, home=self.home),
+                                                  split=self.split, families=families, seed=request.seed,
+                                                  home=self.home)
         if table.num_rows > request.n_examples:
             keep = np.sort(np.random.default_rng(request.seed).choice(table.num_rows, request.n_examples, replace=False))
             table = table.take(pa.array(keep))

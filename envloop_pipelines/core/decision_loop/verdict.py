@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from envloop_pipelines.core.data.snapshots import open_task, require_same_benchmark
+from envloop_pipelines.core.data.snapshots import TaskSnapshot, require_same_benchmark
 from envloop_pipelines.core.decision_loop.candidate import snapshot_rows
 from envloop_pipelines.core.release.card import benchmark_limitations
 from envloop_pipelines.core.ledger.ledger import (
@@ -38,10 +38,14 @@ from envloop_pipelines.core.tracking import Tracker
 PROMOTION_DECISION = "promotion_decision"
 
 
-def decide_round(config: LoopConfig, hypothesis: RegisteredHypothesis, snapshot: TrainingSnapshot,
+def decide_round(config: LoopConfig, task: TaskSnapshot, hypothesis: RegisteredHypothesis, snapshot: TrainingSnapshot,
                  candidate: TrainedCheckpoint, reeval: Reevaluation, noise_floor: MeasuredNoiseFloor,
                  tracker: Tracker, *, run_tags: Mapping[str, str] | None = None) -> RoundDecision:
-    """Apply the registered (or amended) gate; on promotion read the holdout once and publish a release."""
+    """Apply the registered (or amended) gate; on promotion read the holdout once and publish a release.
+
+    ``task`` is the task's snapshot the step opened: on promotion its holdout is read and its train rows fit
+    the card's TF-IDF baseline.
+    """
     key = reeval.round
     store = RoundStore(config.task, config.home)
     existing = store.load(PROMOTION_DECISION, RoundDecision, key)
@@ -64,8 +68,7 @@ def decide_round(config: LoopConfig, hypothesis: RegisteredHypothesis, snapshot:
     decision = RoundDecision.of(key, verdict, delta=delta, noise_floor=noise_floor.floor.floor, hypothesis=registered,
                                 gate=gate)
     if verdict.promote:
-        task_snapshot = open_task(config.task, home=config.home)
-        limitations = [*benchmark_limitations(task_snapshot),
+        limitations = [*benchmark_limitations(task),
                        "The noise floor measures seed variance of the control recipe trained from the base model."]
 
         def card(release: int, holdout: dict[str, Any]) -> dict[str, Any]:
@@ -86,8 +89,8 @@ def decide_round(config: LoopConfig, hypothesis: RegisteredHypothesis, snapshot:
                 "limitations": limitations,
             }
 
-        release = publish_release(config, tracker, checkpoint=Path(candidate.checkpoint), snapshot=task_snapshot,
-                                  tfidf=tfidf_baseline(config, task_snapshot, snapshot_rows(snapshot)),
+        release = publish_release(config, tracker, checkpoint=Path(candidate.checkpoint), snapshot=task,
+                                  tfidf=tfidf_baseline(config, task, snapshot_rows(snapshot)),
                                   holdout_out=store.round_dir(key) / "candidate_holdout_predictions.parquet",
                                   card=card, round_key=key, run_tags=run_tags)
         decision = _with_release(decision, release.release, release.model_version)

@@ -1,7 +1,9 @@
 """The assets of a round. Each body resolves config, calls one core function, returns its typed value.
 
 The values are frozen records (``core/decision_loop/step_records.py``) that the ``RoundStoreIOManager``
-stores and hands to the downstream assets, so the graph's edges are the data flow.
+stores and hands to the downstream assets, so the graph's edges are the data flow. ``task_benchmark`` pins
+the task's benchmark version; every later step takes its record, opens the task once
+(``LoopResource.task_snapshot``: refused if the task was re-imported since) and hands that snapshot to core.
 """
 
 
@@ -10,7 +12,6 @@ from typing import NoReturn
 import dagster as dg
 import pyarrow.parquet as pq
 
-from envloop_pipelines.core.data.snapshots import open_task
 from envloop_pipelines.core.decision_loop import candidate, verdict as decide, noise_floor as setup, before_training as steps
 from envloop_pipelines.core.decision_loop.step_records import (
     BaselineEval,
@@ -112,14 +113,15 @@ def task_benchmark(loop: LoopResource) -> dg.Output[Benchmark]:
     }, data_version=dg.DataVersion(bench.snapshot_id))
 
 
-@dg.asset(group_name="benchmark", deps=[task_benchmark], op_tags=VERIFIER_POD)
-def noise_floor(context: dg.AssetExecutionContext, loop: LoopResource,
-                mlflow: MlflowResource) -> dg.Output[MeasuredNoiseFloor]:
+@dg.asset(group_name="benchmark", op_tags=VERIFIER_POD)
+def noise_floor(context: dg.AssetExecutionContext, loop: LoopResource, mlflow: MlflowResource,
+                task_benchmark: Benchmark) -> dg.Output[MeasuredNoiseFloor]:
     """Spread of the primary metric over K null arms of the control recipe; cached per benchmark version and recipe."""
     from envloop_pipelines.core.ledger.promotion import champion_out_of_reach
 
     cfg = loop.config()
-    result = setup.measure_noise_floor(cfg, mlflow.tracker(), run_tags=run_tags(context))
+    result = setup.measure_noise_floor(cfg, loop.task_snapshot(task_benchmark), mlflow.tracker(),
+                                       run_tags=run_tags(context))
     arms = {f"seed {a['seed']}": a["metrics"] for a in result.floor.arms}
     out_of_reach = champion_out_of_reach(cfg.task, cfg.home, result.floor)
     if out_of_reach:
@@ -139,15 +141,16 @@ def noise_floor(context: dg.AssetExecutionContext, loop: LoopResource,
 
 
 @dg.asset(partitions_def=rounds, group_name=ROUND_GROUP, deps=[noise_floor])
-def baseline_eval(context: dg.AssetExecutionContext, loop: LoopResource) -> dg.Output[BaselineEval]:
+def baseline_eval(context: dg.AssetExecutionContext, loop: LoopResource,
+                  task_benchmark: Benchmark) -> dg.Output[BaselineEval]:
     """The champion on dev: per-question predictions and metrics."""
     from envloop_pipelines.core.decision_loop.plots import reliability_diagram
 
     refuse_bad_proposal(context, _run_proposal_json(context))  # before anything of the round is written
-    cfg = loop.config()
-    result = steps.evaluate_champion(cfg, context.partition_key)
+    task = loop.task_snapshot(task_benchmark)
+    result = steps.evaluate_champion(loop.config(), task, context.partition_key)
     preds = pq.read_table(result.predictions).to_pylist()
-    dev = {(r["record_id"], r["question_id"]): r for r in open_task(cfg.task, home=cfg.home).table("dev").to_pylist()}
+    dev = {(r["record_id"], r["question_id"]): r for r in task.table("dev").to_pylist()}
     hard = [(p, dev[(p["record_id"], p["question_id"])]) for p in preds
             if dev[(p["record_id"], p["question_id"])]["soft_label"] is None]
     plot = reliability_diagram([max(p["probs"]) for p, _ in hard],
@@ -163,9 +166,10 @@ def baseline_eval(context: dg.AssetExecutionContext, loop: LoopResource) -> dg.O
 
 
 @dg.asset(partitions_def=rounds, group_name=ROUND_GROUP)
-def failure_mining(loop: LoopResource, baseline_eval: BaselineEval) -> dg.Output[FailureMining]:
+def failure_mining(loop: LoopResource, task_benchmark: Benchmark,
+                   baseline_eval: BaselineEval) -> dg.Output[FailureMining]:
     """The champion's dev errors and confident errors, clustered and ranked by excess error."""
-    result = steps.mine_failures(loop.config(), baseline_eval)
+    result = steps.mine_failures(loop.config(), loop.task_snapshot(task_benchmark), baseline_eval)
     lines = ["| cluster | n | errors | confident | excess | examples |", "|---|---|---|---|---|---|"]
     lines += [f"| {c['name']} | {c['n']} | {c['errors']} | {c['confident_errors']} | {c['excess_errors']:.1f} | "
               f"{', '.join(c['example_ids'][:2])} |" for c in result.clusters[:10]]
@@ -179,10 +183,11 @@ def failure_mining(loop: LoopResource, baseline_eval: BaselineEval) -> dg.Output
 
 
 @dg.asset(partitions_def=rounds, group_name=ROUND_GROUP)
-def environment_synthesis(loop: LoopResource, failure_mining: FailureMining) -> dg.Output[EnvironmentSynthesis]:
+def environment_synthesis(loop: LoopResource, task_benchmark: Benchmark,
+                          failure_mining: FailureMining) -> dg.Output[EnvironmentSynthesis]:
     """New training examples aimed at the top failure clusters, each with provenance to its cluster, also stored as
     an environment dataset."""
-    result = steps.synthesize_environments(loop.config(), failure_mining)
+    result = steps.synthesize_environments(loop.config(), loop.task_snapshot(task_benchmark), failure_mining)
     return dg.Output(result, metadata={
         "generator": result.generator,
         "n_rows": result.n_rows,
@@ -205,15 +210,16 @@ class HypothesisConfig(dg.Config):
 
 @dg.asset(partitions_def=rounds, group_name=ROUND_GROUP)
 def registered_hypothesis(context: dg.AssetExecutionContext, config: HypothesisConfig, loop: LoopResource,
-                          mlflow: MlflowResource,
+                          mlflow: MlflowResource, task_benchmark: Benchmark,
                           environment_synthesis: EnvironmentSynthesis) -> dg.Output[RegisteredHypothesis]:
     """The round's hypothesis (change, predicted delta, gate, seeds), in MLflow and the ledger before training; immutable."""
     from envloop_pipelines.core.ledger.ledger import GateTooLooseError, HypothesisRefusedError
 
     proposal = refuse_bad_proposal(context, config.proposal_json)
+    task = loop.task_snapshot(task_benchmark)
     try:
-        result = steps.register_hypothesis(loop.config(), environment_synthesis, mlflow.tracker(), proposal=proposal,
-                                           run_tags=run_tags(context))
+        result = steps.register_hypothesis(loop.config(), task, environment_synthesis, mlflow.tracker(),
+                                           proposal=proposal, run_tags=run_tags(context))
     except (GateTooLooseError, HypothesisRefusedError) as exc:  # refused at registration: the same next time
         refuse(context, str(exc))
     h = result.hypothesis
@@ -230,10 +236,10 @@ def registered_hypothesis(context: dg.AssetExecutionContext, config: HypothesisC
 
 
 @dg.asset(partitions_def=rounds, group_name=ROUND_GROUP)
-def training_dataset_snapshot(loop: LoopResource,
+def training_dataset_snapshot(loop: LoopResource, task_benchmark: Benchmark,
                               environment_synthesis: EnvironmentSynthesis) -> dg.Output[TrainingSnapshot]:
     """Base train plus synthesized rows as content-addressed Parquet, with its contamination report."""
-    result = steps.build_training_snapshot(loop.config(), environment_synthesis)
+    result = steps.build_training_snapshot(loop.config(), loop.task_snapshot(task_benchmark), environment_synthesis)
     return dg.Output(result, metadata={
         "sha256": result.sha256,
         "path": dg.MetadataValue.path(result.path),
@@ -255,11 +261,11 @@ TRAINING_POD = {"dagster-k8s/config": {
 
 @dg.asset(partitions_def=rounds, group_name=ROUND_GROUP, op_tags=TRAINING_POD)
 def lora_checkpoint(context: dg.AssetExecutionContext, loop: LoopResource, mlflow: MlflowResource,
-                    training_dataset_snapshot: TrainingSnapshot,
+                    task_benchmark: Benchmark, training_dataset_snapshot: TrainingSnapshot,
                     registered_hypothesis: RegisteredHypothesis) -> dg.Output[TrainedCheckpoint]:
     """LoRA SFT from the champion on the round's snapshot, calibrated on val; refuses without a registered hypothesis."""
-    result = candidate.train_candidate(loop.config(), registered_hypothesis, training_dataset_snapshot,
-                                       mlflow.tracker(), run_tags=run_tags(context))
+    result = candidate.train_candidate(loop.config(), loop.task_snapshot(task_benchmark), registered_hypothesis,
+                                       training_dataset_snapshot, mlflow.tracker(), run_tags=run_tags(context))
     return dg.Output(result, metadata={
         "checkpoint_sha256": result.checkpoint_sha256,
         "checkpoint": dg.MetadataValue.path(result.checkpoint),
@@ -272,11 +278,11 @@ def lora_checkpoint(context: dg.AssetExecutionContext, loop: LoopResource, mlflo
 
 @dg.asset(partitions_def=rounds, group_name=ROUND_GROUP, op_tags=VERIFIER_POD)
 def independent_reeval(context: dg.AssetExecutionContext, loop: LoopResource, mlflow: MlflowResource,
-                       lora_checkpoint: TrainedCheckpoint,
+                       task_benchmark: Benchmark, lora_checkpoint: TrainedCheckpoint,
                        training_dataset_snapshot: TrainingSnapshot) -> dg.Output[Reevaluation]:
     """Candidate and champion scored on the hidden test set by the sandboxed verifier, beside a TF-IDF baseline."""
-    result = candidate.reevaluate(loop.config(), lora_checkpoint, training_dataset_snapshot, mlflow.tracker(),
-                                  run_tags=run_tags(context))
+    result = candidate.reevaluate(loop.config(), loop.task_snapshot(task_benchmark), lora_checkpoint,
+                                  training_dataset_snapshot, mlflow.tracker(), run_tags=run_tags(context))
     lines = ["| metric | delta | 95% CI |", "|---|---|---|"]
     lines += [f"| {k} | {v['delta']:+.4f} | [{v['ci_low']:+.4f}, {v['ci_high']:+.4f}] |" for k, v in result.deltas.items()
               if v["delta"] is not None and v["ci_low"] is not None]
@@ -292,7 +298,8 @@ def independent_reeval(context: dg.AssetExecutionContext, loop: LoopResource, ml
 
 @dg.asset(partitions_def=rounds, group_name=ROUND_GROUP, op_tags=VERIFIER_POD)
 def promotion_decision(context: dg.AssetExecutionContext, loop: LoopResource, mlflow: MlflowResource,
-                       noise_floor: MeasuredNoiseFloor, registered_hypothesis: RegisteredHypothesis,
+                       task_benchmark: Benchmark, noise_floor: MeasuredNoiseFloor,
+                       registered_hypothesis: RegisteredHypothesis,
                        training_dataset_snapshot: TrainingSnapshot, lora_checkpoint: TrainedCheckpoint,
                        independent_reeval: Reevaluation) -> dg.Output[RoundDecision]:
     """The registered gate applied: a release card and the champion alias on promotion, a refuted hypothesis otherwise."""
@@ -300,8 +307,9 @@ def promotion_decision(context: dg.AssetExecutionContext, loop: LoopResource, ml
     from envloop_pipelines.core.decision_loop.plots import metric_by_round
 
     cfg = loop.config()
-    result = decide.decide_round(cfg, registered_hypothesis, training_dataset_snapshot, lora_checkpoint,
-                                 independent_reeval, noise_floor, mlflow.tracker(), run_tags=run_tags(context))
+    result = decide.decide_round(cfg, loop.task_snapshot(task_benchmark), registered_hypothesis,
+                                 training_dataset_snapshot, lora_checkpoint, independent_reeval, noise_floor,
+                                 mlflow.tracker(), run_tags=run_tags(context))
     close_round_runs(mlflow.tracker(), cfg.task, context.partition_key, RUN_FINISHED, parent_only=True)
     releases = Ledger(cfg.task, cfg.home).releases()
     plot = metric_by_round([str(r["release"]) for r in releases],

@@ -10,18 +10,25 @@ from typing import Any
 
 import dagster as dg
 
-from envloop_pipelines.core.data.snapshots import open_task
-from envloop_pipelines.core.decision_loop.step_records import STEP_RECORDS, Reevaluation, TrainedCheckpoint, TrainingSnapshot
+from envloop_pipelines.core.decision_loop.step_records import (
+    STEP_RECORDS,
+    Benchmark,
+    Reevaluation,
+    TrainedCheckpoint,
+    TrainingSnapshot,
+)
 from envloop_pipelines.core.ledger.store import RoundStore
 from envloop_pipelines.defs.rounds.assets import independent_reeval, lora_checkpoint, training_dataset_snapshot
 from envloop_pipelines.resources.loop import LoopResource
 
 
-def _value(context: dg.AssetCheckExecutionContext, loop: LoopResource, step: str) -> Any:
+def _value(context: dg.AssetCheckExecutionContext, loop: LoopResource, step: str, *, per_round: bool = True) -> Any:
+    """``step``'s stored value: the run's round's, or the loop's (``per_round=False``: ``task_benchmark``)."""
     cfg = loop.config()
-    value = RoundStore(cfg.task, cfg.home).load(step, STEP_RECORDS[step], context.partition_key)
+    key = context.partition_key if per_round else None
+    value = RoundStore(cfg.task, cfg.home).load(step, STEP_RECORDS[step], key)
     if value is None:
-        raise dg.DagsterInvariantViolationError(f"{step} has no value for round {context.partition_key}")
+        raise dg.DagsterInvariantViolationError(f"{step} has no value" + (f" for round {key}" if key else ""))
     return value
 
 
@@ -54,9 +61,9 @@ def checkpoint_reproduces(context: dg.AssetCheckExecutionContext, loop: LoopReso
     """Re-scoring the checkpoint from disk gives exactly its end-of-training predictions."""
     from envloop_pipelines.core.model.predict import rescore_matches
 
-    cfg = loop.config()
     lora_checkpoint: TrainedCheckpoint = _value(context, loop, "lora_checkpoint")
-    outcome = rescore_matches(lora_checkpoint.checkpoint, open_task(cfg.task, home=cfg.home).table("val"))
+    benchmark: Benchmark = _value(context, loop, "task_benchmark", per_round=False)
+    outcome = rescore_matches(lora_checkpoint.checkpoint, loop.task_snapshot(benchmark).table("val"))
     return dg.AssetCheckResult(passed=outcome["identical"], severity=dg.AssetCheckSeverity.ERROR,
                                metadata={"n_questions": outcome["n_questions"], "max_abs_diff": outcome["max_abs_diff"]})
 
