@@ -1,14 +1,11 @@
 """Composes ``defs/`` into the one Definitions object Dagster loads."""
 
-import os
-
 from envloop_pipelines.console import quiet_third_party
 
 quiet_third_party()  # the code location and its run and step processes: third-party notes off the console
 
 import dagster as dg  # noqa: E402
 
-from envloop_pipelines.core.ledger.loop_config import settings_from_env  # noqa: E402
 from envloop_pipelines.defs.agents.assets import AGENT_ASSETS  # noqa: E402
 from envloop_pipelines.defs.executor import EXECUTOR_ENV, select_executor  # noqa: E402
 from envloop_pipelines.defs.rl.assets import RL_ASSETS, rl_round_job  # noqa: E402
@@ -27,11 +24,12 @@ from envloop_pipelines.defs.rounds.sensors import (  # noqa: E402
     failed_round_sensor,
     next_round_sensor,
 )
-from envloop_pipelines.resources.loop import MlflowResource, loop_resource  # noqa: E402
+from envloop_pipelines.resources.loop import DeploymentLoopResource, MlflowResource  # noqa: E402
 from envloop_pipelines.resources.round_store import RoundStoreIOManager  # noqa: E402
+from envloop_pipelines.resources.sandbox import SandboxResource  # noqa: E402
 
-# The code location's loop: every LoopConfig field from ENVLOOP_<FIELD> when set (core/ledger/loop_config.py).
-loop = loop_resource(settings_from_env(os.environ))
+# The code location's loop and sandbox: ENVLOOP_<FIELD> and ENVLOOP_SANDBOX* are read when a run uses them, not here.
+loop = DeploymentLoopResource()
 
 defs = dg.Definitions(
     assets=[task_benchmark, noise_floor, *ROUND_ASSETS, *RL_ASSETS, *AGENT_ASSETS],
@@ -42,5 +40,5 @@ defs = dg.Definitions(
     # ENVLOOP_EXECUTOR=k8s: one Kubernetes Job per step (k8s/dagster/values.yaml); unset: Dagster's default.
     executor=select_executor(dg.EnvVar(EXECUTOR_ENV).get_value()),
     resources={"loop": loop, "mlflow": MlflowResource(), "io_manager": RoundStoreIOManager(loop=loop),
-               **rl_resources()},
+               "sandbox": SandboxResource(), **rl_resources()},
 )

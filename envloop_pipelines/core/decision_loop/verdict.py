@@ -33,6 +33,7 @@ from envloop_pipelines.core.decision_loop.step_records import (
     TrainingSnapshot,
 )
 from envloop_pipelines.core.ledger.store import RoundStore
+from envloop_pipelines.core.sandbox import SandboxSettings
 from envloop_pipelines.core.tracking import Tracker
 
 PROMOTION_DECISION = "promotion_decision"
@@ -40,8 +41,12 @@ PROMOTION_DECISION = "promotion_decision"
 
 def decide_round(config: LoopConfig, hypothesis: RegisteredHypothesis, snapshot: TrainingSnapshot,
                  candidate: TrainedCheckpoint, reeval: Reevaluation, noise_floor: MeasuredNoiseFloor,
-                 tracker: Tracker, *, run_tags: Mapping[str, str] | None = None) -> RoundDecision:
-    """Apply the registered (or amended) gate; on promotion read the holdout once and publish a release."""
+                 tracker: Tracker, *, run_tags: Mapping[str, str] | None = None,
+                 sandbox: SandboxSettings | None = None) -> RoundDecision:
+    """Apply the registered (or amended) gate; on promotion read the holdout once and publish a release.
+
+    ``sandbox``: the deployment's sandbox, where the verifier reads the holdout (default: the local backend).
+    """
     key = reeval.round
     store = RoundStore(config.task, config.home)
     existing = store.load(PROMOTION_DECISION, RoundDecision, key)
@@ -89,7 +94,7 @@ def decide_round(config: LoopConfig, hypothesis: RegisteredHypothesis, snapshot:
         release = publish_release(config, tracker, checkpoint=Path(candidate.checkpoint), snapshot=task_snapshot,
                                   tfidf=tfidf_baseline(config, task_snapshot, snapshot_rows(snapshot)),
                                   holdout_out=store.round_dir(key) / "candidate_holdout_predictions.parquet",
-                                  card=card, round_key=key, run_tags=run_tags)
+                                  card=card, round_key=key, run_tags=run_tags, sandbox=sandbox)
         decision = _with_release(decision, release.release, release.model_version)
     else:
         ledger.append(EVENT_CANDIDATE_REJECTED, {"round": key, "reasons": list(verdict.reasons), "delta": delta,
