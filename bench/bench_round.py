@@ -35,6 +35,7 @@ from envloop_pipelines.defs.rounds.assets import ROUND_ASSETS, noise_floor, task
 from envloop_pipelines.defs.rounds.checks import ROUND_CHECKS  # noqa: E402
 from envloop_pipelines.resources.loop import MlflowResource, loop_resource  # noqa: E402
 from envloop_pipelines.resources.round_store import RoundStoreIOManager  # noqa: E402
+from envloop_pipelines.resources.sandbox import SandboxResource  # noqa: E402
 from envloop_pipelines.core.progress import configure_command_line  # noqa: E402
 
 STEPS = ("baseline_eval", "failure_mining", "environment_synthesis", "registered_hypothesis",
@@ -43,7 +44,8 @@ STEPS = ("baseline_eval", "failure_mining", "environment_synthesis", "registered
 
 def resources_for(home: Path, overrides: dict) -> dict:
     loop = loop_resource({"home": str(home), "noise_arms": 2, "recipe_overrides": overrides})
-    return {"loop": loop, "mlflow": MlflowResource(home=str(home)), "io_manager": RoundStoreIOManager(loop=loop)}
+    return {"loop": loop, "mlflow": MlflowResource(home=str(home)), "io_manager": RoundStoreIOManager(loop=loop),
+            "sandbox": SandboxResource()}
 
 
 def main() -> None:

@@ -1,4 +1,8 @@
-"""Composes ``defs/`` into the one Definitions object Dagster loads."""
+"""Composes ``defs/`` into the one Definitions object Dagster loads.
+
+``defs`` is a ``@dg.definitions`` function: Dagster calls it when it loads the code location, so importing
+this module reads no environment variable; loading reads ``ENVLOOP_<FIELD>`` and ``ENVLOOP_EXECUTOR``.
+"""
 
 import os
 
@@ -8,7 +12,6 @@ quiet_third_party()  # the code location and its run and step processes: third-p
 
 import dagster as dg  # noqa: E402
 
-from envloop_pipelines.core.ledger.loop_config import settings_from_env  # noqa: E402
 from envloop_pipelines.defs.agents.assets import AGENT_ASSETS  # noqa: E402
 from envloop_pipelines.defs.executor import EXECUTOR_ENV, select_executor  # noqa: E402
 from envloop_pipelines.defs.rl.assets import RL_ASSETS, rl_round_job  # noqa: E402
@@ -27,20 +30,24 @@ from envloop_pipelines.defs.rounds.sensors import (  # noqa: E402
     failed_round_sensor,
     next_round_sensor,
 )
-from envloop_pipelines.resources.loop import MlflowResource, loop_resource  # noqa: E402
+from envloop_pipelines.resources.loop import MlflowResource, deployment_loop_resource  # noqa: E402
 from envloop_pipelines.resources.round_store import RoundStoreIOManager  # noqa: E402
+from envloop_pipelines.resources.sandbox import SandboxResource  # noqa: E402
 
-# The code location's loop: every LoopConfig field from ENVLOOP_<FIELD> when set (core/ledger/loop_config.py).
-loop = loop_resource(settings_from_env(os.environ))
-
-defs = dg.Definitions(
-    assets=[task_benchmark, noise_floor, *ROUND_ASSETS, *RL_ASSETS, *AGENT_ASSETS],
-    asset_checks=ROUND_CHECKS,
-    jobs=[round_job, setup_job, rl_round_job],
-    schedules=[nightly_loop],
-    sensors=[next_round_sensor, failed_round_sensor, canceled_round_sensor],
-    # ENVLOOP_EXECUTOR=k8s: one Kubernetes Job per step (k8s/dagster/values.yaml); unset: Dagster's default.
-    executor=select_executor(dg.EnvVar(EXECUTOR_ENV).get_value()),
-    resources={"loop": loop, "mlflow": MlflowResource(), "io_manager": RoundStoreIOManager(loop=loop),
-               **rl_resources()},
-)
+@dg.definitions
+def defs() -> dg.Definitions:
+    """The code location. ``ENVLOOP_<FIELD>`` set when it loads are the loop's configured values (the UI and a remote
+    ``Client.loop_settings()`` show them); a bad one stops the load, naming the variable. ``ENVLOOP_SANDBOX*`` are
+    read by the run that uses the sandbox."""
+    loop = deployment_loop_resource(os.environ)
+    return dg.Definitions(
+        assets=[task_benchmark, noise_floor, *ROUND_ASSETS, *RL_ASSETS, *AGENT_ASSETS],
+        asset_checks=ROUND_CHECKS,
+        jobs=[round_job, setup_job, rl_round_job],
+        schedules=[nightly_loop],
+        sensors=[next_round_sensor, failed_round_sensor, canceled_round_sensor],
+        # ENVLOOP_EXECUTOR=k8s: one Kubernetes Job per step (k8s/dagster/values.yaml); unset: Dagster's default.
+        executor=select_executor(dg.EnvVar(EXECUTOR_ENV).get_value()),
+        resources={"loop": loop, "mlflow": MlflowResource(), "io_manager": RoundStoreIOManager(loop=loop),
+                   "sandbox": SandboxResource(), **rl_resources()},
+    )

@@ -24,7 +24,8 @@ def test_core_imports_without_dagster() -> None:
 def test_definitions_load() -> None:
     import dagster as dg
 
-    from envloop_pipelines.definitions import defs
+    from envloop_pipelines.definitions import defs as load_code_location
+    defs = load_code_location()
 
     assert isinstance(defs, dg.Definitions)
     defs.get_repository_def()  # resolves: a broken graph raises here

@@ -76,7 +76,8 @@ def test_old_event_names_are_read_under_the_new_name(tmp_path: Path) -> None:
 
 
 def test_step_records_and_run_kinds_are_the_asset_names() -> None:
-    from envloop_pipelines.definitions import defs
+    from envloop_pipelines.definitions import defs as load_code_location
+    defs = load_code_location()
 
     assets = {k.to_user_string() for k in defs.get_repository_def().asset_graph.get_all_asset_keys()}
     # An agent's evaluation keeps its value in its own store and hands Dagster metadata only (its run folder under
@@ -92,7 +93,8 @@ def test_step_records_and_run_kinds_are_the_asset_names() -> None:
 def test_the_concept_table_names_what_the_code_uses() -> None:
     """Every asset, MLflow kind and ledger event in docs/concepts.md exists in the code, and every one in the code
     is in the table."""
-    from envloop_pipelines.definitions import defs
+    from envloop_pipelines.definitions import defs as load_code_location
+    defs = load_code_location()
 
     text = (REPO / "docs" / "concepts.md").read_text(encoding="utf-8")
     lines = text.splitlines()

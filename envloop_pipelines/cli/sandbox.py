@@ -11,6 +11,9 @@ holdout it prints aggregate scores only (``--items`` is refused there), and a
 holdout read is release N's one read (``Ledger.read_holdout_once``), refused
 when that release has already read it (every published release has) and for
 a release that is not published yet (the release step reads its holdout).
+Test and holdout run in the sandbox the deployment configures
+(``$ENVLOOP_SANDBOX*``, read here as the loop's sandbox resource reads them:
+``resources/sandbox.py``; the local backend when unset).
 
 Exit status: 0 when the command (or the verifier) ended ``ok``, 1 when it did
 not (the JSON says why: timeout, cpu_limit, memory_exceeded, ...), 2 for a
@@ -49,6 +52,19 @@ def backend_options(backend: str, image: str | None) -> dict[str, Any]:
     if backend == "local":
         raise click.BadParameter("--image applies to the docker and k8s backends", param_hint="--image")
     return {"image": image}
+
+
+def _deployment_sandbox() -> Any:
+    """The deployment's sandbox settings: ``$ENVLOOP_SANDBOX*`` (the local backend when unset)."""
+    import os
+
+    from envloop_pipelines.core.sandbox import SandboxSettings
+    from envloop_pipelines.resources.sandbox import sandbox_settings_from_env
+
+    try:
+        return SandboxSettings(**sandbox_settings_from_env(os.environ))
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 @click.group()
@@ -131,19 +147,21 @@ def sandbox_verify(task: str, split: str, predictions: Path, kind: str, grader: 
             raise click.UsageError(f"--release {release}: release {release} of {task!r} is not published; the release "
                                    f"step reads its holdout when it publishes it")
     runner = None  # test and holdout: the verifier's own runner, in the configured sandbox
+    settings = None
     if split in HIDDEN_SPLITS:
         chosen = [name for name, value in (("--backend", backend), ("--image", image), ("--wall-s", wall_s),
                                            ("--mem-mb", mem_mb)) if value is not None]
         if chosen:
             raise click.UsageError(f"{', '.join(chosen)}: {split} is scored only in the sandbox the deployment "
                                    f"configures ($ENVLOOP_SANDBOX), never one chosen per call")
+        settings = _deployment_sandbox()
     else:
         backend = backend or "local"
         limits = _limits(DEFAULT_WORKER_LIMITS, wall_s=wall_s, mem_mb=mem_mb)
         runner = VerifierRunner(make_sandbox(backend, limits=limits, **backend_options(backend, image)), limits=limits)
     try:
         run = verify_task(task, split, predictions, kind=kind, snapshot_id=snapshot_id, home=home, runner=runner,
-                          grader=grader, holdout_slot=slot, release=release)
+                          sandbox=settings, grader=grader, holdout_slot=slot, release=release)
     except (FileNotFoundError, LedgerError, HiddenSplitQueryError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)

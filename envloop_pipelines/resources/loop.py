@@ -4,11 +4,18 @@
 (one field per setting, same name and default), so the resource cannot drift from
 the core. ``recipe_overrides`` is JSON text here (Dagster config and environment
 variables are text); ``safety_families`` a list.
+
+``DeploymentLoopResource`` is the code location's loop (``definitions.py``): the same fields, each
+unset by default. When Dagster loads the code location (never at import) every ``ENVLOOP_<FIELD>`` then
+set becomes a configured value (:func:`deployment_loop_resource`); a setting still unset is read from
+``ENVLOOP_<FIELD>`` when a run (a step, a sensor tick, the IO manager) uses the resource, else it is
+``LoopConfig``'s default.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,7 +24,14 @@ import pydantic
 
 from envloop_pipelines.core.data.snapshots import TaskSnapshot, open_pinned_task
 from envloop_pipelines.core.decision_loop.step_records import Benchmark
-from envloop_pipelines.core.ledger.loop_config import LoopConfig, field_default, field_type, loop_fields
+from envloop_pipelines.core.ledger.loop_config import (
+    LoopConfig,
+    env_name,
+    field_default,
+    field_type,
+    loop_fields,
+    settings_from_env,
+)
 from envloop_pipelines.core.tracking import MlflowTracker
 
 
@@ -59,14 +73,62 @@ LoopResource = pydantic.create_model(  # type: ignore[call-overload]
 )
 
 
-def loop_resource(settings: Mapping[str, Any]) -> Any:
-    """A ``LoopResource`` from settings (``LoopConfig`` names; ``recipe_overrides`` a mapping or JSON)."""
+class _SettingsFromEnv(LoopResource):  # type: ignore[misc, valid-type]
+    def config(self) -> LoopConfig:
+        """The loop's settings as the core's value: the fields set here (at construction or in the run's config),
+        the rest from ``ENVLOOP_<FIELD>`` as the environment is now, else ``LoopConfig``'s defaults.
+
+        Raises:
+            ValueError: a variable that does not parse (naming it) or a setting ``LoopConfig`` refuses.
+        """
+        given = {f.name: getattr(self, f.name) for f in loop_fields() if getattr(self, f.name) is not None}
+        unset = {env_name(f.name) for f in loop_fields() if f.name not in given}
+        return LoopConfig.from_settings({**settings_from_env({k: v for k, v in os.environ.items() if k in unset}),
+                                         **given})
+
+
+def _unset_field(f: Any) -> tuple[Any, Any]:
+    kind = _resource_field(f)[0]
+    default = field_default(f)
+    shown = json.dumps(dict(default)) if f.name == "recipe_overrides" else (
+        ",".join(default) if f.name == "safety_families" else default)
+    help_text = f.metadata.get("help", "").strip()
+    return kind | None, pydantic.Field(default=None, description=(
+        f"{help_text} Unset: ${env_name(f.name)} when a run uses the resource, else {shown!r}.").strip())
+
+
+DeploymentLoopResource = pydantic.create_model(  # type: ignore[call-overload]
+    "DeploymentLoopResource",
+    __base__=_SettingsFromEnv,
+    __module__=__name__,
+    __doc__="The code location's loop: each setting of ``LoopConfig`` set here, else ``ENVLOOP_<FIELD>`` at run time.",
+    **{f.name: _unset_field(f) for f in loop_fields()},
+)
+
+
+def deployment_loop_resource(environ: Mapping[str, str]) -> Any:
+    """The code location's loop as Dagster loads it: each ``ENVLOOP_<FIELD>`` set in ``environ`` as a configured
+    value (what the UI and a remote ``Client.loop_settings()`` read), the rest unset (read at run time, else
+    ``LoopConfig``'s default).
+
+    Raises:
+        ValueError: a variable that does not parse, naming it (the code location does not load).
+    """
+    return DeploymentLoopResource(**_resource_values(settings_from_env(environ)))
+
+
+def _resource_values(settings: Mapping[str, Any]) -> dict[str, Any]:
     data = dict(settings)
     if "recipe_overrides" in data and not isinstance(data["recipe_overrides"], str):
         data["recipe_overrides"] = json.dumps(dict(data["recipe_overrides"]), sort_keys=True)
     if "safety_families" in data:
         data["safety_families"] = list(data["safety_families"])
-    return LoopResource(**data)
+    return data
+
+
+def loop_resource(settings: Mapping[str, Any]) -> Any:
+    """A ``LoopResource`` from settings (``LoopConfig`` names; ``recipe_overrides`` a mapping or JSON)."""
+    return LoopResource(**_resource_values(settings))
 
 
 class MlflowResource(dg.ConfigurableResource):

@@ -331,13 +331,18 @@ class Client:
     # ------------------------------------------------------------------ the code location's loop
 
     def loop_settings(self) -> dict[str, Any]:
-        """The loop the code location runs (its ``loop`` resource: ``LoopConfig`` names, defaults filled in)."""
+        """The loop the code location runs (its ``loop`` resource: ``LoopConfig`` names, defaults filled in).
+
+        What the resource is configured with in the code location: every ``ENVLOOP_<FIELD>`` set when the
+        code location loaded, the rest ``LoopConfig``'s defaults.
+        """
         if self._settings is None:
             repo = self._ok(self._query(queries.RESOURCES, {"repo": self._repo()})["repositoryOrError"], "Repository")
             loop = next((r for r in repo["allTopLevelResourceDetails"] if r["name"] == "loop"), None)
             if loop is None:
                 raise ClientError(f"the code location {self.location()[0]!r} has no 'loop' resource")
             values = {v["key"]: json.loads(v["value"]) for v in loop["configuredValues"] if v["type"] == "VALUE"}
+            values = {k: v for k, v in values.items() if v is not None}  # unset: ENVLOOP_<FIELD> in the run
             names = {f for f in LoopConfig.__dataclass_fields__}
             self._settings = LoopConfig.from_settings({k: v for k, v in values.items() if k in names}).to_settings()
         return dict(self._settings)

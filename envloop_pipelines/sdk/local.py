@@ -69,15 +69,20 @@ def dagster_home() -> Path:
 def loop_resources(settings: Mapping[str, Any]) -> dict[str, Any]:
     """The Dagster resources of a loop with these settings (``LoopConfig`` names), as ``definitions.py`` binds them.
 
+    The settings are the loop's, all of them (``ENVLOOP_<FIELD>`` is not read); the sandbox is the
+    deployment's, from ``ENVLOOP_SANDBOX*`` when a run uses it (``resources/sandbox.py``).
+
     Raises:
         ValueError: a setting that ``LoopConfig`` refuses (the message names it).
     """
     from envloop_pipelines.resources.loop import MlflowResource, loop_resource
     from envloop_pipelines.resources.round_store import RoundStoreIOManager
+    from envloop_pipelines.resources.sandbox import SandboxResource
 
     loop = loop_resource({_LEGACY_SETTINGS.get(k, k): v for k, v in settings.items()})
     loop.config()  # checked here, once
-    return {"loop": loop, "mlflow": MlflowResource(), "io_manager": RoundStoreIOManager(loop=loop)}
+    return {"loop": loop, "mlflow": MlflowResource(), "io_manager": RoundStoreIOManager(loop=loop),
+            "sandbox": SandboxResource()}
 
 
 @contextlib.contextmanager
@@ -203,8 +208,9 @@ class LocalClient:
         """
         from dagster._core.utils import make_new_run_id
 
-        from envloop_pipelines.definitions import defs
+        from envloop_pipelines.definitions import defs as load_code_location
         from envloop_pipelines.defs.rounds.recovery import worker_tags
+        defs = load_code_location()
 
         self._cfg()
         job = defs.resolve_job_def(SETUP_JOB)
@@ -239,8 +245,9 @@ class LocalClient:
         """Run round ``key``'s job in this process; the round with its decision, or RoundFailed."""
         from dagster._core.utils import make_new_run_id
 
-        from envloop_pipelines.definitions import defs
+        from envloop_pipelines.definitions import defs as load_code_location
         from envloop_pipelines.defs.rounds.recovery import worker_tags
+        defs = load_code_location()
 
         cfg = self._cfg()
         self.instance.add_dynamic_partitions(ROUNDS_PARTITIONS, [key])

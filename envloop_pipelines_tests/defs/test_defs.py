@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dagster as dg
 
-from envloop_pipelines.definitions import defs
+from envloop_pipelines.definitions import defs as load_code_location
+defs = load_code_location()
 
 EXPECTED_DEPS = {
     "task_benchmark": set(),

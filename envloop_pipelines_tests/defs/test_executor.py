@@ -15,7 +15,8 @@ from envloop_pipelines.defs.executor import EXECUTOR_ENV, select_executor
 PROBE = """
 import json, sys
 import dagster as dg
-from envloop_pipelines.definitions import defs
+from envloop_pipelines.definitions import defs as load_code_location
+defs = load_code_location()
 repo = defs.get_repository_def()
 op_tags = repo.assets_defs_by_key[dg.AssetKey("lora_checkpoint")].op.tags
 print(json.dumps({

@@ -24,12 +24,14 @@ from envloop_pipelines.core.ledger.store import RoundStore
 from envloop_pipelines.core.ledger.loop_budget import LoopBudget, start_loop
 from envloop_pipelines.core.ledger.ledger import Gate, Ledger, LedgerError
 from envloop_pipelines.core.tracking import KIND_HYPOTHESIS, KIND_REEVAL, KIND_ROUND, KIND_TRAINING, TAG_KIND, TAG_ROUND, MlflowTracker
-from envloop_pipelines.definitions import defs
+from envloop_pipelines.definitions import defs as load_code_location
 from envloop_pipelines.defs.rounds.assets import ROUND_ASSETS, noise_floor, task_benchmark, with_upstream_sources
 from envloop_pipelines.defs.rounds.checks import ROUND_CHECKS
 from envloop_pipelines.defs.rounds.sensors import next_round_sensor
 from envloop_pipelines.resources.loop import LoopResource, MlflowResource
 from envloop_pipelines.resources.round_store import RoundStoreIOManager
+from envloop_pipelines.resources.sandbox import SandboxResource
+defs = load_code_location()
 
 pytestmark = pytest.mark.slow
 REPOSITORY = defs.get_repository_def()
@@ -108,7 +110,8 @@ def loop_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch_module: pytes
     data.write_text("".join(json.dumps(r) + "\n" for r in learnable_tickets(N_USERS)), encoding="utf-8")
     import_file(data, TASK, home=home)  # task_benchmark then opens it
     loop = LoopResource(home=str(home), generator=GENERATOR, **LOOP)
-    resources = {"loop": loop, "mlflow": MlflowResource(home=str(home)), "io_manager": RoundStoreIOManager(loop=loop)}
+    resources = {"loop": loop, "mlflow": MlflowResource(home=str(home)), "io_manager": RoundStoreIOManager(loop=loop),
+                 "sandbox": SandboxResource()}
     instance = dg.DagsterInstance.ephemeral()
     setup = dg.materialize([task_benchmark, noise_floor], resources=resources, instance=instance)
     assert setup.success
@@ -336,7 +339,8 @@ def leaky_round(home: Any, instance: dg.DagsterInstance, resources: dict[str, An
     """Round r0050 with a generator that copies test states into training, under contamination_policy=refuse."""
     loop = LoopResource(home=str(home), contamination_policy="refuse",
                         generator="envloop_pipelines_tests.defs.test_round:LeakyGenerator", **LOOP)
-    leaky = {"loop": loop, "mlflow": resources["mlflow"], "io_manager": RoundStoreIOManager(loop=loop)}
+    leaky = {"loop": loop, "mlflow": resources["mlflow"], "io_manager": RoundStoreIOManager(loop=loop),
+             "sandbox": resources["sandbox"]}
     instance.add_dynamic_partitions("rounds", ["r0050"])
     return dg.materialize(with_upstream_sources(ROUND_ASSETS + ROUND_CHECKS), partition_key="r0050", resources=leaky,
                           instance=instance, raise_on_error=False)

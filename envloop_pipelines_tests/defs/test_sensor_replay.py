@@ -52,7 +52,8 @@ from dagster._daemon.sensor import execute_sensor_iteration
 from envloop_pipelines.core.ledger.loop_budget import LoopBudget, next_round, start_loop
 from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.ledger.store import RoundStore
-from envloop_pipelines.definitions import defs
+from envloop_pipelines.definitions import defs as load_code_location
+defs = load_code_location()
 
 SENSOR = "next_round_sensor"
 LOOP_ID = "replay-loop"

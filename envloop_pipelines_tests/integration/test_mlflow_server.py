@@ -20,6 +20,7 @@ from envloop_pipelines.defs.rounds.assets import (
 from envloop_pipelines.defs.rounds.checks import ROUND_CHECKS
 from envloop_pipelines.resources.loop import LoopResource, MlflowResource
 from envloop_pipelines.resources.round_store import RoundStoreIOManager
+from envloop_pipelines.resources.sandbox import SandboxResource
 from envloop_pipelines_tests import services
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -38,7 +39,7 @@ def test_round_against_a_real_mlflow_server(mlflow_server: str, tmp_path: Path, 
     loop = LoopResource(home=str(home), builtin_users=30, builtin_records_per_user=3, noise_arms=2, n_synthesized=8,
                         recipe_overrides=json.dumps({"max_steps": 1, "max_length": 128}))
     resources = {"loop": loop, "mlflow": MlflowResource(tracking_uri=mlflow_server, home=str(home)),
-                 "io_manager": RoundStoreIOManager(loop=loop)}
+                 "io_manager": RoundStoreIOManager(loop=loop), "sandbox": SandboxResource()}
     instance = dg.DagsterInstance.ephemeral()
     assert dg.materialize([task_benchmark, noise_floor], resources=resources, instance=instance).success
     instance.add_dynamic_partitions("rounds", ["r0001"])

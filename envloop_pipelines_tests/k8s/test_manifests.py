@@ -309,7 +309,8 @@ def _step_pod(asset: str) -> dict[str, Any]:
     )
     from kubernetes.client import ApiClient
 
-    from envloop_pipelines.definitions import defs
+    from envloop_pipelines.definitions import defs as load_code_location
+    defs = load_code_location()
 
     values = _values()
     (dep,) = values["dagster-user-deployments"]["deployments"]

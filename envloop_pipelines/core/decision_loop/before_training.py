@@ -37,6 +37,7 @@ from envloop_pipelines.core.decision_loop.step_records import (
     TrainingSnapshot,
 )
 from envloop_pipelines.core.release.tracked_runs import child_run, verify_predictions, write_predictions
+from envloop_pipelines.core.sandbox import SandboxSettings
 from envloop_pipelines.core.ledger.store import RoundStore
 from envloop_pipelines.core.decision_loop.synthesis import SNAPSHOT_SCHEMA, SynthesisRequest, load_generator, with_provenance
 from envloop_pipelines.core.storage import (
@@ -95,8 +96,12 @@ def top_clusters(mined: FailureMining, k: int) -> tuple[FailureCluster, ...]:
                                 example_ids=tuple(c["example_ids"])) for c in mined.clusters[:k])
 
 
-def synthesize_environments(config: LoopConfig, task: TaskSnapshot, mined: FailureMining) -> EnvironmentSynthesis:
-    """New training rows aimed at the top clusters, each with provenance to its cluster."""
+def synthesize_environments(config: LoopConfig, task: TaskSnapshot, mined: FailureMining, *,
+                            sandbox: SandboxSettings | None = None) -> EnvironmentSynthesis:
+    """New training rows aimed at the top clusters, each with provenance to its cluster.
+
+    ``sandbox``: the deployment's sandbox, where a user generator runs (default: the local backend).
+    """
     key = mined.round
     clusters = top_clusters(mined, config.top_clusters)
     kwargs: dict[str, Any] = {}
@@ -104,7 +109,7 @@ def synthesize_environments(config: LoopConfig, task: TaskSnapshot, mined: Failu
         from envloop_pipelines.core.benchmark import BenchmarkConfig
 
         kwargs["benchmark_config"] = BenchmarkConfig(seed=int(task.manifest.extra.get("generator", {}).get("seed", 0)))
-    generator = load_generator(config.generator, home=config.home, **kwargs)  # a user generator: in the sandbox
+    generator = load_generator(config.generator, home=config.home, sandbox=sandbox, **kwargs)  # a user's: in the sandbox
     request = SynthesisRequest(round=key, clusters=clusters, n_examples=config.n_synthesized, seed=round_number(key))
     table = generator.synthesize(request, task.table("train")) if clusters else SNAPSHOT_SCHEMA.empty_table()
     path = atomic_write_parquet(RoundStore(config.task, config.home).round_dir(key) / "synthesized.parquet", table,
@@ -181,7 +186,8 @@ def _unmeasured_metric(gate: Any) -> list[str]:
             f"{metric!r} would have no floor in its own units; got {metric!r}"]
 
 
-def paired_noise(config: LoopConfig, task: TaskSnapshot) -> dict[str, Any] | None:
+def paired_noise(config: LoopConfig, task: TaskSnapshot, *,
+                 sandbox: SandboxSettings | None = None) -> dict[str, Any] | None:
     """The standard error of a candidate-vs-champion paired delta on test: the noise a round's test works at.
 
     Pooled (root mean square of each pair's ``se``, per metric) over every pair of this loop's kind known
@@ -198,6 +204,7 @@ def paired_noise(config: LoopConfig, task: TaskSnapshot) -> dict[str, Any] | Non
 
     The null arms are not used: two seeds trained from the base model can nearly agree (the demo's hybrid
     readout: se 0.0027) while a candidate trained from the champion moves much further (se ~0.017).
+    ``sandbox``: the deployment's sandbox, where the verifier pairs the arms (default: the local backend).
 
     Returns:
         ``{"noise_key", "source", "pairs": [...], "deltas": {metric: {"se", "confidence_level",
@@ -226,7 +233,7 @@ def paired_noise(config: LoopConfig, task: TaskSnapshot) -> dict[str, Any] | Non
         for i, arm in enumerate(arms, 1):
             # The setup's reads of test (the floor's), not the round's, though a round's registration asks.
             run = verify_predictions(config, "test", Path(arm["test_predictions"]),
-                                     baseline=Path(control["test_predictions"]), seed=i,
+                                     baseline=Path(control["test_predictions"]), seed=i, sandbox=sandbox,
                                      **setup_reader(config, measured.floor.key))
             measured_pairs.append({"source": f"continuation arm seed {arm.get('seed')} (trained from the control "
                                              f"arm, seed {control.get('seed')}) vs the control arm",
@@ -266,7 +273,8 @@ class UnmeasuredPowerError(LedgerError, ValueError):
     """A hypothesis whose minimum detectable effect cannot be measured; it is not registered."""
 
 
-def _measured_power(config: LoopConfig, task: TaskSnapshot, key: str, gate: Gate, predicted: float) -> dict[str, Any]:
+def _measured_power(config: LoopConfig, task: TaskSnapshot, key: str, gate: Gate, predicted: float,
+                    sandbox: SandboxSettings | None) -> dict[str, Any]:
     """:func:`hypothesis_power` at this loop's floor, champion and paired noise; refused without an MDE."""
     from envloop_pipelines.core.decision_loop.noise_floor import current_noise_floor
 
@@ -281,7 +289,7 @@ def _measured_power(config: LoopConfig, task: TaskSnapshot, key: str, gate: Gate
         held = (champion(config).get("test") or {}).get(measured.floor.metric)
     except LedgerError:
         held = None
-    power = hypothesis_power(paired_noise(config, task), gate, predicted, floor=measured.floor,
+    power = hypothesis_power(paired_noise(config, task, sandbox=sandbox), gate, predicted, floor=measured.floor,
                              champion_score=float(held) if isinstance(held, (int, float)) else None)
     if power.get("mde") is None:
         raise UnmeasuredPowerError(f"round {key}: hypothesis not registered: no minimum detectable effect: "
@@ -292,7 +300,8 @@ def _measured_power(config: LoopConfig, task: TaskSnapshot, key: str, gate: Gate
 
 def register_hypothesis(config: LoopConfig, task: TaskSnapshot, synthesis: EnvironmentSynthesis, tracker: Tracker, *,
                         proposal: Mapping[str, Any] | None = None,
-                        run_tags: Mapping[str, str] | None = None) -> RegisteredHypothesis:
+                        run_tags: Mapping[str, str] | None = None,
+                        sandbox: SandboxSettings | None = None) -> RegisteredHypothesis:
     """Write the round's hypothesis to MLflow and the ledger before any training.
 
     ``task`` is the snapshot the step opened: the hypothesis records its benchmark version, and its power is
@@ -308,7 +317,8 @@ def register_hypothesis(config: LoopConfig, task: TaskSnapshot, synthesis: Envir
     below it: in the hypothesis, its ledger event and its MLflow run (tag ``envloop.underpowered``).
     The flag changes no rule of the gate. A hypothesis whose MDE cannot be measured (no noise floor for
     this loop's recipe and benchmark, or no candidate-vs-champion pair to take the se from) is not
-    registered: :class:`UnmeasuredPowerError`, naming why, before anything is written.
+    registered: :class:`UnmeasuredPowerError`, naming why, before anything is written. ``sandbox``: the
+    deployment's sandbox, where the verifier measures that noise (default: the local backend).
 
     Raises:
         ValueError: the proposal has an unknown field, names the loop's override as its change, or
@@ -327,7 +337,7 @@ def register_hypothesis(config: LoopConfig, task: TaskSnapshot, synthesis: Envir
     predicted = float(proposal.get("predicted_delta", np.mean(past) if past else 0.01))
     gate = Gate(**proposal.get("gate", {}))
     registered = ledger.hypothesis(key)
-    power = None if registered is not None else _measured_power(config, task, key, gate, predicted)
+    power = None if registered is not None else _measured_power(config, task, key, gate, predicted, sandbox)
     hypothesis = registered or Hypothesis(  # immutable: a retry reuses what was registered
         task=config.task,
         round=key,

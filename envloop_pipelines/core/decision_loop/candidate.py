@@ -21,6 +21,7 @@ from envloop_pipelines.core.release.publish import champion, tfidf_baseline
 from envloop_pipelines.core.decision_loop.step_records import Reevaluation, RegisteredHypothesis, TrainedCheckpoint, TrainingSnapshot
 from envloop_pipelines.core.storage import envloop_home
 from envloop_pipelines.core.release.tracked_runs import child_run, flat_metrics, verify_predictions, write_predictions
+from envloop_pipelines.core.sandbox import SandboxSettings
 from envloop_pipelines.core.ledger.store import RoundStore
 from envloop_pipelines.core.storage import atomic_write_parquet, publish_dir, staging_dir
 from envloop_pipelines.core.tracking import (
@@ -127,7 +128,8 @@ def train_candidate(config: LoopConfig, task: TaskSnapshot, hypothesis: Register
 
 
 def reevaluate(config: LoopConfig, task: TaskSnapshot, candidate: TrainedCheckpoint, snapshot: TrainingSnapshot,
-               tracker: Tracker, *, run_tags: Mapping[str, str] | None = None) -> Reevaluation:
+               tracker: Tracker, *, run_tags: Mapping[str, str] | None = None,
+               sandbox: SandboxSettings | None = None) -> Reevaluation:
     """Candidate vs champion on the hidden test set through the sandboxed verifier, with the TF-IDF baseline.
 
     The round's reads of test (reader ``round:<key>``): the candidate's predictions paired with the
@@ -135,6 +137,7 @@ def reevaluate(config: LoopConfig, task: TaskSnapshot, candidate: TrainedCheckpo
     (:data:`~envloop_pipelines.core.ledger.ledger.ROUND_TEST_READ_BUDGET`, one more per gate amendment, whose
     fresh-seed candidate is a new file); a retry reads the same files again and is not counted twice.
     ``task`` is the task's snapshot the step opened: its test inputs are answered, its train rows fit TF-IDF.
+    ``sandbox``: the deployment's sandbox, where the verifier runs (default: the local backend).
     """
     key = candidate.round
     d = RoundStore(config.task, config.home).round_dir(key)
@@ -148,11 +151,11 @@ def reevaluate(config: LoopConfig, task: TaskSnapshot, candidate: TrainedCheckpo
     reader = f"round:{key}"
     run = verify_predictions(config, "test", cand_preds, baseline=champ_preds, seed=round_number(key),
                              checkpoint=candidate.checkpoint, baseline_checkpoint=champ["checkpoint_dir"],
-                             reader=reader)
+                             reader=reader, sandbox=sandbox)
     tfidf = tfidf_baseline(config, task, snapshot_rows(snapshot))
     tfidf_preds = atomic_write_parquet(d / "tfidf_test_predictions.parquet", tfidf.predict_table(test), overwrite=True)
     tfidf_run = verify_predictions(config, "test", tfidf_preds, safety_thresholds=tfidf.calibration.safety_thresholds,
-                                   reader=reader)
+                                   reader=reader, sandbox=sandbox)
     mrun = child_run(tracker, config, key, KIND_REEVAL, run_tags)
     result = Reevaluation(
         round=key, benchmark_version=task.benchmark_version, candidate=dict(run.report.metrics),

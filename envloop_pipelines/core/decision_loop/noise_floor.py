@@ -26,6 +26,7 @@ from envloop_pipelines.core.release.publish import publish_release, tfidf_baseli
 from envloop_pipelines.core.decision_loop.step_records import Benchmark, MeasuredNoiseFloor, TrainingSnapshot
 from envloop_pipelines.core.storage import envloop_home
 from envloop_pipelines.core.release.tracked_runs import verify_predictions, write_predictions
+from envloop_pipelines.core.sandbox import SandboxSettings
 from envloop_pipelines.core.ledger.store import RoundStore
 from envloop_pipelines.core.decision_loop.candidate import snapshot_rows, train_into_store
 from envloop_pipelines.core.storage import atomic_write_json, atomic_write_parquet, canonical_json, sha256_bytes
@@ -88,7 +89,8 @@ def noise_floor_key(benchmark_version: str, config: LoopConfig) -> str:
 
 def measure_noise_floor(config: LoopConfig, task: TaskSnapshot, tracker: Tracker, *,
                         run_tags: Mapping[str, str] | None = None,
-                        continuation_arms: int = CONTINUATION_ARMS) -> MeasuredNoiseFloor:
+                        continuation_arms: int = CONTINUATION_ARMS,
+                        sandbox: SandboxSettings | None = None) -> MeasuredNoiseFloor:
     """K null arms of the loop's recipe on the base data (``task``, the snapshot the step opened), scored on test
     by the verifier.
 
@@ -96,6 +98,7 @@ def measure_noise_floor(config: LoopConfig, task: TaskSnapshot, tracker: Tracker
     yet, the control arm (the recipe's own seed) becomes release 1. Then
     ``continuation_arms`` arms are trained from the control arm as a candidate is from its champion
     (:func:`measure_continuation_arms`): the first rounds' minimum detectable effect comes from them.
+    ``sandbox``: the deployment's sandbox, where the verifier scores the arms (default: the local backend).
     """
     store = RoundStore(config.task, config.home)
     key = noise_floor_key(task.benchmark_version, config)
@@ -103,10 +106,10 @@ def measure_noise_floor(config: LoopConfig, task: TaskSnapshot, tracker: Tracker
     if cache.exists():
         result = MeasuredNoiseFloor.from_dict({**json.loads(cache.read_text(encoding="utf-8")), "cached": True})
     else:
-        result = _measure(config, tracker, task, store, key, run_tags)
+        result = _measure(config, tracker, task, store, key, run_tags, sandbox)
         atomic_write_json(cache, result.to_dict(), overwrite=True)
     if not Ledger(config.task, config.home).releases():
-        _release_control_arm(config, tracker, result, task, store, run_tags)
+        _release_control_arm(config, tracker, result, task, store, run_tags, sandbox)
     measure_continuation_arms(config, result, task, store, n=continuation_arms)
     return result
 
@@ -177,7 +180,7 @@ def measure_continuation_arms(config: LoopConfig, measured: MeasuredNoiseFloor, 
 
 
 def _measure(config: LoopConfig, tracker: Tracker, snapshot: TaskSnapshot, store: RoundStore, key: str,
-             run_tags: Mapping[str, str] | None) -> MeasuredNoiseFloor:
+             run_tags: Mapping[str, str] | None, sandbox: SandboxSettings | None) -> MeasuredNoiseFloor:
     from envloop_pipelines.core.model.recipe import recipe_to_dict
 
     ledger = Ledger(config.task, config.home)
@@ -199,7 +202,7 @@ def _measure(config: LoopConfig, tracker: Tracker, snapshot: TaskSnapshot, store
                                 safety_families=config.safety_families, safety_fnr_target=config.safety_fnr_target)
         preds = write_predictions(store.noise / key / f"arm-seed{arm.seed}-test.parquet", ckpt, test,
                                   home=envloop_home(config.home))
-        run = verify_predictions(config, "test", preds, checkpoint=ckpt, **setup_reader(config, key))
+        run = verify_predictions(config, "test", preds, checkpoint=ckpt, sandbox=sandbox, **setup_reader(config, key))
         metrics = dict(run.report.metrics)
         child = tracker.start_run(config.task, f"null arm seed {arm.seed}", parent_run_id=parent.run_id,
                                   tags={TAG_KIND: KIND_NULL_ARM, TAG_NOISE_KEY: key})
@@ -247,7 +250,7 @@ class ContaminatedDataError(LedgerError):
 
 
 def _release_control_arm(config: LoopConfig, tracker: Tracker, measured: MeasuredNoiseFloor, snapshot: TaskSnapshot,
-                         store: RoundStore, run_tags: Mapping[str, str] | None) -> None:
+                         store: RoundStore, run_tags: Mapping[str, str] | None, sandbox: SandboxSettings | None) -> None:
     """Release 1: the control arm of the floor (the recipe's own seed), which passed no gate."""
     from pathlib import Path
 
@@ -258,7 +261,7 @@ def _release_control_arm(config: LoopConfig, tracker: Tracker, measured: Measure
     tfidf_preds = atomic_write_parquet(store.noise / "tfidf-test.parquet", tfidf.predict_table(snapshot.table("test")),
                                        overwrite=True)
     tfidf_test = dict(verify_predictions(config, "test", tfidf_preds,
-                                         safety_thresholds=tfidf.calibration.safety_thresholds,
+                                         safety_thresholds=tfidf.calibration.safety_thresholds, sandbox=sandbox,
                                          **setup_reader(config, measured.floor.key)).report.metrics)
     limitations = ["The first champion is the control recipe on the base data; it passed no gate.",
                    *benchmark_limitations(snapshot)]
@@ -278,7 +281,7 @@ def _release_control_arm(config: LoopConfig, tracker: Tracker, measured: Measure
     release = Ledger(config.task, config.home).next_release_number()
     publish_release(config, tracker, checkpoint=Path(control["checkpoint"]), snapshot=snapshot,
                     holdout_out=store.noise / f"release{release}-holdout.parquet", card=card, run_tags=run_tags,
-                    tfidf=tfidf)
+                    tfidf=tfidf, sandbox=sandbox)
 
 
 def current_noise_floor(config: LoopConfig, task: TaskSnapshot) -> MeasuredNoiseFloor:

@@ -185,15 +185,17 @@ def load_generator(spec: str, *, home: str | Path | None = None, sandbox: Any = 
 
     The generators that ship (:data:`BUILTIN_GENERATORS`) are this package's code and run in the loop's
     process. Any other is user code: it runs as a :class:`SandboxedGenerator`, in the sandbox
-    (``ENVLOOP_SANDBOX``, the local one by default: a fresh uid, the label folder of ``home`` hidden, no
-    network), never in the loop's process, whose user owns the label files. It is loaded there once here,
+    (the deployment's, ``sandbox``; the local one by default: a fresh uid, the label folder of ``home`` hidden,
+    no network), never in the loop's process, whose user owns the label files. It is loaded there once here,
     so a spec that does not import or has no ``synthesize`` fails now.
 
     Args:
         spec: ``builtin_targeted``, ``label_preserving_variants``, ``module:attribute`` (a class, a factory or
             an object) or the name of an entry point in ``envloop.environment_generators``.
         home: the EnvLoop home whose ``verifier`` folder the sandbox hides (default ``$ENVLOOP_HOME``).
-        sandbox: the sandbox a user generator runs in (default :func:`~envloop_pipelines.core.sandbox.sandbox_from_env`).
+        sandbox: the sandbox a user generator runs in, or the deployment's
+            :class:`~envloop_pipelines.core.sandbox.SandboxSettings` to build it from (under
+            :data:`GENERATOR_LIMITS`); default: the local backend.
         kwargs: the generator's constructor arguments (JSON values for a user generator).
 
     Raises:
@@ -253,16 +255,18 @@ class SandboxedGenerator:
         self.name = str(self._call({"describe": True})["name"])
 
     def _sandbox_for_run(self) -> Any:
-        from envloop_pipelines.core.sandbox import SandboxLimits, sandbox_from_env
+        from envloop_pipelines.core.sandbox import SandboxLimits, SandboxSettings, make_sandbox
 
-        sandbox = self._sandbox if self._sandbox is not None else sandbox_from_env(limits=SandboxLimits(**GENERATOR_LIMITS))
+        sandbox = self._sandbox
+        if sandbox is None or isinstance(sandbox, SandboxSettings):
+            sandbox = make_sandbox(sandbox or SandboxSettings(), limits=SandboxLimits(**GENERATOR_LIMITS))
         caps = sandbox.capabilities()
         if not caps.get("hidden_paths_masked") or (caps.get("backend") == "local" and not caps.get("uid_switch")):
             raise SandboxRefusedError(
                 f"environment generator {self.spec!r} is user code and runs only in a sandbox that hides the label "
                 f"files from it (another uid, the label folder masked); this host's {caps.get('backend')} sandbox "
                 f"cannot ({ {k: caps.get(k) for k in ('uid_switch', 'hidden_paths_masked', 'detail')} }): run the "
-                f"loop as root, set ENVLOOP_SANDBOX=docker, or use a built-in generator")
+                f"loop as root, configure the deployment's sandbox as docker, or use a built-in generator")
         return sandbox
 
     def _call(self, payload: Mapping[str, Any]) -> dict[str, Any]:

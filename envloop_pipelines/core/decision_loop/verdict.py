@@ -33,6 +33,7 @@ from envloop_pipelines.core.decision_loop.step_records import (
     TrainingSnapshot,
 )
 from envloop_pipelines.core.ledger.store import RoundStore
+from envloop_pipelines.core.sandbox import SandboxSettings
 from envloop_pipelines.core.tracking import Tracker
 
 PROMOTION_DECISION = "promotion_decision"
@@ -40,11 +41,13 @@ PROMOTION_DECISION = "promotion_decision"
 
 def decide_round(config: LoopConfig, task: TaskSnapshot, hypothesis: RegisteredHypothesis, snapshot: TrainingSnapshot,
                  candidate: TrainedCheckpoint, reeval: Reevaluation, noise_floor: MeasuredNoiseFloor,
-                 tracker: Tracker, *, run_tags: Mapping[str, str] | None = None) -> RoundDecision:
+                 tracker: Tracker, *, run_tags: Mapping[str, str] | None = None,
+                 sandbox: SandboxSettings | None = None) -> RoundDecision:
     """Apply the registered (or amended) gate; on promotion read the holdout once and publish a release.
 
     ``task`` is the task's snapshot the step opened: on promotion its holdout is read and its train rows fit
     the card's TF-IDF baseline.
+    ``sandbox``: the deployment's sandbox, where the verifier reads the holdout (default: the local backend).
     """
     key = reeval.round
     store = RoundStore(config.task, config.home)
@@ -92,7 +95,7 @@ def decide_round(config: LoopConfig, task: TaskSnapshot, hypothesis: RegisteredH
         release = publish_release(config, tracker, checkpoint=Path(candidate.checkpoint), snapshot=task,
                                   tfidf=tfidf_baseline(config, task, snapshot_rows(snapshot)),
                                   holdout_out=store.round_dir(key) / "candidate_holdout_predictions.parquet",
-                                  card=card, round_key=key, run_tags=run_tags)
+                                  card=card, round_key=key, run_tags=run_tags, sandbox=sandbox)
         decision = _with_release(decision, release.release, release.model_version)
     else:
         ledger.append(EVENT_CANDIDATE_REJECTED, {"round": key, "reasons": list(verdict.reasons), "delta": delta,

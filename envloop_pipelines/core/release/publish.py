@@ -17,6 +17,7 @@ from envloop_pipelines.core.release.card import render_card
 from envloop_pipelines.core.ledger.loop_config import LoopConfig
 from envloop_pipelines.core.ledger.ledger import Ledger, LedgerError
 from envloop_pipelines.core.release.tracked_runs import child_run, flat_metrics, verify_predictions, write_predictions
+from envloop_pipelines.core.sandbox import SandboxSettings
 from envloop_pipelines.core.storage import atomic_write_parquet
 from envloop_pipelines.core.tracking import (
     HOLDOUT_PREFIX,
@@ -72,7 +73,7 @@ def tfidf_baseline(config: LoopConfig, snapshot: TaskSnapshot, train: Any = None
 
 
 def holdout_metrics(config: LoopConfig, checkpoint: Path, snapshot: TaskSnapshot, out: Path, *, ledger: Ledger,
-                    release: int, tfidf: Any = None) -> HoldoutRead:
+                    release: int, tfidf: Any = None, sandbox: SandboxSettings | None = None) -> HoldoutRead:
     """The checkpoint's holdout metrics from the verifier, as the release's one holdout read.
 
     It opens the release's holdout slot for these predictions (``Ledger.open_holdout_slot``) and the
@@ -80,6 +81,7 @@ def holdout_metrics(config: LoopConfig, checkpoint: Path, snapshot: TaskSnapshot
     one for the release (or any read of other predictions) is refused. TF-IDF + LR's predictions
     are scored in the same run as its baseline, so the classical figure costs no second read. ``tfidf``:
     the fitted baseline whose test column the card shows (default: :func:`tfidf_baseline` on train).
+    ``sandbox``: the deployment's sandbox, where the verifier runs (default: the local backend).
 
     A retry after a crash between this read and the card finishes from the stored read (no second read).
 
@@ -101,7 +103,8 @@ def holdout_metrics(config: LoopConfig, checkpoint: Path, snapshot: TaskSnapshot
     if ledger.holdout_result(release) is None:  # the slot is for this checkpoint's predictions and nothing else
         ledger.open_holdout_slot(release, holdout_read_key(preds, tfidf_preds), by=f"release step: {checkpoint.name}")
     run = verify_predictions(config, "holdout", preds, baseline=tfidf_preds, holdout_slot=ledger, release=release,
-                             checkpoint=checkpoint, baseline_safety_thresholds=tfidf.calibration.safety_thresholds)
+                             checkpoint=checkpoint, baseline_safety_thresholds=tfidf.calibration.safety_thresholds,
+                             sandbox=sandbox)
     return HoldoutRead(metrics=dict(run.report.metrics), tfidf=dict(run.baseline_report.metrics),
                        vs_tfidf=dict((run.paired or {}).get("deltas") or {}))
 
@@ -109,7 +112,7 @@ def holdout_metrics(config: LoopConfig, checkpoint: Path, snapshot: TaskSnapshot
 def publish_release(config: LoopConfig, tracker: Tracker, *, checkpoint: Path, snapshot: TaskSnapshot,
                     holdout_out: Path, card: Callable[[int, dict[str, Any]], dict[str, Any]],
                     round_key: str | None = None, run_tags: Mapping[str, str] | None = None,
-                    tfidf: Any = None) -> Release:
+                    tfidf: Any = None, sandbox: SandboxSettings | None = None) -> Release:
     """Read the holdout once, register the checkpoint, move the champion alias and write the card.
 
     Args:
@@ -124,11 +127,12 @@ def publish_release(config: LoopConfig, tracker: Tracker, *, checkpoint: Path, s
         round_key: the round that promoted the checkpoint (its release run is a child of the round's
             run); ``None`` for the bootstrap release.
         run_tags: extra tags of the release run (the Dagster run).
+        sandbox: the deployment's sandbox, where the verifier reads the holdout (default: the local backend).
     """
     ledger = Ledger(config.task, config.home)
     release = ledger.next_release_number()
     read = holdout_metrics(config, checkpoint, snapshot, holdout_out, ledger=ledger, release=release,
-                           tfidf=tfidf)
+                           tfidf=tfidf, sandbox=sandbox)
     holdout = dict(read.metrics)
     tags = {TAG_RELEASE: str(release), TAG_CHECKPOINT: checkpoint.name}
     if round_key is not None:

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from envloop_pipelines.core.ledger.loop_config import LoopConfig
+from envloop_pipelines.core.sandbox import SandboxSettings
 from envloop_pipelines.core.storage import atomic_write_parquet
 from envloop_pipelines.core.tracking import KIND_ROUND, TAG_KIND, TAG_ROUND, TAG_SUPERSEDED, TrackedRun, Tracker
 
@@ -79,7 +80,8 @@ def verify_predictions(config: LoopConfig, split: str, predictions: Path, baseli
                        checkpoint: str | Path | None = None, baseline_checkpoint: str | Path | None = None,
                        safety_thresholds: Mapping[str, float] | None = None,
                        baseline_safety_thresholds: Mapping[str, float] | None = None,
-                       reader: str = "adhoc", read_budget: int | None = None) -> Any:
+                       reader: str = "adhoc", read_budget: int | None = None,
+                       sandbox: SandboxSettings | None = None) -> Any:
     """Score predictions on a hidden split in the sandboxed verifier (a separate process), aggregate scores only.
 
     Args:
@@ -96,6 +98,7 @@ def verify_predictions(config: LoopConfig, split: str, predictions: Path, baseli
             ``setup:<noise floor key>`` for the loop's setup (with ``read_budget``:
             ``setup.setup_reader``), ``adhoc`` (default) for a person's own call (not limited).
             Every loop step passes its reader.
+        sandbox: the deployment's sandbox, where the verifier's worker runs (default: the local backend).
 
     Raises:
         RuntimeError: the verifier failed; the message carries its status and the worker's stderr.
@@ -111,7 +114,7 @@ def verify_predictions(config: LoopConfig, split: str, predictions: Path, baseli
     run = verify_task(config.task, split, predictions, home=config.home, safety_families=config.safety_families,
                       baseline_predictions=baseline, seed=seed, holdout_slot=holdout_slot, release=release,
                       safety_thresholds=safety_thresholds, baseline_safety_thresholds=baseline_safety,
-                      reader=reader, read_budget=read_budget)
+                      reader=reader, read_budget=read_budget, sandbox=sandbox)
     if not run.ok:
         raise RuntimeError(f"verifier on {split} failed ({run.status}): {run.error}; "
                            f"worker stderr: {run.sandbox.stderr_tail[-1000:]!r}")

@@ -3,13 +3,15 @@
 One protocol (:class:`Sandbox`), three backends: ``local`` (the default, a
 fresh process with rlimits and namespaces, :mod:`.local`), ``docker``
 (``--network none``, read-only root, :mod:`.docker`) and ``k8s`` (a Job with
-egress denied, :mod:`.k8s`). :func:`make_sandbox` picks one by name; each
-module states what it covers and what it does not.
+egress denied, :mod:`.k8s`). :func:`make_sandbox` picks one by name or by
+:class:`SandboxSettings` (the value a deployment's sandbox resource hands
+down; core never reads the choice from the environment); each module states
+what it covers and what it does not.
 """
 
 from __future__ import annotations
 
-import os
+from dataclasses import dataclass
 from typing import Any
 
 from envloop_pipelines.core.sandbox.base import (
@@ -25,11 +27,55 @@ from envloop_pipelines.core.sandbox.base import (
 from envloop_pipelines.core.sandbox.local import HostSupport, LocalSandbox, probe_host
 
 
-def make_sandbox(backend: str = "local", *, limits: SandboxLimits | None = None, **options: Any) -> Sandbox:
-    """The sandbox backend named ``backend``, built with ``options``.
+@dataclass(frozen=True)
+class SandboxSettings:
+    """Which backend a deployment's sandbox is, and the options it needs: a value, no code.
+
+    The loop's callers hand it down to the verifier and to user generators, which build their own
+    sandbox from it (:func:`make_sandbox`); core never reads it from the environment. A deployment
+    sets it through its Dagster resource (``resources/sandbox.py``, which reads the deployment's
+    environment when a run uses it).
+
+    Attributes:
+        backend: ``local`` (the default), ``docker`` or ``k8s``.
+        image: docker/k8s: the image the worker runs in (it has this package); ``None``: the backend's default.
+        namespace: k8s: the sandbox namespace (``k8s/verifier.yaml``); ``None``: the backend's default.
+        policy_enforced: k8s: the cluster's CNI enforces NetworkPolicies (the Job's egress is denied).
+    """
+
+    backend: str = "local"
+    image: str | None = None
+    namespace: str | None = None
+    policy_enforced: bool = False
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend={self.backend!r} is not a sandbox backend; allowed: {', '.join(BACKENDS)}")
+        for name in ("image", "namespace"):
+            if not isinstance(getattr(self, name), (str, type(None))):
+                raise TypeError(f"{name} must be text or None, got {type(getattr(self, name)).__name__}")
+        if not isinstance(self.policy_enforced, bool):
+            raise TypeError(f"policy_enforced must be True or False, got {self.policy_enforced!r}")
+
+    def options(self) -> dict[str, Any]:
+        """The backend's constructor options these settings give (the image for docker and k8s; the namespace
+        and the policy flag for k8s)."""
+        options: dict[str, Any] = {}
+        if self.backend in ("docker", "k8s") and self.image:
+            options["image"] = self.image
+        if self.backend == "k8s":
+            if self.namespace:
+                options["namespace"] = self.namespace
+            options["policy_enforced"] = self.policy_enforced
+        return options
+
+
+def make_sandbox(backend: str | SandboxSettings = "local", *, limits: SandboxLimits | None = None,
+                 **options: Any) -> Sandbox:
+    """The sandbox backend named ``backend`` (or the one ``SandboxSettings`` describe), built with ``options``.
 
     Args:
-        backend: ``local``, ``docker`` or ``k8s``.
+        backend: ``local``, ``docker`` or ``k8s``; or :class:`SandboxSettings` (its options first, then ``options``).
         limits: default limits of its runs.
         **options: backend options (see :class:`LocalSandbox`, :class:`~.docker.DockerSandbox`,
             :class:`~.k8s.KubernetesSandbox`).
@@ -37,6 +83,8 @@ def make_sandbox(backend: str = "local", *, limits: SandboxLimits | None = None,
     Raises:
         ValueError: for an unknown backend, naming the allowed ones.
     """
+    if isinstance(backend, SandboxSettings):
+        backend, options = backend.backend, {**backend.options(), **options}
     if backend == "local":
         return LocalSandbox(limits, **options)
     if backend == "docker":
@@ -50,48 +98,18 @@ def make_sandbox(backend: str = "local", *, limits: SandboxLimits | None = None,
     raise ValueError(f"unknown sandbox backend {backend!r}; allowed: {', '.join(BACKENDS)}")
 
 
-#: Environment of a deployment's verifier sandbox (read when a verifier runner is built, never at import).
-SANDBOX_ENV = "ENVLOOP_SANDBOX"  # local (default) | docker | k8s
-SANDBOX_IMAGE_ENV = "ENVLOOP_SANDBOX_IMAGE"  # docker/k8s: the image the worker runs in (has this package)
-SANDBOX_NAMESPACE_ENV = "ENVLOOP_SANDBOX_NAMESPACE"  # k8s: the sandbox namespace (k8s/verifier.yaml)
-SANDBOX_POLICY_ENV = "ENVLOOP_SANDBOX_POLICY_ENFORCED"  # k8s: "1" when the CNI enforces NetworkPolicies
-
-
-def sandbox_from_env(*, limits: SandboxLimits | None = None) -> Sandbox:
-    """The sandbox a deployment configured through ``ENVLOOP_SANDBOX*`` (the local backend when unset).
-
-    On Kubernetes the values set ``ENVLOOP_SANDBOX=k8s``, so every verifier run of a round is a Job in the
-    sandbox namespace with egress denied, not a process inside the step's own pod.
-
-    Raises:
-        ValueError: an unknown backend, naming the variable and the allowed values.
-    """
-    backend = (os.environ.get(SANDBOX_ENV) or "local").strip().lower()
-    if backend not in BACKENDS:
-        raise ValueError(f"{SANDBOX_ENV}={backend!r} is not a sandbox backend; allowed: {', '.join(BACKENDS)}")
-    options: dict[str, Any] = {}
-    if backend in ("docker", "k8s") and os.environ.get(SANDBOX_IMAGE_ENV):
-        options["image"] = os.environ[SANDBOX_IMAGE_ENV]
-    if backend == "k8s":
-        if os.environ.get(SANDBOX_NAMESPACE_ENV):
-            options["namespace"] = os.environ[SANDBOX_NAMESPACE_ENV]
-        options["policy_enforced"] = os.environ.get(SANDBOX_POLICY_ENV, "0") == "1"
-    return make_sandbox(backend, limits=limits, **options)
-
-
 __all__ = [
     "BACKENDS",
     "HostSupport",
     "LocalSandbox",
     "RESULT_FD_ENV",
     "SANDBOX_STATUSES",
-    "SANDBOX_ENV",
     "Sandbox",
     "SandboxLimits",
     "SandboxResult",
+    "SandboxSettings",
     "SandboxStatus",
     "make_sandbox",
     "probe_host",
-    "sandbox_from_env",
     "setup_error",
 ]

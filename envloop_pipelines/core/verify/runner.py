@@ -17,9 +17,11 @@ every caller (the loop, ``envloop sandbox verify``, an environment, the SDK):
   and every aggregate is rounded inside the sandbox to what its CI can
   resolve (:func:`~envloop_pipelines.core.verify.protocol.round_hidden_aggregates`);
 * the hidden splits are scored only by the verifier's own runner, in the
-  sandbox the deployment configures (``$ENVLOOP_SANDBOX``), with a built-in
-  grader: a caller's runner, sandbox or grader plug-in is refused there, so
-  hidden labels never reach caller code;
+  sandbox the deployment configures (its :class:`~envloop_pipelines.core.sandbox.SandboxSettings`,
+  handed down by the caller as a value: the backend is one of the built-in
+  ones and the verifier builds it), with a built-in grader: a caller's runner,
+  sandbox object or grader plug-in is refused there, so hidden labels never
+  reach caller code;
 * every ``test`` read is a ``test_read`` event of the task's ledger naming its
   reader (``adhoc`` for a person's call, ``round:<key>``, ``setup:<noise floor key>``);
   a loop reader reads test only within its budget of distinct predictions
@@ -48,7 +50,7 @@ from typing import Any, Literal, Mapping, Protocol, Sequence, runtime_checkable
 import pyarrow as pa
 
 from envloop_pipelines.core.data.splits import HIDDEN_SPLITS
-from envloop_pipelines.core.sandbox import SANDBOX_ENV, Sandbox, SandboxLimits, SandboxResult, sandbox_from_env
+from envloop_pipelines.core.sandbox import Sandbox, SandboxLimits, SandboxResult, SandboxSettings, make_sandbox
 from envloop_pipelines.core.sandbox.launch import DEFAULT_WORKER_LIMITS, WORKER_ENV, verifier_worker_argv
 from envloop_pipelines.core.storage import envloop_home, sha256_bytes, sha256_file
 from envloop_pipelines.core.verify.grader import BUILTIN_SCORERS
@@ -138,13 +140,17 @@ class VerifierRunner:
     """Runs ``python -m envloop_pipelines.core.verify.worker`` in a sandbox.
 
     Args:
-        sandbox: the sandbox (default: ``$ENVLOOP_SANDBOX``, else the local backend).
+        sandbox: the sandbox, or the settings to build it from (:func:`~envloop_pipelines.core.sandbox.make_sandbox`);
+            default: the local backend.
         limits: the worker's limits (default: :data:`DEFAULT_WORKER_LIMITS`).
         python: the interpreter inside the sandbox (default: this one; a container's ``python``).
     """
 
-    def __init__(self, sandbox: Sandbox | None = None, *, limits: SandboxLimits | None = None, python: str | None = None) -> None:
-        self.sandbox = sandbox or sandbox_from_env()
+    def __init__(self, sandbox: Sandbox | SandboxSettings | None = None, *, limits: SandboxLimits | None = None,
+                 python: str | None = None) -> None:
+        if sandbox is None or isinstance(sandbox, SandboxSettings):
+            sandbox = make_sandbox(sandbox or SandboxSettings())
+        self.sandbox = sandbox
         self.limits = limits or DEFAULT_WORKER_LIMITS
         self.python = python or (sys.executable if self.sandbox.backend == "local" else "python")
 
@@ -267,6 +273,7 @@ def verify_task(
     snapshot_id: str | None = None,
     home: str | Path | None = None,
     runner: VerifierRunner | None = None,
+    sandbox: SandboxSettings | None = None,
     holdout_slot: HoldoutSlot | None = None,
     release: int | None = None,
     reader: str = "adhoc",
@@ -282,7 +289,8 @@ def verify_task(
     :func:`~envloop_pipelines.core.verify.protocol.round_hidden_aggregates`),
     refuses a predictions file that does not answer every question validly,
     and runs in the verifier's own sandbox, the one the deployment configures
-    (``$ENVLOOP_SANDBOX``): a caller's runner, sandbox or grader plug-in never
+    (``sandbox``: settings, a value; the verifier builds the sandbox of a built-in
+    backend from them): a caller's runner, sandbox object or grader plug-in never
     receives hidden labels. Each ``test`` read is a ``test_read`` event of the
     task's ledger naming its ``reader``, keyed by the reader and the sha256 of the
     predictions and baseline (a retry of the same read is not a new event); a
@@ -299,8 +307,11 @@ def verify_task(
         kind: ``rule`` or ``grader``.
         snapshot_id: the snapshot (default: the task's current one).
         home: the EnvLoop home.
-        runner: the sandboxed runner, on open splits only (default: ``$ENVLOOP_SANDBOX``, else the
-            local backend); refused on test and holdout.
+        runner: the sandboxed runner, on open splits only (default: the verifier's own, in ``sandbox``);
+            refused on test and holdout.
+        sandbox: the deployment's sandbox settings (default: the local backend): the verifier's own runner
+            runs there, on every split. A value, not a sandbox object: one of the built-in backends, built
+            here (a sandbox of the caller's own goes in ``runner``, on open splits).
         holdout_slot: optional, for ``holdout``: must be the task's own ledger in ``home`` (the
             verifier opens that ledger itself; any other object is refused).
         release: the release whose one holdout read this is; required for ``holdout``, and it must be
@@ -314,6 +325,7 @@ def verify_task(
     Raises:
         HiddenSplitQueryError: ``holdout`` without a release, a caller's runner or grader plug-in on a
             hidden split, or a slot that is not the task home's ledger.
+        TypeError: ``sandbox`` is not :class:`~envloop_pipelines.core.sandbox.SandboxSettings` (a sandbox object).
         HoldoutAlreadyReadError: from the ledger, when the release already read the holdout.
         HoldoutSlotError: from the ledger, when ``release`` is not the release being published now.
         TestReadBudgetError: a ``test`` read beyond the reader's budget (nothing read, nothing appended).
@@ -329,16 +341,21 @@ def verify_task(
             f"(Ledger.read_holdout_once): pass release (the release being published now)")
     if split != "holdout" and (holdout_slot is not None or release is not None):
         raise ValueError(f"holdout_slot and release apply to the holdout only, not to {split!r}")
+    if sandbox is not None and type(sandbox) is not SandboxSettings:  # a subclass could build its own sandbox
+        raise TypeError(f"sandbox: the deployment's SandboxSettings (a value), not {type(sandbox).__name__}; a sandbox "
+                        f"of your own goes in runner=VerifierRunner(sandbox), on open splits only")
+    if runner is not None and sandbox is not None:
+        raise ValueError("runner and sandbox: pass one (the runner already has its sandbox)")
     if hidden and runner is not None:
         raise HiddenSplitQueryError(
             f"runner: {split} is scored only by the verifier's own runner in the sandbox the deployment "
-            f"configures (${SANDBOX_ENV}); a caller's runner or sandbox never receives hidden labels")
+            f"configures (sandbox=SandboxSettings); a caller's runner or sandbox never receives hidden labels")
     if hidden and kind == "grader" and options.get("grader", "text_match") not in BUILTIN_SCORERS:
         raise HiddenSplitQueryError(
             f"grader: {split} is scored only by a built-in grader ({', '.join(sorted(BUILTIN_SCORERS))}); "
             f"a plug-in {options.get('grader')!r} would run with the hidden labels")
     ledger = _task_ledger(task, home, holdout_slot) if hidden else None
-    runner = runner or VerifierRunner()
+    runner = runner or VerifierRunner(make_sandbox(sandbox or SandboxSettings()))
 
     def score() -> VerifierRun:
         labels = split_labels(task, split, snapshot_id=snapshot_id, home=home)

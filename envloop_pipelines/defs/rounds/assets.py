@@ -31,6 +31,7 @@ from envloop_pipelines.core.tracking import RUN_FAILED, RUN_FINISHED, close_roun
 from envloop_pipelines import names
 from envloop_pipelines.names import REFUSED_TAG
 from envloop_pipelines.resources.loop import LoopResource, MlflowResource
+from envloop_pipelines.resources.sandbox import SandboxResource
 
 ROUND_GROUP = "round"
 
@@ -115,13 +116,13 @@ def task_benchmark(loop: LoopResource) -> dg.Output[Benchmark]:
 
 @dg.asset(group_name="benchmark", op_tags=VERIFIER_POD)
 def noise_floor(context: dg.AssetExecutionContext, loop: LoopResource, mlflow: MlflowResource,
-                task_benchmark: Benchmark) -> dg.Output[MeasuredNoiseFloor]:
+                sandbox: SandboxResource, task_benchmark: Benchmark) -> dg.Output[MeasuredNoiseFloor]:
     """Spread of the primary metric over K null arms of the control recipe; cached per benchmark version and recipe."""
     from envloop_pipelines.core.ledger.promotion import champion_out_of_reach
 
     cfg = loop.config()
     result = setup.measure_noise_floor(cfg, loop.task_snapshot(task_benchmark), mlflow.tracker(),
-                                       run_tags=run_tags(context))
+                                       run_tags=run_tags(context), sandbox=sandbox.settings())
     arms = {f"seed {a['seed']}": a["metrics"] for a in result.floor.arms}
     out_of_reach = champion_out_of_reach(cfg.task, cfg.home, result.floor)
     if out_of_reach:
@@ -183,11 +184,12 @@ def failure_mining(loop: LoopResource, task_benchmark: Benchmark,
 
 
 @dg.asset(partitions_def=rounds, group_name=ROUND_GROUP)
-def environment_synthesis(loop: LoopResource, task_benchmark: Benchmark,
+def environment_synthesis(loop: LoopResource, sandbox: SandboxResource, task_benchmark: Benchmark,
                           failure_mining: FailureMining) -> dg.Output[EnvironmentSynthesis]:
     """New training examples aimed at the top failure clusters, each with provenance to its cluster, also stored as
     an environment dataset."""
-    result = steps.synthesize_environments(loop.config(), loop.task_snapshot(task_benchmark), failure_mining)
+    result = steps.synthesize_environments(loop.config(), loop.task_snapshot(task_benchmark), failure_mining,
+                                           sandbox=sandbox.settings())
     return dg.Output(result, metadata={
         "generator": result.generator,
         "n_rows": result.n_rows,
@@ -210,7 +212,7 @@ class HypothesisConfig(dg.Config):
 
 @dg.asset(partitions_def=rounds, group_name=ROUND_GROUP)
 def registered_hypothesis(context: dg.AssetExecutionContext, config: HypothesisConfig, loop: LoopResource,
-                          mlflow: MlflowResource, task_benchmark: Benchmark,
+                          mlflow: MlflowResource, sandbox: SandboxResource, task_benchmark: Benchmark,
                           environment_synthesis: EnvironmentSynthesis) -> dg.Output[RegisteredHypothesis]:
     """The round's hypothesis (change, predicted delta, gate, seeds), in MLflow and the ledger before training; immutable."""
     from envloop_pipelines.core.ledger.ledger import GateTooLooseError, HypothesisRefusedError
@@ -219,7 +221,7 @@ def registered_hypothesis(context: dg.AssetExecutionContext, config: HypothesisC
     task = loop.task_snapshot(task_benchmark)
     try:
         result = steps.register_hypothesis(loop.config(), task, environment_synthesis, mlflow.tracker(),
-                                           proposal=proposal, run_tags=run_tags(context))
+                                           proposal=proposal, run_tags=run_tags(context), sandbox=sandbox.settings())
     except (GateTooLooseError, HypothesisRefusedError) as exc:  # refused at registration: the same next time
         refuse(context, str(exc))
     h = result.hypothesis
@@ -278,11 +280,12 @@ def lora_checkpoint(context: dg.AssetExecutionContext, loop: LoopResource, mlflo
 
 @dg.asset(partitions_def=rounds, group_name=ROUND_GROUP, op_tags=VERIFIER_POD)
 def independent_reeval(context: dg.AssetExecutionContext, loop: LoopResource, mlflow: MlflowResource,
-                       task_benchmark: Benchmark, lora_checkpoint: TrainedCheckpoint,
+                       sandbox: SandboxResource, task_benchmark: Benchmark, lora_checkpoint: TrainedCheckpoint,
                        training_dataset_snapshot: TrainingSnapshot) -> dg.Output[Reevaluation]:
     """Candidate and champion scored on the hidden test set by the sandboxed verifier, beside a TF-IDF baseline."""
     result = candidate.reevaluate(loop.config(), loop.task_snapshot(task_benchmark), lora_checkpoint,
-                                  training_dataset_snapshot, mlflow.tracker(), run_tags=run_tags(context))
+                                  training_dataset_snapshot, mlflow.tracker(), run_tags=run_tags(context),
+                                  sandbox=sandbox.settings())
     lines = ["| metric | delta | 95% CI |", "|---|---|---|"]
     lines += [f"| {k} | {v['delta']:+.4f} | [{v['ci_low']:+.4f}, {v['ci_high']:+.4f}] |" for k, v in result.deltas.items()
               if v["delta"] is not None and v["ci_low"] is not None]
@@ -298,7 +301,7 @@ def independent_reeval(context: dg.AssetExecutionContext, loop: LoopResource, ml
 
 @dg.asset(partitions_def=rounds, group_name=ROUND_GROUP, op_tags=VERIFIER_POD)
 def promotion_decision(context: dg.AssetExecutionContext, loop: LoopResource, mlflow: MlflowResource,
-                       task_benchmark: Benchmark, noise_floor: MeasuredNoiseFloor,
+                       sandbox: SandboxResource, task_benchmark: Benchmark, noise_floor: MeasuredNoiseFloor,
                        registered_hypothesis: RegisteredHypothesis,
                        training_dataset_snapshot: TrainingSnapshot, lora_checkpoint: TrainedCheckpoint,
                        independent_reeval: Reevaluation) -> dg.Output[RoundDecision]:
@@ -309,7 +312,7 @@ def promotion_decision(context: dg.AssetExecutionContext, loop: LoopResource, ml
     cfg = loop.config()
     result = decide.decide_round(cfg, loop.task_snapshot(task_benchmark), registered_hypothesis,
                                  training_dataset_snapshot, lora_checkpoint, independent_reeval, noise_floor,
-                                 mlflow.tracker(), run_tags=run_tags(context))
+                                 mlflow.tracker(), run_tags=run_tags(context), sandbox=sandbox.settings())
     close_round_runs(mlflow.tracker(), cfg.task, context.partition_key, RUN_FINISHED, parent_only=True)
     releases = Ledger(cfg.task, cfg.home).releases()
     plot = metric_by_round([str(r["release"]) for r in releases],
