@@ -46,7 +46,8 @@ class _LoopSettings(dg.ConfigurableResource):
         Refused (``BenchmarkMismatchError``, naming the task and both versions) unless it is the benchmark
         version ``benchmark`` (the stored ``task_benchmark``) pinned: a task re-imported since is never read.
         """
-        return open_pinned_task(self.task, benchmark.benchmark_version, home=self.home)
+        cfg = self.config()
+        return open_pinned_task(cfg.task, benchmark.benchmark_version, home=cfg.home)
 
     @property
     def settings(self) -> dict[str, Any]:
