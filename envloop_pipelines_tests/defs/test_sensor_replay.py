@@ -58,7 +58,7 @@ defs = load_code_location()
 SENSOR = "next_round_sensor"
 LOOP_ID = "replay-loop"
 # The task the code location's LoopResource runs ($ENVLOOP_TASK when definitions.py was imported).
-TASK: str = defs.resources["loop"].task
+TASK: str = defs.resources["loop"].config().task
 # Sensor ticks are spaced further apart than the sensor's minimum_interval_seconds (30), on a frozen clock.
 STEP_S = 40.0
 LOGGER = logging.getLogger("envloop.test_sensor_replay")
