@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -171,7 +172,11 @@ def reevaluate(config: LoopConfig, task: TaskSnapshot, candidate: TrainedCheckpo
                                       **flat_metrics(result.tfidf_baseline, "tfidf."),
                                       **{f"delta.{k}": v["delta"] for k, v in result.deltas.items()
                                          if v["delta"] is not None}})
-    tracker.log_artifact(mrun.run_id, RoundStore(config.task, config.home).save(KIND_REEVAL, result, key))
+    # The step's record is the IO manager's to store (defs); MLflow gets its own copy.
+    with tempfile.TemporaryDirectory() as tmp:
+        record = Path(tmp) / f"{KIND_REEVAL}.json"
+        record.write_text(json.dumps(result.to_dict(), indent=2, sort_keys=True), encoding="utf-8")
+        tracker.log_artifact(mrun.run_id, record)
     tracker.log_artifact(mrun.run_id, cand_preds, "predictions")
     tracker.end_run(mrun.run_id)
     return result
