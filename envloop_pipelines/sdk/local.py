@@ -10,6 +10,7 @@ instead of a webserver; the CLI drives either one.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import threading
@@ -83,6 +84,14 @@ def loop_resources(settings: Mapping[str, Any]) -> dict[str, Any]:
     loop.config()  # checked here, once
     return {"loop": loop, "mlflow": MlflowResource(), "io_manager": RoundStoreIOManager(loop=loop),
             "sandbox": SandboxResource()}
+
+
+@functools.cache
+def code_location_job(name: str) -> Any:
+    """A job of the code location, loaded once per process (the client runs it with its own resources)."""
+    from envloop_pipelines.definitions import defs
+
+    return defs().resolve_job_def(name)
 
 
 @contextlib.contextmanager
@@ -208,12 +217,10 @@ class LocalClient:
         """
         from dagster._core.utils import make_new_run_id
 
-        from envloop_pipelines.definitions import defs as load_code_location
         from envloop_pipelines.defs.rounds.recovery import worker_tags
-        defs = load_code_location()
 
         self._cfg()
-        job = defs.resolve_job_def(SETUP_JOB)
+        job = code_location_job(SETUP_JOB)
         run_id = make_new_run_id()
         watch = watch_steps(self.instance, run_id, len(job.graph.nodes), "setup") if progress else contextlib.nullcontext()
         with watch:
@@ -245,9 +252,7 @@ class LocalClient:
         """Run round ``key``'s job in this process; the round with its decision, or RoundFailed."""
         from dagster._core.utils import make_new_run_id
 
-        from envloop_pipelines.definitions import defs as load_code_location
         from envloop_pipelines.defs.rounds.recovery import worker_tags
-        defs = load_code_location()
 
         cfg = self._cfg()
         self.instance.add_dynamic_partitions(ROUNDS_PARTITIONS, [key])
@@ -261,7 +266,7 @@ class LocalClient:
             run_config = {**run_config, **{k: v for k, v in retry_of.run_config.items() if k == "ops"}}
             tags.update({RETRY_OF_TAG: retry_of.run_id, PARENT_RUN_TAG: retry_of.run_id,
                          ROOT_RUN_TAG: retry_of.tags.get(ROOT_RUN_TAG, retry_of.run_id)})
-        job = defs.resolve_job_def(ROUND_JOB)
+        job = code_location_job(ROUND_JOB)
         run_id = make_new_run_id()
         with (watch_steps(self.instance, run_id, len(job.graph.nodes), f"round {key}") if progress
               else contextlib.nullcontext()):
