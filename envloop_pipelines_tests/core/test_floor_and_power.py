@@ -229,6 +229,27 @@ def test_the_floor_of_the_parents_recipe_decides_and_the_line_shows_the_mde(loop
     assert f"bar {decision.checks['bar']:.4f}, MDE 0.0476 vs CI half-width 0.0330" in line
 
 
+def test_the_decision_lives_in_the_ledger_and_a_retry_returns_it(loop: dict[str, Any]) -> None:
+    """Issue 25: core writes no step record at the IO manager's path. The decision rides on ``round_decided``;
+    ``rounds/<round>/promotion_decision.json`` is the IO manager's, and a retry returns the ledger's decision
+    (on the old code core wrote the file itself)."""
+    import dataclasses
+
+    config = loop["config"]
+    registered, snapshot, candidate, reeval = _round(loop, recipe_hash=config.recipe_hash(), gain=0.001)
+    decision = decide_round(config, loop["task"], registered, snapshot, candidate, reeval, loop["measured"],
+                            loop["tracker"])
+    ledger = Ledger(config.task, config.home)
+    assert not RoundStore(config.task, config.home).step_path("promotion_decision", "r0001").exists()
+    assert ledger.round_decision("r0001") == decision.to_dict()
+    # A retry of the step (even handed other numbers) returns the decision made, decides nothing again.
+    _, _, _, better = _round(loop, recipe_hash=config.recipe_hash(), gain=0.30)
+    again = decide_round(config, loop["task"], registered, snapshot, dataclasses.replace(candidate), better,
+                         loop["measured"], loop["tracker"])
+    assert again == decision and not again.promote
+    assert len(list(ledger.events(EVENT_ROUND_DECIDED))) == 1
+
+
 # -- the A/A bench's replicate design ----------------------------------------------------------------------
 
 def _bench() -> Any:

@@ -1,8 +1,9 @@
 """The round's verdict (``promotion_decision``): the registered gate applied; a release on promotion.
 
-A round is decided once: the decision is written to the round's store before
-the function returns and a retry returns it unchanged (the ledger's one
-holdout read and write-once release card make a second release impossible anyway).
+A round is decided once: the decision record rides on the round's ``round_decided`` ledger event
+(``Ledger.round_decision``), and a retry returns it unchanged instead of deciding and publishing again.
+The step's record at ``rounds/<round>/promotion_decision.json`` is the IO manager's to write, from the
+value this function returns (core writes no step record at the IO manager's path).
 """
 
 from __future__ import annotations
@@ -51,10 +52,13 @@ def decide_round(config: LoopConfig, task: TaskSnapshot, hypothesis: RegisteredH
     """
     key = reeval.round
     store = RoundStore(config.task, config.home)
-    existing = store.load(PROMOTION_DECISION, RoundDecision, key)
-    if existing is not None:
-        return existing  # decided once; a retry reports the same decision
     ledger = Ledger(config.task, config.home)
+    decided = ledger.round_decision(key)
+    if decided is not None:
+        return RoundDecision.from_dict(decided)  # decided once; a retry reports the same decision
+    existing = store.load(PROMOTION_DECISION, RoundDecision, key)  # a round decided before the ledger carried it
+    if existing is not None:
+        return existing
     registered = ledger.require_hypothesis(key)
     gate = ledger.effective_gate(key)
     ledger.require_fresh_seed(key, candidate.seed)  # after an amendment: a candidate on fresh seeds only
@@ -105,8 +109,8 @@ def decide_round(config: LoopConfig, task: TaskSnapshot, hypothesis: RegisteredH
                       key=f"rejected:{key}")
         ledger.append(EVENT_HYPOTHESIS_REFUTED, {"round": key, "hash": registered.hash}, key=f"refuted:{key}")
     ledger.append(EVENT_ROUND_DECIDED, {"round": key, "promoted": verdict.promote, "observed_delta": delta["delta"],
-                                        "release": decision.release}, key=f"decided:{key}")
-    store.save(PROMOTION_DECISION, decision, key)
+                                        "release": decision.release, "decision": decision.to_dict()},
+                  key=f"decided:{key}")
     return decision
 
 
