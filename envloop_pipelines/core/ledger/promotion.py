@@ -282,17 +282,14 @@ def decide_promotion(
     sign = 1.0 if gate.direction == "increase" else -1.0
     gain = sign * float(delta["delta"])
     ci_low = sign * float(delta["ci_low"]) if sign > 0 else -float(delta["ci_high"])
-    # Rule 2 holds here too, for a gate written before it was enforced at registration: the bar is
-    # never under the floor itself and the CI must always clear zero.
-    multiplier = gate.floor_multiplier if gate.floor_multiplier >= MIN_FLOOR_MULTIPLIER else MIN_FLOOR_MULTIPLIER  # NaN too
-    # The seed bound applies where the champion's score on the arms' metric is known (and the arms are the
-    # champion's recipe's seeds); a gate on another metric is refused below.
-    seed_bound = seed_gap = None
+    # The bar is gate_bar's, the one the hypothesis's MDE was registered with. Rule 2 holds there too, for a
+    # gate written before it was enforced at registration: the bar is never under the floor itself. The seed
+    # bound applies where the champion's score on the arms' metric is known (and the arms are the champion's
+    # recipe's seeds); a gate on another metric is refused below.
     held = champion.get(gate.primary_metric)
-    if apply_seed_bound and floor.metric == gate.primary_metric and held is not None:
-        seed_bound = floor.seed_bound(gate.direction)
-        seed_gap = sign * (seed_bound - float(held))
-    bar = max(gate.min_delta, multiplier * floor.floor, seed_gap if seed_gap is not None else 0.0)
+    parts = gate_bar(gate, floor, held if apply_seed_bound else None)
+    bar, multiplier, seed_gap = parts["bar"], parts["floor_multiplier"], parts["seed_gap"]
+    seed_bound = floor.seed_bound(gate.direction) if seed_gap is not None else None
     checks: dict[str, Any] = {"gain": gain, "bar": bar, "noise_floor": floor.floor, "min_delta": gate.min_delta,
                               "floor_multiplier": multiplier, "seed_bound": seed_bound, "seed_gap": seed_gap,
                               "seed_bound_level": SEED_BOUND_LEVEL, "ci_low": ci_low}
