@@ -137,4 +137,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from envloop_pipelines.console import quiet_third_party
+
+    quiet_third_party()  # the bench prints what it measures, not a library's notes on itself
     main()

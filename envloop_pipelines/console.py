@@ -13,8 +13,8 @@ note about its own internals, so these are dropped where they arise:
 
 Each filter names its category and module, or its logger and source file, so the project's own
 warnings and every other library's still show. :func:`quiet_third_party` is called by the CLI's
-``main`` and at the top of ``envloop_pipelines.definitions`` (the code location, its run and step
-processes); importing the package, the SDK or ``core`` changes nothing for a library user.
+``main``, at the top of ``envloop_pipelines.definitions`` (the code location, its run and step
+processes) and by each ``bench/`` script's ``__main__`` block; importing the package, the SDK or ``core`` changes nothing for a library user.
 """
 
 from __future__ import annotations

@@ -95,3 +95,19 @@ def test_envloop_train_prints_json_only_and_no_third_party_notes(tmp_path: Path)
     assert json.loads(out.stdout)["checkpoint"] == str(tmp_path / "ckpt")  # the whole of stdout is the document
     assert not [n for n in NOISE if n in out.stdout + out.stderr], out.stderr
     assert "truncated to max_length=128" in out.stderr  # the project's own warning still shows
+
+
+def test_every_bench_installs_the_filters_before_it_runs() -> None:
+    """The benches are entry points too: their output is pasted into notes, so a library's notes on itself are
+    dropped there as in ``envloop`` (``bench_aa`` printed DeepSpeed's accelerator line and the
+    ``is_gradient_checkpointing`` FutureWarning before)."""
+    import ast
+
+    benches = sorted((Path(__file__).resolve().parents[1] / "bench").glob("bench_*.py"))
+    assert benches
+    for path in benches:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        main_blocks = [node for node in tree.body if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)]
+        assert main_blocks, f"{path.name} has no __main__ block"
+        calls = [ast.unparse(n.func) for n in ast.walk(main_blocks[0]) if isinstance(n, ast.Call)]
+        assert "quiet_third_party" in calls and calls.index("quiet_third_party") < calls.index("main"), (path.name, calls)
