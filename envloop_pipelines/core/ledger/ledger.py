@@ -436,10 +436,16 @@ class Ledger:
         Replaying a step after a crash therefore never duplicates an entry.
 
         Raises:
-            LedgerError: ``kind`` is not one of ``EVENT_KINDS`` (one spelling per event).
+            LedgerError: ``kind`` is not one of ``EVENT_KINDS`` (one spelling per event), or the payload names
+                a field the ledger writes itself (``kind``, ``task``, ``event_id``): it would have replaced the
+                event's own (an event of one kind written as another). Nothing is written.
         """
         if kind not in EVENT_KINDS:
             raise LedgerError(f"unknown ledger event kind {kind!r}; allowed: {', '.join(EVENT_KINDS)}")
+        reserved = sorted(set(payload) & {"kind", "task", "event_id"})
+        if reserved:
+            raise LedgerError(f"{kind} event: payload field(s) {', '.join(reserved)} are the ledger's own "
+                              f"(kind, task, event_id); name them otherwise")
         body = {"kind": kind, "task": self.task, **payload}
         event_id = key or sha256_bytes(canonical_json(body))[:16]
         for existing in self.events():
