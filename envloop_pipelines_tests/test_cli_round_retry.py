@@ -55,3 +55,38 @@ def test_reaps_only_runs_whose_worker_is_gone(instance: dg.DagsterInstance) -> N
     assert instance.get_run_by_id(mine.run_id).status == dg.DagsterRunStatus.STARTED
     assert instance.get_run_by_id(elsewhere.run_id).status == dg.DagsterRunStatus.STARTED
     assert reap_orphaned_runs(instance) == []  # idempotent
+
+
+def test_a_local_retry_that_fails_again_exits_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``envloop round retry`` (local) whose round fails again says so and exits 1, as ``--remote`` does (it
+    exited 0 before). The round's failed run is one of a task that was never set up, so its retry fails at once."""
+    import json
+    import shutil
+
+    from envloop_pipelines.core.ledger.loop_config import LoopConfig
+    from envloop_pipelines.core.ledger.store import RoundStore
+    from envloop_pipelines.names import PARTITION_TAG, ROUND_JOB, SETTINGS_TAG
+    from envloop_pipelines.sdk.local import INSTANCE_FILE
+
+    home, dagster_home = tmp_path / "home", tmp_path / "dagster"
+    dagster_home.mkdir()
+    shutil.copy(INSTANCE_FILE, dagster_home / "dagster.yaml")
+    monkeypatch.setenv("DAGSTER_HOME", str(dagster_home))
+    RoundStore("personal_agent", home).round_dir("r0001")  # the round was started: its folder exists
+    settings = LoopConfig(task="personal_agent", home=str(home)).to_settings()
+
+    @dg.op
+    def noop() -> None: ...
+
+    @dg.job(name=ROUND_JOB)
+    def round_job() -> None:
+        noop()
+
+    with dg.DagsterInstance.get() as instance:
+        run = instance.create_run_for_job(round_job, tags={PARTITION_TAG: "r0001", SETTINGS_TAG: json.dumps(settings)})
+        instance.report_run_failed(run)
+    env = {**os.environ, "ENVLOOP_HOME": str(home), "DAGSTER_HOME": str(dagster_home)}
+    out = subprocess.run([ENVLOOP, "round", "retry"], env=env, capture_output=True, text=True, check=False, timeout=600)
+    assert "retrying round r0001" in out.stdout, out.stdout + out.stderr
+    assert "round r0001 failed" in out.stdout + out.stderr
+    assert out.returncode == 1, out.stdout + out.stderr

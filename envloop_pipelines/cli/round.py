@@ -350,7 +350,8 @@ def round_retry(key: str | None, task: str | None, remote: str | None, mlflow_ur
     """Finish a round whose run failed or whose worker died, then go on while the loop's budget lasts.
 
     With --remote: run the deployment's round KEY (default: its last undecided round) again from the step
-    that failed (Dagster's re-execution), wait for it and print its decision. Exit status 1 when it fails again.
+    that failed (Dagster's re-execution), wait for it and print its decision. Exit status 1 when it fails again,
+    here or there.
     """
     if remote:
         client = remote_client(remote, mlflow_uri, task)
@@ -375,8 +376,10 @@ def round_retry(key: str | None, task: str | None, remote: str | None, mlflow_ur
         raise click.BadParameter("a local retry finishes the task's last undecided round; KEY is for --remote",
                                  param_hint="KEY")
     task = task or "personal_agent"
-    retry_round(task)
+    timings = retry_round(task)
     print_releases(task)
+    if not all(t.get("success", True) for t in timings):
+        raise SystemExit(1)  # the round failed again (its error is printed above), as with --remote
 
 
 @round_group.command("add")
