@@ -8,6 +8,9 @@ note about its own internals, so these are dropped where they arise:
   (Hugging Face's progress bars; ``HF_HUB_DISABLE_PROGRESS_BARS=0`` brings them back).
 * Dagster: ``BetaWarning`` and ``PreviewWarning``, Dagster's notes that a parameter the loop uses
   (``data_version`` on an ``Output``, say) is not yet stable.
+* MLflow: the "🏃 View run … at: …" and "🧪 View experiment at: …" lines it writes to stdout when a run on a
+  tracking server ends (a cancelled round's run, say), which would break a command's JSON; set
+  ``MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT=false`` to bring them back.
 * DeepSpeed: "Setting accelerator to CPU" from ``real_accelerator.py`` on the logger ``DeepSpeed``
   (which prints to stdout, where it would break a command's JSON).
 
@@ -32,6 +35,8 @@ WARNINGS: tuple[tuple[str, type[Warning], str], ...] = (
 LOG_RECORDS: tuple[tuple[str, str, str], ...] = (
     ("DeepSpeed", "real_accelerator.py", "Setting accelerator to CPU"),
 )
+#: MLflow's switch for its run and experiment links on stdout; set to true unless the user set it.
+MLFLOW_URL_ENV = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
 #: The environment variable of Hugging Face's progress bars (``Loading weights``); set to 1 unless the user set it.
 HF_PROGRESS_ENV = "HF_HUB_DISABLE_PROGRESS_BARS"
 
@@ -66,6 +71,7 @@ def quiet_third_party() -> None:
         installed = [(f.filename, f.prefix) for f in logger.filters if isinstance(f, _DropRecords)]
         if (filename, prefix) not in installed:
             logger.addFilter(_DropRecords(filename, prefix))
+    os.environ.setdefault(MLFLOW_URL_ENV, "true")  # read when a run ends; child processes inherit it
     if os.environ.get(HF_PROGRESS_ENV) is None:
         os.environ[HF_PROGRESS_ENV] = "1"  # read when huggingface_hub is imported; child processes inherit it
         if "transformers.utils.logging" in sys.modules:  # already imported: its bars were switched on then
@@ -74,4 +80,4 @@ def quiet_third_party() -> None:
             sys.modules["huggingface_hub.utils"].disable_progress_bars()
 
 
-__all__ = ["HF_PROGRESS_ENV", "LOG_RECORDS", "WARNINGS", "quiet_third_party"]
+__all__ = ["HF_PROGRESS_ENV", "LOG_RECORDS", "MLFLOW_URL_ENV", "WARNINGS", "quiet_third_party"]

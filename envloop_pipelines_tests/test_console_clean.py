@@ -111,3 +111,24 @@ def test_every_bench_installs_the_filters_before_it_runs() -> None:
         assert main_blocks, f"{path.name} has no __main__ block"
         calls = [ast.unparse(n.func) for n in ast.walk(main_blocks[0]) if isinstance(n, ast.Call)]
         assert "quiet_third_party" in calls and calls.index("quiet_third_party") < calls.index("main"), (path.name, calls)
+
+
+def test_mlflows_run_links_stay_off_stdout_at_an_entry_point_only() -> None:
+    """MLflow writes "View run ... at:" to stdout when a run on a tracking server ends (``envloop round cancel
+    --remote`` closing the round's run printed it, breaking JSON output); the entry points switch it off, a
+    library user keeps it."""
+    probe = ("import os\n"
+             "from mlflow.environment_variables import MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT as suppress\n"
+             "import envloop_pipelines.sdk\n"
+             "assert not suppress.get()\n"
+             "from envloop_pipelines.console import quiet_third_party; quiet_third_party()\n"
+             "assert suppress.get()\n"
+             "print('ok')\n")
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    own = subprocess.run([sys.executable, "-c", "import os\nos.environ['MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT']"
+                          " = 'false'\nfrom envloop_pipelines.console import quiet_third_party; quiet_third_party()\n"
+                          "print(os.environ['MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT'])"],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert own.stdout.strip() == "false", own.stderr
