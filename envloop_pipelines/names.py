@@ -22,6 +22,8 @@ HYPOTHESIS_ASSET = "registered_hypothesis"
 PARTITION_TAG = "dagster/partition"
 PARENT_RUN_TAG = "dagster/parent_run_id"
 ROOT_RUN_TAG = "dagster/root_run_id"
+#: Set to ``false`` on a run Dagster must not retry (a refused hypothesis).
+NO_RETRY_TAG = "dagster/retry_on_asset_or_op_failure"
 
 #: Our run tags. ``LOOP_TAG``: the loop (and run key) a round's run belongs to.
 LOOP_TAG = "envloop/loop"
@@ -35,3 +37,5 @@ PID_TAG = "envloop/pid"
 #: The loop settings a CLI run was started with (read back by ``round retry``), and the run it retries.
 SETTINGS_TAG = "envloop/loop_settings"
 RETRY_OF_TAG = "envloop/retry_of"
+#: The GPU pool a round's run takes (the run queue's tag concurrency limit, ``k8s/dagster/values.yaml``).
+GPU_POOL_TAG = "envloop/gpu-pool"

@@ -260,7 +260,8 @@ def test_chart_schema_rejects_a_broken_value(path: tuple[Any, ...], value: Any) 
 
 
 def test_helm_values_wire_the_project_together() -> None:
-    from envloop_pipelines.defs.rounds.assets import GPU_POOL_TAG, round_job
+    from envloop_pipelines.defs.rounds.assets import round_job
+    from envloop_pipelines.names import GPU_POOL_TAG
 
     values = _values()
     (dep,) = values["dagster-user-deployments"]["deployments"]

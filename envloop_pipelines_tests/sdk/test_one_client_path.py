@@ -93,6 +93,19 @@ def test_dagster_names_are_spelled_once() -> None:
     assert not found, "spell these through envloop_pipelines.names:\n" + "\n".join(found)
 
 
+def test_every_run_tag_is_defined_in_names() -> None:
+    """A run tag (``envloop/...``, ``dagster/...``) is a constant of ``names.py``, wherever it is used: the
+    GPU pool's and Dagster's no-retry tag were spelled in ``defs/rounds/assets.py`` and escaped the test above."""
+    tag = re.compile(r"(envloop|dagster)/[A-Za-z_\-]+")
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path == PACKAGE / "names.py":
+            continue
+        found += [f"{path.relative_to(PACKAGE)}:{line}: {value}" for line, value in _string_constants(path)
+                  if tag.fullmatch(value)]
+    assert not found, "define these run tags in envloop_pipelines/names.py:\n" + "\n".join(found)
+
+
 def test_names_imports_nothing_of_ours() -> None:
     tree = ast.parse((PACKAGE / "names.py").read_text(encoding="utf-8"))
     imported = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]

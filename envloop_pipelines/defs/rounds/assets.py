@@ -29,16 +29,15 @@ from envloop_pipelines.defs.rounds.metadata import DECISION, PROMOTION_WARNING, 
 from envloop_pipelines.defs.rounds.partitions import rounds
 from envloop_pipelines.core.tracking import RUN_FAILED, RUN_FINISHED, close_round_runs
 from envloop_pipelines import names
-from envloop_pipelines.names import REFUSED_TAG
+from envloop_pipelines.names import GPU_POOL_TAG, NO_RETRY_TAG, REFUSED_TAG
 from envloop_pipelines.resources.loop import LoopResource, MlflowResource
 from envloop_pipelines.resources.sandbox import SandboxResource
 
 ROUND_GROUP = "round"
 
-#: Run tags of a run whose hypothesis was refused. Dagster's own tag keeps the instance's run retries
-#: (``run_retries`` in dagster.yaml) from launching it again (a refusal fails the same way every time);
-#: ``envloop/refused`` tells the failed-round sensor to write nothing (a refusal writes nothing).
-NO_RETRY_TAG = "dagster/retry_on_asset_or_op_failure"
+# Run tags of a run whose hypothesis was refused (names.py): Dagster's own NO_RETRY_TAG keeps the instance's run
+# retries (``run_retries`` in dagster.yaml) from launching it again (a refusal fails the same way every time);
+# REFUSED_TAG tells the failed-round sensor to write nothing (a refusal writes nothing).
 
 
 def refuse_bad_proposal(context: dg.AssetExecutionContext, proposal_json: str) -> dict | None:
@@ -334,9 +333,8 @@ def promotion_decision(context: dg.AssetExecutionContext, loop: LoopResource, ml
 ROUND_ASSETS = [baseline_eval, failure_mining, environment_synthesis, registered_hypothesis,
                 training_dataset_snapshot, lora_checkpoint, independent_reeval, promotion_decision]
 
-# Run tag of the round (it trains): the cluster's run queue allows one running round per value
+# GPU_POOL_TAG, the run tag of the round (it trains): the cluster's run queue allows one running round per value
 # (k8s/dagster/values.yaml, tagConcurrencyLimits); the local instance sets no tag limit.
-GPU_POOL_TAG = "envloop/gpu-pool"
 
 
 @dg.failure_hook(required_resource_keys={"loop", "mlflow"})
@@ -365,5 +363,5 @@ def with_upstream_sources(selected: list) -> list:
     return [*selected, *(a.to_source_asset() for a in (task_benchmark, noise_floor, *ROUND_ASSETS) if id(a) not in chosen)]
 
 
-__all__ = ["with_upstream_sources", "GPU_POOL_TAG", "ROUND_ASSETS", "TRAINING_POD", "VERIFIER_POD", "round_job", "setup_job",
+__all__ = ["with_upstream_sources", "ROUND_ASSETS", "TRAINING_POD", "VERIFIER_POD", "round_job", "setup_job",
            "task_benchmark", "noise_floor"]
