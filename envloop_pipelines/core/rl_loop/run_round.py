@@ -74,7 +74,8 @@ from envloop_pipelines.core.ledger.store import RoundStore
 from envloop_pipelines.core.model.causal_sft import RECIPE_FILE, read_policy_checkpoint
 from envloop_pipelines.core.tracking import KIND_RELEASE, TAG_CHECKPOINT, TAG_RELEASE, Tracker
 
-#: The decision step (its record is stored as ``rounds/<round>/rl_decision.json``).
+#: The decision step (under Dagster the RL IO manager stores its record as ``rounds/<round>/rl_decision.json``;
+#: the decision itself lives in the ledger's ``round_decided`` event).
 RL_DECISION = "rl_decision"
 
 
@@ -87,7 +88,11 @@ def next_rl_round(config: RlRoundConfig) -> str:
 
 def run_rl_round(config: RlRoundConfig, dataset: Any, tracker: Tracker, serve: PolicyServer, *,
                  key: str | None = None) -> RlRoundResult:
-    """One RL round: the steps of :mod:`.rl_steps` in order, each record stored as its asset's would be.
+    """One RL round without Dagster: the steps of :mod:`.round_steps` in order, each handed the records it needs.
+
+    The steps' records are not stored here (under Dagster the RL IO manager stores them): the round's
+    artifacts are content-addressed or kept by the steps themselves (the sampled attempts, the SFT
+    snapshot, the policy checkpoints) and its decision lives in the ledger (:func:`decided_rl_round`).
 
     Args:
         config: the round's settings.
@@ -97,25 +102,29 @@ def run_rl_round(config: RlRoundConfig, dataset: Any, tracker: Tracker, serve: P
         key: the round key (default: the next one of this task).
 
     Returns:
-        The decision; a retry of a decided round returns the stored one without sampling again.
+        The decision; a retry of a decided round returns the ledger's without sampling again.
     """
-    store = RoundStore(config.task, config.home)
     key = key or next_rl_round(config)
-    done = store.load(RL_DECISION, RlRoundResult, key)
+    done = decided_rl_round(config, key)
     if done is not None:
         return done
-
-    def step(name: str, value: Any) -> Any:
-        store.save(name, value, key)
-        return value
-
-    hypothesis = step("rl_hypothesis", register_rl_hypothesis(config, dataset, key, tracker))
-    sampling = step("rl_sampled_attempts", sample_attempts(config, dataset, hypothesis, tracker, serve))
-    snapshot = step("rl_sft_snapshot", build_rl_snapshot(config, dataset, sampling, tracker))
-    candidate = step("rl_policy_checkpoint", train_rl_candidate(config, hypothesis, snapshot, tracker))
-    floor = step("rl_noise_floor", measure_rl_noise_floor(config, dataset, snapshot, candidate, tracker, serve))
-    reeval = step("rl_heldout_reeval", reevaluate_rl(config, dataset, hypothesis, candidate, tracker, serve))
+    hypothesis = register_rl_hypothesis(config, dataset, key, tracker)
+    sampling = sample_attempts(config, dataset, hypothesis, tracker, serve)
+    snapshot = build_rl_snapshot(config, dataset, sampling, tracker)
+    candidate = train_rl_candidate(config, hypothesis, snapshot, tracker)
+    floor = measure_rl_noise_floor(config, dataset, snapshot, candidate, tracker, serve)
+    reeval = reevaluate_rl(config, dataset, hypothesis, candidate, tracker, serve)
     return decide_rl_round(config, tracker, hypothesis, sampling, snapshot, candidate, floor, reeval)
+
+
+def decided_rl_round(config: RlRoundConfig, key: str) -> RlRoundResult | None:
+    """The round's decision, or ``None`` while it is undecided: the record its ``round_decided`` ledger event
+    carries (:meth:`Ledger.round_decision`), else, for a round decided before the event carried it, the
+    record stored as ``rounds/<round>/rl_decision.json``."""
+    raw = Ledger(config.task, config.home).round_decision(key)
+    if raw is not None:
+        return RlRoundResult.from_dict(raw)
+    return RoundStore(config.task, config.home).load(RL_DECISION, RlRoundResult, key)
 
 
 def decide_rl_round(config: RlRoundConfig, tracker: Tracker, hypothesis: RlHypothesis, sampling: RlSampling,
@@ -125,7 +134,8 @@ def decide_rl_round(config: RlRoundConfig, tracker: Tracker, hypothesis: RlHypot
 
     A rejection is written to the ledger with its numbers (``candidate_rejected``, ``hypothesis_refuted``); a
     promotion reads the held-out split once for the new release and writes its card (rules 4 and 6).
-    ``round_decided`` either way, and the decision is stored so that a retry returns it. After a gate
+    ``round_decided`` either way, carrying the decision record, so that a retry returns it
+    (:func:`decided_rl_round`); nothing is written at the IO manager's path. After a gate
     amendment the candidate must have been trained on the fresh seeds it requires (rule 3): its seed is
     read from its policy checkpoint's recipe (:func:`candidate_seed`).
 
@@ -133,8 +143,7 @@ def decide_rl_round(config: RlRoundConfig, tracker: Tracker, hypothesis: RlHypot
         LedgerError: after an amendment, a candidate trained on a seed used before it (nothing is recorded).
     """
     key = hypothesis.round
-    store = RoundStore(config.task, config.home)
-    done = store.load(RL_DECISION, RlRoundResult, key)
+    done = decided_rl_round(config, key)
     if done is not None:
         return done  # decided once
     ledger = Ledger(config.task, config.home)
@@ -148,7 +157,7 @@ def decide_rl_round(config: RlRoundConfig, tracker: Tracker, hypothesis: RlHypot
                            reasons=(candidate.skipped,) if candidate.skipped else (), seconds=seconds)
     parent_run_id = round_run(tracker, config.loop_config(), key).run_id
     if candidate.skipped or reeval.comparison is None or floor.floor is None:
-        return _record_rejection(ledger, store, tracker, parent_run_id, result)
+        return _record_rejection(ledger, tracker, parent_run_id, result)
     if ledger.amendments(key):  # rule 3: an amended gate is passed on fresh seeds only
         ledger.require_fresh_seed(key, candidate_seed(candidate))
     comparison = reeval.comparison
@@ -166,8 +175,8 @@ def decide_rl_round(config: RlRoundConfig, tracker: Tracker, hypothesis: RlHypot
                                         f"champion.{RL_METRIC}": comparison.parent.pass_at_1,
                                         f"delta.{RL_METRIC}": comparison.delta["delta"], "noise_floor": floor.floor.floor})
     if not verdict.promote:
-        return _record_rejection(ledger, store, tracker, parent_run_id, result)
-    return _publish(config, ledger, store, tracker, parent_run_id, result, comparison)
+        return _record_rejection(ledger, tracker, parent_run_id, result)
+    return _publish(config, ledger, tracker, parent_run_id, result, comparison)
 
 
 def candidate_seed(candidate: RlCandidate | Mapping[str, Any] | None) -> Any:
@@ -182,7 +191,7 @@ def candidate_seed(candidate: RlCandidate | Mapping[str, Any] | None) -> Any:
     return raw.get("seed")
 
 
-def _record_rejection(ledger: Ledger, store: RoundStore, tracker: Tracker, parent_run_id: str,
+def _record_rejection(ledger: Ledger, tracker: Tracker, parent_run_id: str,
                       result: RlRoundResult) -> RlRoundResult:
     key = result.round
     delta = (result.comparison or {}).get("delta")
@@ -194,14 +203,13 @@ def _record_rejection(ledger: Ledger, store: RoundStore, tracker: Tracker, paren
         "sft_snapshot": result.snapshot.get("sha256"), "change_kind": CHANGE_KIND}, key=f"rejected:{key}")
     ledger.append(EVENT_HYPOTHESIS_REFUTED, {"round": key, "hash": result.hypothesis_hash}, key=f"refuted:{key}")
     ledger.append(EVENT_ROUND_DECIDED, {"round": key, "promoted": False,
-                                        "observed_delta": None if delta is None else delta["delta"], "release": None},
-                  key=f"decided:{key}")
+                                        "observed_delta": None if delta is None else delta["delta"], "release": None,
+                                        "decision": result.to_dict()}, key=f"decided:{key}")
     tracker.end_run(parent_run_id)
-    store.save(RL_DECISION, result, key)
     return result
 
 
-def _publish(config: RlRoundConfig, ledger: Ledger, store: RoundStore, tracker: Tracker, parent_run_id: str,
+def _publish(config: RlRoundConfig, ledger: Ledger, tracker: Tracker, parent_run_id: str,
              result: RlRoundResult, comparison: HeldoutComparison) -> RlRoundResult:
     """The release: the held-out split read once for it, its card (naming the policy checkpoint) and its run."""
     key = result.round
@@ -236,12 +244,11 @@ def _publish(config: RlRoundConfig, ledger: Ledger, store: RoundStore, tracker: 
                                                                        TAG_CHECKPOINT: candidate["checkpoint_sha256"]})
     tracker.log_metrics(run.run_id, {f"holdout.{RL_METRIC}": comparison.candidate.pass_at_1})
     tracker.end_run(run.run_id)
-    ledger.append(EVENT_ROUND_DECIDED, {"round": key, "promoted": True, "observed_delta": delta["delta"],
-                                        "release": release}, key=f"decided:{key}")
-    tracker.end_run(parent_run_id)
     result = replace(result, release=release)
-    store.save(RL_DECISION, result, key)
+    ledger.append(EVENT_ROUND_DECIDED, {"round": key, "promoted": True, "observed_delta": delta["delta"],
+                                        "release": release, "decision": result.to_dict()}, key=f"decided:{key}")
+    tracker.end_run(parent_run_id)
     return result
 
 
-__all__ = ["RL_DECISION", "candidate_seed", "decide_rl_round", "next_rl_round", "run_rl_round"]
+__all__ = ["RL_DECISION", "candidate_seed", "decide_rl_round", "decided_rl_round", "next_rl_round", "run_rl_round"]
