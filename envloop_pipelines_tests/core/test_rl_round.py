@@ -361,7 +361,25 @@ def test_a_round_that_clears_the_gate_publishes_a_release_the_next_round_samples
     assert kinds == ["hypothesis_registered", "candidate_rejected", "hypothesis_refuted", "round_decided",
                      "hypothesis_registered", "holdout_read", "release_promoted", "round_decided"]
     runs = tracker.client.search_runs([tracker.client.get_experiment_by_name(config.task).experiment_id], max_results=50)
-    assert sum(r.data.tags[TAG_KIND] == KIND_RELEASE for r in runs) == 1
+    [release_run] = [r for r in runs if r.data.tags[TAG_KIND] == KIND_RELEASE]
+    # Published as the decision loop's releases are (release_checkpoint): the policy checkpoint is the release run's
+    # artifact, registered as a version of the task's model, and the champion alias points at it.
+    model = config.loop_config().model_name
+    assert high.model_version == card["model_version"] == tracker.champion_version(model) == "1"
+    version = tracker.client.get_model_version(model, "1")
+    assert version.run_id == card["mlflow_run_id"] == release_run.info.run_id
+    assert version.source.endswith("/checkpoint") and version.tags["envloop.round"] == "r0002"
+    logged = {Path(a.path).name for a in tracker.client.list_artifacts(release_run.info.run_id, "checkpoint")}
+    assert logged == {p.name for p in Path(policy.path).iterdir()}
+    assert release_run.data.metrics["holdout.candidate.pass_at_1"] == 0.75
+    assert release_run.data.metrics["holdout.parent.pass_at_1"] == 0.0
+    assert release_run.data.tags["envloop.checkpoint_sha256"] == policy.sha256 and release_run.info.status == "FINISHED"
+    assert card["release"] == 1 and card["holdout"] == json.loads(
+        (ledger.release_dir(1) / "holdout.json").read_text())["result"]
+    markdown = (ledger.release_dir(1) / "card.md").read_text()
+    assert markdown.startswith("# Release 1 — shell-rl-promote (rl_from_verified_attempts)")
+    assert "| release | 0.7500 | [0.5000, 1.0000] | 2 | 4 |" in markdown and "MLflow model version: 1" in markdown
+    assert "paired delta release − parent: +0.7500 [+0.5000, +1.0000]" in markdown
     assert decide("r0002", 0.75, 0.5) == high  # decided once: the ledger's decision
     from envloop_pipelines.core.ledger.store import RoundStore
 

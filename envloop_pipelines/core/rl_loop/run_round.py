@@ -24,9 +24,11 @@ without Dagster):
    the paired delta with a percentile-bootstrap CI over environments, both from ``agents/stats.py``).
 7. **Decision** (``rl_decision``): the registered (or amended) gate, the floor and the CI through the
    decision loop's :func:`~envloop_pipelines.core.ledger.promotion.decide_promotion`; a rejection is recorded
-   (``candidate_rejected``, ``hypothesis_refuted``); a promotion reads the held-out split once for the
-   release (:meth:`Ledger.read_holdout_once`) and writes the release card naming the policy checkpoint the
-   next round samples with. ``round_decided`` either way.
+   (``candidate_rejected``, ``hypothesis_refuted``); a promotion is published as the decision loop's are
+   (:func:`~envloop_pipelines.core.release.publish.release_checkpoint`): the held-out split read once for the
+   release (:meth:`Ledger.read_holdout_once`), the policy checkpoint logged as the release run's artifact,
+   registered as a version of the task's model and given the champion alias, and the release card naming the
+   policy checkpoint the next round samples with. ``round_decided`` either way, carrying the decision record.
 
 A round with no verified attempt has nothing to train on: steps 4 to 6 are skipped and it is decided as a
 rejection with that reason. Limitations: the environment datasets have two splits, so a release's one
@@ -36,6 +38,7 @@ floor is measured per round, on that round's snapshot.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -69,10 +72,12 @@ from envloop_pipelines.core.rl_loop.round_steps import (
     sample_attempts,
     train_rl_candidate,
 )
-from envloop_pipelines.core.release.tracked_runs import child_run, round_run
+from envloop_pipelines.core.release.card import paired_text
+from envloop_pipelines.core.release.publish import HoldoutRead, release_checkpoint
+from envloop_pipelines.core.release.tracked_runs import round_run
 from envloop_pipelines.core.ledger.store import RoundStore
 from envloop_pipelines.core.model.causal_sft import RECIPE_FILE, read_policy_checkpoint
-from envloop_pipelines.core.tracking import KIND_RELEASE, TAG_CHECKPOINT, TAG_RELEASE, Tracker
+from envloop_pipelines.core.tracking import Tracker
 
 #: The decision step (under Dagster the RL IO manager stores its record as ``rounds/<round>/rl_decision.json``;
 #: the decision itself lives in the ledger's ``round_decided`` event).
@@ -211,44 +216,72 @@ def _record_rejection(ledger: Ledger, tracker: Tracker, parent_run_id: str,
 
 def _publish(config: RlRoundConfig, ledger: Ledger, tracker: Tracker, parent_run_id: str,
              result: RlRoundResult, comparison: HeldoutComparison) -> RlRoundResult:
-    """The release: the held-out split read once for it, its card (naming the policy checkpoint) and its run."""
+    """The release, through the loops' one publishing path (:func:`~envloop_pipelines.core.release.publish.release_checkpoint`):
+    the held-out split read once for it, the policy checkpoint as its run's artifact, registered as a version of
+    the task's model and made champion, and its card naming the policy checkpoint."""
     key = result.round
     hypothesis = ledger.require_hypothesis(key)
-    release = ledger.next_release_number()
     candidate = dict(result.candidate or {})
-    # Keyed by the checkpoint: a retry after a crash between this read and the card finishes from the stored read.
-    holdout = ledger.read_holdout_once(release, lambda: {"candidate": asdict(comparison.candidate),
-                                                         "parent": asdict(comparison.parent)},
-                                       key=f"checkpoint:{candidate.get('checkpoint_sha256')}")
+
+    def read(ledger: Ledger, release: int) -> HoldoutRead:
+        # Keyed by the checkpoint: a retry after a crash between this read and the card finishes from the stored read.
+        return HoldoutRead(metrics=ledger.read_holdout_once(
+            release, lambda: {"candidate": asdict(comparison.candidate), "parent": asdict(comparison.parent)},
+            key=f"checkpoint:{candidate['checkpoint_sha256']}"))
+
     recipe = config.load_recipe()
-    floor = (result.noise_floor or {}).get("floor")
-    card = {
-        "round": key, "task": config.task, "kind": CHANGE_KIND, "dataset": f"{result.dataset}@{result.dataset_version}",
-        "data_snapshot": result.snapshot["sha256"], "recipe_hash": recipe.hash,
-        "checkpoint_sha256": candidate["checkpoint_sha256"], "policy_checkpoint": candidate["path"],
-        "base_model": recipe.base_model, "holdout": holdout, "test": comparison.to_dict(),
-        "gate": asdict(hypothesis.gate), "effective_gate": asdict(ledger.effective_gate(key)),
-        "amendments": ledger.amendments(key), "noise_floor": floor, "guards": dict(result.checks),
-        "hypothesis_hash": hypothesis.hash, "predicted_delta": hypothesis.predicted_delta,
-        "limitations": ["The held-out split is both the gate's test and the release's one holdout read (the "
-                        "environment dataset has two splits).",
-                        "The noise floor is the spread of null arms trained on this round's snapshot."],
-    }
-    delta = comparison.delta
-    markdown = (f"# Release {release} ({config.task}, {CHANGE_KIND})\n\n"
-                f"- held-out pass@1: {comparison.candidate.pass_at_1:.4f} (parent {comparison.parent.pass_at_1:.4f}, "
-                f"delta {delta['delta']:+.4f} [{delta['ci_low']:+.4f}, {delta['ci_high']:+.4f}])\n"
-                f"- noise floor: {floor:.4f}\n- policy checkpoint: {candidate['checkpoint_sha256']}\n")
-    ledger.write_release_card(release, card, markdown)
-    run = child_run(tracker, config.loop_config(), key, KIND_RELEASE, {TAG_RELEASE: str(release),
-                                                                       TAG_CHECKPOINT: candidate["checkpoint_sha256"]})
-    tracker.log_metrics(run.run_id, {f"holdout.{RL_METRIC}": comparison.candidate.pass_at_1})
-    tracker.end_run(run.run_id)
-    result = replace(result, release=release)
-    ledger.append(EVENT_ROUND_DECIDED, {"round": key, "promoted": True, "observed_delta": delta["delta"],
-                                        "release": release, "decision": result.to_dict()}, key=f"decided:{key}")
+
+    def card(release: int, holdout: HoldoutRead) -> dict[str, Any]:
+        return {
+            "round": key, "task": config.task, "kind": CHANGE_KIND, "dataset": f"{result.dataset}@{result.dataset_version}",
+            "data_snapshot": result.snapshot["sha256"], "recipe_hash": recipe.hash,
+            "checkpoint_sha256": candidate["checkpoint_sha256"], "policy_checkpoint": candidate["path"],
+            "base_model": recipe.base_model, "test": comparison.to_dict(),
+            "gate": asdict(hypothesis.gate), "effective_gate": asdict(ledger.effective_gate(key)),
+            "amendments": ledger.amendments(key), "noise_floor": (result.noise_floor or {}).get("floor"),
+            "guards": dict(result.checks), "hypothesis_hash": hypothesis.hash,
+            "predicted_delta": hypothesis.predicted_delta,
+            "limitations": ["The held-out split is both the gate's test and the release's one holdout read (the "
+                            "environment dataset has two splits).",
+                            "The noise floor is the spread of null arms trained on this round's snapshot."],
+        }
+
+    published = release_checkpoint(config.loop_config(), tracker, checkpoint=Path(candidate["path"]), read_holdout=read,
+                                   card=card, render=render_rl_card, round_key=key)
+    result = replace(result, release=published.release, model_version=published.model_version)
+    ledger.append(EVENT_ROUND_DECIDED, {"round": key, "promoted": True, "observed_delta": comparison.delta["delta"],
+                                        "release": published.release, "decision": result.to_dict()},
+                  key=f"decided:{key}")
     tracker.end_run(parent_run_id)
     return result
 
 
-__all__ = ["RL_DECISION", "candidate_seed", "decide_rl_round", "decided_rl_round", "next_rl_round", "run_rl_round"]
+def render_rl_card(card: Mapping[str, Any]) -> str:
+    """An RL release card as Markdown: the held-out pass@1 of the release and its parent (the one holdout read),
+    the paired delta and the floor, the gate, the limitations."""
+    holdout, delta = card["holdout"], (card.get("test") or {}).get("delta") or {}
+
+    def arm(name: str, score: Mapping[str, Any]) -> str:
+        return (f"| {name} | {score['pass_at_1']:.4f} | [{score['ci_low']:.4f}, {score['ci_high']:.4f}] | "
+                f"{score['n_environments']} | {score['n_attempts']} |")
+
+    floor = card.get("noise_floor")
+    lines = [f"# Release {card['release']} — {card['task']} ({card['kind']})", "",
+             f"- round: `{card['round']}`  dataset: `{card['dataset']}`  SFT snapshot: `{str(card['data_snapshot'])[:16]}`",
+             f"- recipe: `{str(card['recipe_hash'])[:16]}`  base model: `{card['base_model']}`",
+             f"- policy checkpoint: `{str(card['checkpoint_sha256'])[:16]}` (`{card['policy_checkpoint']}`)",
+             f"- MLflow model version: {card.get('model_version')}", "", "## Held-out pass@1 (read once)", "",
+             "| policy | pass@1 | 95% CI | environments | attempts |", "|---|---|---|---|---|",
+             arm("release", holdout["candidate"]), arm("parent", holdout["parent"]), "",
+             f"- paired delta release − parent: {paired_text(delta) or '—'}",
+             f"- noise floor: {'—' if floor is None else f'{floor:.4f}'}", "", "## Gate", "",
+             f"- registered: `{json.dumps(card.get('gate'), default=str)}`",
+             f"- effective: `{json.dumps(card.get('effective_gate'), default=str)}`"]
+    for a in card.get("amendments") or []:
+        lines.append(f"- amendment: `{json.dumps(a['amended_gate'])}`, reason: {a['reason']}")
+    lines += ["", "## Limitations", ""] + [f"- {x}" for x in card.get("limitations", [])]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["RL_DECISION", "candidate_seed", "decide_rl_round", "decided_rl_round", "next_rl_round", "render_rl_card",
+           "run_rl_round"]

@@ -172,7 +172,8 @@ class RlReevaluation:
 
 @dataclass(frozen=True)
 class RlRoundResult(JsonRecord):
-    """``rl_decision``: what the round decided, and what it made on the way."""
+    """``rl_decision``: what the round decided, and what it made on the way (on promotion, ``release`` and its
+    registered ``model_version``)."""
 
     round: str
     task: str
@@ -189,6 +190,7 @@ class RlRoundResult(JsonRecord):
     checks: Mapping[str, Any] = field(default_factory=dict)
     release: int | None = None
     seconds: Mapping[str, float] = field(default_factory=dict)
+    model_version: str | None = None
 
 
 #: The record type of each RL step's value, by step (asset) name: what the RL IO manager loads.
