@@ -226,7 +226,7 @@ def _publish(config: RlRoundConfig, ledger: Ledger, tracker: Tracker, parent_run
     def read(ledger: Ledger, release: int) -> HoldoutRead:
         # Keyed by the checkpoint: a retry after a crash between this read and the card finishes from the stored read.
         return HoldoutRead(metrics=ledger.read_holdout_once(
-            release, lambda: {"candidate": asdict(comparison.candidate), "parent": asdict(comparison.parent)},
+            release, lambda: {"candidate": comparison.candidate.to_dict(), "parent": comparison.parent.to_dict()},
             key=f"checkpoint:{candidate['checkpoint_sha256']}"))
 
     recipe = config.load_recipe()
