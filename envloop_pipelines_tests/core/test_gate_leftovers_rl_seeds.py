@@ -25,9 +25,8 @@ round_setup = test_rl_round.round_setup
 def test_an_amended_rl_round_refuses_a_candidate_on_a_used_seed(round_setup: dict[str, Any], tmp_path: Path) -> None:
     from envloop_pipelines.core.ledger.promotion import noise_floor_from_arms
     from envloop_pipelines.core.rl_loop.step_records import ArmScore, HeldoutComparison, RlRoundResult
-    from envloop_pipelines.core.rl_loop.run_round import RL_DECISION, candidate_seed
+    from envloop_pipelines.core.rl_loop.run_round import candidate_seed, decided_rl_round
     from envloop_pipelines.core.rl_loop.round_steps import register_rl_hypothesis, train_policy
-    from envloop_pipelines.core.ledger.store import RoundStore
     from envloop_pipelines.core.tracking import MlflowTracker
 
     ds = round_setup["dataset"]
@@ -61,8 +60,7 @@ def test_an_amended_rl_round_refuses_a_candidate_on_a_used_seed(round_setup: dic
         with pytest.raises(LedgerError, match=rf"seed: the candidate was trained on seed {recipe.seed}, not on "
                                               rf"the fresh seeds \(\[{fresh[0]}\]\) its gate amendment 1"):
             decide(stale, **claimed)
-    assert list(ledger.events()) == events and RoundStore(config.task, tmp_path).load(RL_DECISION, RlRoundResult,
-                                                                                       "r0001") is None
+    assert list(ledger.events()) == events and decided_rl_round(config, "r0001") is None
     # Trained on the fresh seed (what run_rl_round trains on: Ledger.candidate_seeds): decided.
     policy = train_policy(snap.rows(), recipe.replace(seed=fresh[0]), tmp_path / "policies", snap.sha256)
     decided = decide(policy)

@@ -265,14 +265,14 @@ def test_an_rl_round_runs_end_to_end_and_the_gate_rejects_a_policy_that_passes_n
     assert by_kind[KIND_REEVAL][0].data.metrics["candidate.pass_at_1"] == 0.0
     assert by_kind[KIND_ROUND][0].info.status == "FINISHED"
 
-    # Decided once: a retry returns the stored decision without sampling again.
+    # Decided once: a retry returns the ledger's decision without sampling again.
     assert run_rl_round(config, ds, tracker, serve_policy, key=result.round) == result
-    # Each step's record is where the step's asset stores it (the RL IO manager's files).
+    # The driver hands the records to the steps; storing them at the RL IO manager's paths is Dagster's part.
     from envloop_pipelines.core.rl_loop.step_records import RL_STEP_RECORDS
     from envloop_pipelines.core.ledger.store import RoundStore
 
     store = RoundStore("shell-rl", home)
-    assert all(store.load(step, record, result.round) is not None for step, record in RL_STEP_RECORDS.items())
+    assert not any(store.step_path(step, result.round).exists() for step in RL_STEP_RECORDS)
     print(f"RL round on CPU: {elapsed:.1f} s ({result.seconds})")
 
 
@@ -361,5 +361,85 @@ def test_a_round_that_clears_the_gate_publishes_a_release_the_next_round_samples
     assert kinds == ["hypothesis_registered", "candidate_rejected", "hypothesis_refuted", "round_decided",
                      "hypothesis_registered", "holdout_read", "release_promoted", "round_decided"]
     runs = tracker.client.search_runs([tracker.client.get_experiment_by_name(config.task).experiment_id], max_results=50)
-    assert sum(r.data.tags[TAG_KIND] == KIND_RELEASE for r in runs) == 1
-    assert decide("r0002", 0.75, 0.5) == high  # decided once
+    [release_run] = [r for r in runs if r.data.tags[TAG_KIND] == KIND_RELEASE]
+    # Published as the decision loop's releases are (release_checkpoint): the policy checkpoint is the release run's
+    # artifact, registered as a version of the task's model, and the champion alias points at it.
+    model = config.loop_config().model_name
+    assert high.model_version == card["model_version"] == tracker.champion_version(model) == "1"
+    version = tracker.client.get_model_version(model, "1")
+    assert version.run_id == card["mlflow_run_id"] == release_run.info.run_id
+    assert version.source.endswith("/checkpoint") and version.tags["envloop.round"] == "r0002"
+    logged = {Path(a.path).name for a in tracker.client.list_artifacts(release_run.info.run_id, "checkpoint")}
+    assert logged == {p.name for p in Path(policy.path).iterdir()}
+    assert release_run.data.metrics["holdout.candidate.pass_at_1"] == 0.75
+    assert release_run.data.metrics["holdout.parent.pass_at_1"] == 0.0
+    assert release_run.data.tags["envloop.checkpoint_sha256"] == policy.sha256 and release_run.info.status == "FINISHED"
+    assert card["release"] == 1 and card["holdout"] == json.loads(
+        (ledger.release_dir(1) / "holdout.json").read_text())["result"]
+    markdown = (ledger.release_dir(1) / "card.md").read_text()
+    assert markdown.startswith("# Release 1 — shell-rl-promote (rl_from_verified_attempts)")
+    assert "| release | 0.7500 | [0.5000, 1.0000] | 2 | 4 |" in markdown and "MLflow model version: 1" in markdown
+    assert "paired delta release − parent: +0.7500 [+0.5000, +1.0000]" in markdown
+    assert decide("r0002", 0.75, 0.5) == high  # decided once: the ledger's decision
+    from envloop_pipelines.core.ledger.store import RoundStore
+
+    assert ledger.round_decision("r0002") == json.loads(json.dumps(high.to_dict()))
+    assert not RoundStore(config.task, tmp_path).step_path("rl_decision", "r0002").exists()
+
+
+def test_a_decided_round_lives_in_the_ledger_not_at_the_io_managers_path(round_setup: dict[str, Any],
+                                                                          tmp_path: Path) -> None:
+    """Issue 25: core writes no record at the RL IO manager's path (``rounds/<round>/rl_decision.json`` is Dagster's
+    to store); the round's ``round_decided`` event carries the decision, and a retry returns it from there."""
+    from dataclasses import replace
+
+    from envloop_pipelines.core.ledger.store import RoundStore
+    from envloop_pipelines.core.rl_loop.round_steps import (
+        measure_rl_noise_floor,
+        reevaluate_rl,
+        register_rl_hypothesis,
+        train_rl_candidate,
+    )
+    from envloop_pipelines.core.rl_loop.run_round import RL_DECISION, decide_rl_round, decided_rl_round, run_rl_round
+    from envloop_pipelines.core.rl_loop.step_records import RL_STEP_RECORDS, RlRoundResult, RlSampling, RlSnapshot
+    from envloop_pipelines.core.tracking import MlflowTracker
+
+    ds = round_setup["dataset"]
+    config = replace(round_setup["config"], task="shell-rl-decided", home=str(tmp_path))
+    tracker = MlflowTracker(home=tmp_path)
+    hyp = register_rl_hypothesis(config, ds, "r0001", tracker, sampler={"kind": "test"})
+    # The sampler passed nothing: steps 4 to 6 are skipped and the round is decided as a rejection (no model runs).
+    failed = [attempt(e, 0, passed=False) for e in ds.environments if e.split == "train"]
+    snap = build_sft_snapshot(failed, train_texts=texts(ds, "train"), heldout_texts=texts(ds, "heldout"),
+                              root=tmp_path / "snapshots")
+    snapshot = RlSnapshot(round="r0001", **snap.to_dict())
+    candidate = train_rl_candidate(config, hyp, snapshot, tracker)
+    floor = measure_rl_noise_floor(config, ds, snapshot, candidate, tracker, lambda *a, **k: None)
+    reeval = reevaluate_rl(config, ds, hyp, candidate, tracker, lambda *a, **k: None)
+    assert decided_rl_round(config, "r0001") is None
+    result = decide_rl_round(config, tracker, hyp, RlSampling("r0001", "", len(failed), 0), snapshot, candidate, floor,
+                             reeval)
+    assert not result.promoted and result.reasons[0].startswith("no verified attempt to train on")
+
+    store = RoundStore(config.task, tmp_path)
+    assert not any(store.step_path(step, "r0001").exists() for step in RL_STEP_RECORDS), \
+        sorted(p.name for p in store.round_dir("r0001").iterdir())
+    [decided] = Ledger(config.task, tmp_path).events("round_decided")
+    assert decided["decision"] == json.loads(json.dumps(result.to_dict()))
+    assert RlRoundResult.from_dict(Ledger(config.task, tmp_path).round_decision("r0001")) == result
+    # A retry, through the step or the driver, returns the ledger's decision: nothing is decided or sampled again.
+    events = list(Ledger(config.task, tmp_path).events())
+    assert decide_rl_round(config, tracker, hyp, RlSampling("r0001", "", 0, 0), snapshot, candidate, floor,
+                           reeval) == result
+    assert run_rl_round(config, ds, tracker, lambda *a, **k: None, key="r0001") == result
+    assert list(Ledger(config.task, tmp_path).events()) == events
+    assert not store.step_path(RL_DECISION, "r0001").exists()
+
+    # A round decided before the event carried its record: its stored file is read.
+    older = replace(result, round="r0002")
+    Ledger(config.task, tmp_path).append("round_decided", {"round": "r0002", "promoted": False, "observed_delta": None,
+                                                           "release": None}, key="decided:r0002")
+    assert Ledger(config.task, tmp_path).round_decision("r0002") is None
+    store.save(RL_DECISION, older, "r0002")
+    assert decided_rl_round(config, "r0002") == older
+    assert Ledger(config.task, tmp_path).round_decision("r0003") is None and decided_rl_round(config, "r0003") is None

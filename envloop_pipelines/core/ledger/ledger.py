@@ -690,6 +690,16 @@ class Ledger:
             return Gate(**amendments[-1]["amended_gate"])
         return self.require_hypothesis(round_key).gate
 
+    def round_decision(self, round_key: str) -> dict[str, Any] | None:
+        """The decision record the round's ``round_decided`` event carries (its ``decision``), or ``None``.
+
+        A decided round's decision lives here, so a retry of its decision step returns it without deciding
+        (or publishing) again. ``None`` when the round is undecided, or was decided before the event carried
+        its record (the reader then falls back to the record stored beside the round's steps).
+        """
+        event = next((e for e in self.events(EVENT_ROUND_DECIDED) if e.get("round") == round_key), None)
+        return None if event is None else event.get("decision")
+
     # -- releases ----------------------------------------------------------------------------
     def release_dir(self, release: int) -> Path:
         return self.root / "releases" / f"{release:04d}"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -37,27 +38,57 @@ class StepRecord(Protocol):
 
 
 class JsonRecord:
-    """JSON round trip for flat frozen dataclasses (tuples are lists in JSON): the base of every loop's step records."""
+    """JSON round trip for frozen dataclasses: the base of every loop's step records.
+
+    A tuple is a list in JSON; a field holding a dataclass (or ``None``, for an optional one) is its
+    ``to_dict()`` when it has one, else its fields, recursively, and is read back through its type
+    hint (the record's own ``from_dict`` when it has one), so a record nests other records without
+    hand-written converters. Mappings are JSON already and are kept as they are. Keys missing from the
+    JSON take the field's default; keys the record does not know are ignored.
+    """
 
     def to_dict(self) -> dict[str, Any]:
-        out = {}
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            value = getattr(self, f.name)
-            out[f.name] = list(value) if isinstance(value, tuple) else value
-        return out
+        return {f.name: _to_json(getattr(self, f.name)) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> Any:
-        hints = typing.get_type_hints(cls)
-        data = {}
-        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-            if f.name not in raw:
-                continue
-            value = raw[f.name]
-            if typing.get_origin(hints[f.name]) is tuple and isinstance(value, list):
-                value = tuple(value)
-            data[f.name] = value
-        return cls(**data)
+        return _dataclass_from_json(cls, raw)
+
+
+def _to_json(value: Any) -> Any:
+    """A field's value as JSON: a dataclass as its ``to_dict()`` (else its fields), a tuple as a list."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        to_dict = getattr(value, "to_dict", None)
+        if callable(to_dict):
+            return to_dict()
+        return {f.name: _to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple):
+        return [_to_json(v) for v in value]
+    return value
+
+
+def _dataclass_from_json(cls: type, raw: Mapping[str, Any]) -> Any:
+    hints = typing.get_type_hints(cls)
+    return cls(**{f.name: _from_json(hints[f.name], raw[f.name])
+                  for f in dataclasses.fields(cls) if f.init and f.name in raw})  # type: ignore[arg-type]
+
+
+def _from_json(hint: Any, value: Any) -> Any:
+    """``value`` (JSON) as the type ``hint`` names: a dataclass from its mapping, a tuple from its list."""
+    if value is None:
+        return None
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):  # an optional field: read as its first non-None type
+        members = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _from_json(members[0], value) if members else value
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint) and isinstance(value, Mapping):
+        from_dict = getattr(hint, "from_dict", None)
+        return from_dict(value) if callable(from_dict) else _dataclass_from_json(hint, value)
+    if origin is tuple and isinstance(value, list):
+        args = typing.get_args(hint)
+        item = args[0] if len(args) == 2 and args[1] is Ellipsis else None
+        return tuple(value if item is None else (_from_json(item, v) for v in value))
+    return value
 
 
 R = TypeVar("R")
@@ -104,4 +135,4 @@ class RoundStore:
         return record.from_dict(json.loads(path.read_text(encoding="utf-8")))  # type: ignore[attr-defined]
 
 
-__all__ = ["RoundStore", "loop_dir"]
+__all__ = ["JsonRecord", "RoundStore", "loop_dir"]

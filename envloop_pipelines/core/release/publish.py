@@ -1,8 +1,12 @@
 """Releases: the one holdout read, the registered model version, the champion alias and the card.
 
-:func:`publish_release` is the only way a checkpoint becomes a release: the
-bootstrap champion (the control arm of the noise floor) and every promotion
-go through it, and it reaches MLflow only through the ``Tracker`` protocol.
+:func:`release_checkpoint` is the only way a checkpoint becomes a release, in either loop: the
+release number, the one holdout read (through the read the caller gives), the release's MLflow
+run with its metrics and the checkpoint as its artifact, the registered model version, the
+champion alias and the card. The decision loop calls it through :func:`publish_release` (the
+bootstrap champion, the control arm of the noise floor, and every promotion; the holdout read
+through the verifier); the RL loop's promotion calls it with its held-out pass@1 read
+(``core/rl_loop/run_round.py``). It reaches MLflow only through the ``Tracker`` protocol.
 """
 
 from __future__ import annotations
@@ -53,12 +57,15 @@ def champion(config: LoopConfig) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class HoldoutRead:
-    """What a release's one holdout read gives: the release's metrics, TF-IDF + LR's beside them, and
-    the paired deltas release − TF-IDF (record-clustered bootstrap, 95%), all from one verifier run."""
+    """What a release's one holdout read gives: the card's ``holdout`` (``metrics``, its numbers logged on the
+    release's run as ``holdout.<name>``) and, from the decision loop's verifier run, TF-IDF + LR's metrics beside
+    them (``holdout.tfidf.<name>``; the card's ``holdout_tfidf``) and the paired deltas release − TF-IDF
+    (record-clustered bootstrap, 95%; the card's ``holdout_vs_tfidf``). A read without the classical
+    baseline (the RL loop's) leaves both ``None`` and the card without them."""
 
     metrics: Mapping[str, Any]
-    tfidf: Mapping[str, Any]
-    vs_tfidf: Mapping[str, Any]
+    tfidf: Mapping[str, Any] | None = None
+    vs_tfidf: Mapping[str, Any] | None = None
 
 
 def tfidf_baseline(config: LoopConfig, snapshot: TaskSnapshot, train: Any = None) -> Any:
@@ -109,30 +116,36 @@ def holdout_metrics(config: LoopConfig, checkpoint: Path, snapshot: TaskSnapshot
                        vs_tfidf=dict((run.paired or {}).get("deltas") or {}))
 
 
-def publish_release(config: LoopConfig, tracker: Tracker, *, checkpoint: Path, snapshot: TaskSnapshot,
-                    holdout_out: Path, card: Callable[[int, dict[str, Any]], dict[str, Any]],
-                    round_key: str | None = None, run_tags: Mapping[str, str] | None = None,
-                    tfidf: Any = None, sandbox: SandboxSettings | None = None) -> Release:
-    """Read the holdout once, register the checkpoint, move the champion alias and write the card.
+def release_checkpoint(config: LoopConfig, tracker: Tracker, *, checkpoint: Path,
+                       read_holdout: Callable[[Ledger, int], HoldoutRead],
+                       card: Callable[[int, HoldoutRead], dict[str, Any]],
+                       render: Callable[[Mapping[str, Any]], str] = render_card,
+                       round_key: str | None = None, run_tags: Mapping[str, str] | None = None) -> Release:
+    """Make ``checkpoint`` the task's next release: read the holdout once, register it, move the alias, write the card.
+
+    In order: the release number (:meth:`Ledger.next_release_number`); ``read_holdout(ledger, release)``,
+    the release's one holdout read (the caller's read goes through :meth:`Ledger.read_holdout_once`, so a
+    second read is refused and a retry after a crash finishes from the stored read); the release's MLflow
+    run (a child of the round's run, or a bootstrap run) with the read's metrics and the checkpoint as its
+    ``checkpoint`` artifact; a version of ``config.model_name`` registered from that artifact, and the
+    champion alias moved to it; the card, written once by the ledger.
 
     Args:
-        config: the loop.
+        config: the loop (its task, home and registered model name).
         tracker: MLflow (through the ``Tracker`` protocol).
         checkpoint: the checkpoint directory to release (named by its content hash).
-        snapshot: the task snapshot whose holdout is read.
-        holdout_out: where the holdout predictions are written.
-        card: builds the card's body from ``(release number, holdout metrics)``; the model version
-            and the MLflow run are added here.
-        tfidf: the fitted TF-IDF + LR whose holdout column the card shows (default: fitted on the task's train split).
+        read_holdout: the release's one holdout read, given the ledger and the release number.
+        card: builds the card's body from ``(release number, the read)``; the release number, the read
+            (``holdout``, and ``holdout_tfidf`` / ``holdout_vs_tfidf`` when it has a baseline), the model
+            version and the MLflow run are added here.
+        render: the card's Markdown from its body (default: the decision loop's :func:`render_card`).
         round_key: the round that promoted the checkpoint (its release run is a child of the round's
             run); ``None`` for the bootstrap release.
         run_tags: extra tags of the release run (the Dagster run).
-        sandbox: the deployment's sandbox, where the verifier reads the holdout (default: the local backend).
     """
     ledger = Ledger(config.task, config.home)
     release = ledger.next_release_number()
-    read = holdout_metrics(config, checkpoint, snapshot, holdout_out, ledger=ledger, release=release,
-                           tfidf=tfidf, sandbox=sandbox)
+    read = read_holdout(ledger, release)
     holdout = dict(read.metrics)
     tags = {TAG_RELEASE: str(release), TAG_CHECKPOINT: checkpoint.name}
     if round_key is not None:
@@ -141,22 +154,58 @@ def publish_release(config: LoopConfig, tracker: Tracker, *, checkpoint: Path, s
     else:
         mrun = tracker.start_run(config.task, f"release {release} (bootstrap)",
                                  tags={TAG_KIND: KIND_RELEASE, **(run_tags or {}), **tags})
-    tracker.log_metrics(mrun.run_id, {**flat_metrics(holdout, HOLDOUT_PREFIX),
-                                      **flat_metrics(read.tfidf, f"{HOLDOUT_PREFIX}tfidf.")})
+    metrics = flat_metrics(holdout, HOLDOUT_PREFIX)
+    if read.tfidf is not None:
+        metrics.update(flat_metrics(read.tfidf, f"{HOLDOUT_PREFIX}tfidf."))
+    tracker.log_metrics(mrun.run_id, metrics)
     tracker.log_artifact(mrun.run_id, checkpoint, "checkpoint")
     version = tracker.register_version(config.model_name, f"{tracker.artifact_uri(mrun.run_id)}/checkpoint",
                                        mrun.run_id, tags=tags)
     tracker.set_champion(config.model_name, version)
     tracker.end_run(mrun.run_id)
+    baseline = {} if read.tfidf is None else {"holdout_tfidf": dict(read.tfidf),
+                                              "holdout_vs_tfidf": dict(read.vs_tfidf or {})}
+    body = {**card(release, read), "release": release, "holdout": holdout, **baseline, "model_version": version,
+            "mlflow_run_id": mrun.run_id}
+    ledger.write_release_card(release, body, render(body))
+    return Release(release=release, model_version=version, card=body)
+
+
+def publish_release(config: LoopConfig, tracker: Tracker, *, checkpoint: Path, snapshot: TaskSnapshot,
+                    holdout_out: Path, card: Callable[[int, dict[str, Any]], dict[str, Any]],
+                    round_key: str | None = None, run_tags: Mapping[str, str] | None = None,
+                    tfidf: Any = None, sandbox: SandboxSettings | None = None) -> Release:
+    """The decision loop's release: :func:`release_checkpoint` with the holdout read through the verifier
+    (:func:`holdout_metrics`, TF-IDF + LR scored in the same read) and the card rendered by :func:`render_card`.
+
+    Args:
+        config: the loop.
+        tracker: MLflow (through the ``Tracker`` protocol).
+        checkpoint: the checkpoint directory to release (named by its content hash).
+        snapshot: the task snapshot whose holdout is read.
+        holdout_out: where the holdout predictions are written.
+        card: builds the card's body from ``(release number, holdout metrics)``; the checkpoint's inference
+            precision and readout are added here, the model version and the MLflow run by
+            :func:`release_checkpoint`.
+        tfidf: the fitted TF-IDF + LR whose holdout column the card shows (default: fitted on the task's train split).
+        round_key: the round that promoted the checkpoint (its release run is a child of the round's
+            run); ``None`` for the bootstrap release.
+        run_tags: extra tags of the release run (the Dagster run).
+        sandbox: the deployment's sandbox, where the verifier reads the holdout (default: the local backend).
+    """
     from envloop_pipelines.core.model.checkpoint import read_recipe
 
-    body = {**card(release, holdout), "inference_precision": read_recipe(checkpoint).inference_precision,
-            "readout": readout_summary(checkpoint),
-            "release": release, "holdout": holdout, "holdout_tfidf": dict(read.tfidf),
-            "holdout_vs_tfidf": dict(read.vs_tfidf), "model_version": version,
-            "mlflow_run_id": mrun.run_id}
-    ledger.write_release_card(release, body, render_card(body))
-    return Release(release=release, model_version=version, card=body)
+    def read(ledger: Ledger, release: int) -> HoldoutRead:
+        return holdout_metrics(config, checkpoint, snapshot, holdout_out, ledger=ledger, release=release,
+                               tfidf=tfidf, sandbox=sandbox)
+
+    def body(release: int, holdout: HoldoutRead) -> dict[str, Any]:
+        return {**card(release, dict(holdout.metrics)),
+                "inference_precision": read_recipe(checkpoint).inference_precision,
+                "readout": readout_summary(checkpoint)}
+
+    return release_checkpoint(config, tracker, checkpoint=checkpoint, read_holdout=read, card=body,
+                              round_key=round_key, run_tags=run_tags)
 
 
 def readout_summary(checkpoint: Path) -> dict[str, Any]:
@@ -179,4 +228,5 @@ def readout_summary(checkpoint: Path) -> dict[str, Any]:
             "val_nll_head_alone": tried.get("0"), "val_nll": tried.get(f"{weight:g}") if weight is not None else None}
 
 
-__all__ = ["HoldoutRead", "Release", "champion", "holdout_metrics", "publish_release", "readout_summary", "tfidf_baseline"]
+__all__ = ["HoldoutRead", "Release", "champion", "holdout_metrics", "publish_release", "readout_summary", "release_checkpoint",
+           "tfidf_baseline"]

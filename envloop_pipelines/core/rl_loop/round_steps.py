@@ -281,7 +281,7 @@ def train_rl_candidate(config: RlRoundConfig, hypothesis: RlHypothesis, snapshot
     store = RoundStore(config.task, config.home)
     t = time.monotonic()
     recipe = config.load_recipe().replace(seed=ledger.candidate_seeds(key)[0])
-    candidate = train_policy(snapshot.sft().rows(), recipe, store.checkpoints / "policies", snapshot.sha256)
+    candidate = train_policy(snapshot.rows(), recipe, store.checkpoints / "policies", snapshot.sha256)
     seconds = round(time.monotonic() - t, 3)
     metrics = candidate.metrics()
     run = child_run(tracker, config.loop_config(), key, KIND_TRAINING,
@@ -315,7 +315,7 @@ def measure_rl_noise_floor(config: RlRoundConfig, dataset: Any, snapshot: RlSnap
     root = RoundStore(config.task, config.home).checkpoints / "policies"
     loop = config.loop_config()
     t = time.monotonic()
-    rows = snapshot.sft().rows()
+    rows = snapshot.rows()
     floor_run = child_run(tracker, loop, key, KIND_NOISE_FLOOR)
     arms = []
     for arm_recipe in arm_recipes:

@@ -24,9 +24,11 @@ without Dagster):
    the paired delta with a percentile-bootstrap CI over environments, both from ``agents/stats.py``).
 7. **Decision** (``rl_decision``): the registered (or amended) gate, the floor and the CI through the
    decision loop's :func:`~envloop_pipelines.core.ledger.promotion.decide_promotion`; a rejection is recorded
-   (``candidate_rejected``, ``hypothesis_refuted``); a promotion reads the held-out split once for the
-   release (:meth:`Ledger.read_holdout_once`) and writes the release card naming the policy checkpoint the
-   next round samples with. ``round_decided`` either way.
+   (``candidate_rejected``, ``hypothesis_refuted``); a promotion is published as the decision loop's are
+   (:func:`~envloop_pipelines.core.release.publish.release_checkpoint`): the held-out split read once for the
+   release (:meth:`Ledger.read_holdout_once`), the policy checkpoint logged as the release run's artifact,
+   registered as a version of the task's model and given the champion alias, and the release card naming the
+   policy checkpoint the next round samples with. ``round_decided`` either way, carrying the decision record.
 
 A round with no verified attempt has nothing to train on: steps 4 to 6 are skipped and it is decided as a
 rejection with that reason. Limitations: the environment datasets have two splits, so a release's one
@@ -36,6 +38,7 @@ floor is measured per round, on that round's snapshot.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -69,12 +72,15 @@ from envloop_pipelines.core.rl_loop.round_steps import (
     sample_attempts,
     train_rl_candidate,
 )
-from envloop_pipelines.core.release.tracked_runs import child_run, round_run
+from envloop_pipelines.core.release.card import paired_text
+from envloop_pipelines.core.release.publish import HoldoutRead, release_checkpoint
+from envloop_pipelines.core.release.tracked_runs import round_run
 from envloop_pipelines.core.ledger.store import RoundStore
 from envloop_pipelines.core.model.causal_sft import RECIPE_FILE, read_policy_checkpoint
-from envloop_pipelines.core.tracking import KIND_RELEASE, TAG_CHECKPOINT, TAG_RELEASE, Tracker
+from envloop_pipelines.core.tracking import Tracker
 
-#: The decision step (its record is stored as ``rounds/<round>/rl_decision.json``).
+#: The decision step (under Dagster the RL IO manager stores its record as ``rounds/<round>/rl_decision.json``;
+#: the decision itself lives in the ledger's ``round_decided`` event).
 RL_DECISION = "rl_decision"
 
 
@@ -87,7 +93,11 @@ def next_rl_round(config: RlRoundConfig) -> str:
 
 def run_rl_round(config: RlRoundConfig, dataset: Any, tracker: Tracker, serve: PolicyServer, *,
                  key: str | None = None) -> RlRoundResult:
-    """One RL round: the steps of :mod:`.rl_steps` in order, each record stored as its asset's would be.
+    """One RL round without Dagster: the steps of :mod:`.round_steps` in order, each handed the records it needs.
+
+    The steps' records are not stored here (under Dagster the RL IO manager stores them): the round's
+    artifacts are content-addressed or kept by the steps themselves (the sampled attempts, the SFT
+    snapshot, the policy checkpoints) and its decision lives in the ledger (:func:`decided_rl_round`).
 
     Args:
         config: the round's settings.
@@ -97,25 +107,29 @@ def run_rl_round(config: RlRoundConfig, dataset: Any, tracker: Tracker, serve: P
         key: the round key (default: the next one of this task).
 
     Returns:
-        The decision; a retry of a decided round returns the stored one without sampling again.
+        The decision; a retry of a decided round returns the ledger's without sampling again.
     """
-    store = RoundStore(config.task, config.home)
     key = key or next_rl_round(config)
-    done = store.load(RL_DECISION, RlRoundResult, key)
+    done = decided_rl_round(config, key)
     if done is not None:
         return done
-
-    def step(name: str, value: Any) -> Any:
-        store.save(name, value, key)
-        return value
-
-    hypothesis = step("rl_hypothesis", register_rl_hypothesis(config, dataset, key, tracker))
-    sampling = step("rl_sampled_attempts", sample_attempts(config, dataset, hypothesis, tracker, serve))
-    snapshot = step("rl_sft_snapshot", build_rl_snapshot(config, dataset, sampling, tracker))
-    candidate = step("rl_policy_checkpoint", train_rl_candidate(config, hypothesis, snapshot, tracker))
-    floor = step("rl_noise_floor", measure_rl_noise_floor(config, dataset, snapshot, candidate, tracker, serve))
-    reeval = step("rl_heldout_reeval", reevaluate_rl(config, dataset, hypothesis, candidate, tracker, serve))
+    hypothesis = register_rl_hypothesis(config, dataset, key, tracker)
+    sampling = sample_attempts(config, dataset, hypothesis, tracker, serve)
+    snapshot = build_rl_snapshot(config, dataset, sampling, tracker)
+    candidate = train_rl_candidate(config, hypothesis, snapshot, tracker)
+    floor = measure_rl_noise_floor(config, dataset, snapshot, candidate, tracker, serve)
+    reeval = reevaluate_rl(config, dataset, hypothesis, candidate, tracker, serve)
     return decide_rl_round(config, tracker, hypothesis, sampling, snapshot, candidate, floor, reeval)
+
+
+def decided_rl_round(config: RlRoundConfig, key: str) -> RlRoundResult | None:
+    """The round's decision, or ``None`` while it is undecided: the record its ``round_decided`` ledger event
+    carries (:meth:`Ledger.round_decision`), else, for a round decided before the event carried it, the
+    record stored as ``rounds/<round>/rl_decision.json``."""
+    raw = Ledger(config.task, config.home).round_decision(key)
+    if raw is not None:
+        return RlRoundResult.from_dict(raw)
+    return RoundStore(config.task, config.home).load(RL_DECISION, RlRoundResult, key)
 
 
 def decide_rl_round(config: RlRoundConfig, tracker: Tracker, hypothesis: RlHypothesis, sampling: RlSampling,
@@ -125,7 +139,8 @@ def decide_rl_round(config: RlRoundConfig, tracker: Tracker, hypothesis: RlHypot
 
     A rejection is written to the ledger with its numbers (``candidate_rejected``, ``hypothesis_refuted``); a
     promotion reads the held-out split once for the new release and writes its card (rules 4 and 6).
-    ``round_decided`` either way, and the decision is stored so that a retry returns it. After a gate
+    ``round_decided`` either way, carrying the decision record, so that a retry returns it
+    (:func:`decided_rl_round`); nothing is written at the IO manager's path. After a gate
     amendment the candidate must have been trained on the fresh seeds it requires (rule 3): its seed is
     read from its policy checkpoint's recipe (:func:`candidate_seed`).
 
@@ -133,8 +148,7 @@ def decide_rl_round(config: RlRoundConfig, tracker: Tracker, hypothesis: RlHypot
         LedgerError: after an amendment, a candidate trained on a seed used before it (nothing is recorded).
     """
     key = hypothesis.round
-    store = RoundStore(config.task, config.home)
-    done = store.load(RL_DECISION, RlRoundResult, key)
+    done = decided_rl_round(config, key)
     if done is not None:
         return done  # decided once
     ledger = Ledger(config.task, config.home)
@@ -148,7 +162,7 @@ def decide_rl_round(config: RlRoundConfig, tracker: Tracker, hypothesis: RlHypot
                            reasons=(candidate.skipped,) if candidate.skipped else (), seconds=seconds)
     parent_run_id = round_run(tracker, config.loop_config(), key).run_id
     if candidate.skipped or reeval.comparison is None or floor.floor is None:
-        return _record_rejection(ledger, store, tracker, parent_run_id, result)
+        return _record_rejection(ledger, tracker, parent_run_id, result)
     if ledger.amendments(key):  # rule 3: an amended gate is passed on fresh seeds only
         ledger.require_fresh_seed(key, candidate_seed(candidate))
     comparison = reeval.comparison
@@ -166,8 +180,8 @@ def decide_rl_round(config: RlRoundConfig, tracker: Tracker, hypothesis: RlHypot
                                         f"champion.{RL_METRIC}": comparison.parent.pass_at_1,
                                         f"delta.{RL_METRIC}": comparison.delta["delta"], "noise_floor": floor.floor.floor})
     if not verdict.promote:
-        return _record_rejection(ledger, store, tracker, parent_run_id, result)
-    return _publish(config, ledger, store, tracker, parent_run_id, result, comparison)
+        return _record_rejection(ledger, tracker, parent_run_id, result)
+    return _publish(config, ledger, tracker, parent_run_id, result, comparison)
 
 
 def candidate_seed(candidate: RlCandidate | Mapping[str, Any] | None) -> Any:
@@ -182,7 +196,7 @@ def candidate_seed(candidate: RlCandidate | Mapping[str, Any] | None) -> Any:
     return raw.get("seed")
 
 
-def _record_rejection(ledger: Ledger, store: RoundStore, tracker: Tracker, parent_run_id: str,
+def _record_rejection(ledger: Ledger, tracker: Tracker, parent_run_id: str,
                       result: RlRoundResult) -> RlRoundResult:
     key = result.round
     delta = (result.comparison or {}).get("delta")
@@ -194,54 +208,80 @@ def _record_rejection(ledger: Ledger, store: RoundStore, tracker: Tracker, paren
         "sft_snapshot": result.snapshot.get("sha256"), "change_kind": CHANGE_KIND}, key=f"rejected:{key}")
     ledger.append(EVENT_HYPOTHESIS_REFUTED, {"round": key, "hash": result.hypothesis_hash}, key=f"refuted:{key}")
     ledger.append(EVENT_ROUND_DECIDED, {"round": key, "promoted": False,
-                                        "observed_delta": None if delta is None else delta["delta"], "release": None},
-                  key=f"decided:{key}")
+                                        "observed_delta": None if delta is None else delta["delta"], "release": None,
+                                        "decision": result.to_dict()}, key=f"decided:{key}")
     tracker.end_run(parent_run_id)
-    store.save(RL_DECISION, result, key)
     return result
 
 
-def _publish(config: RlRoundConfig, ledger: Ledger, store: RoundStore, tracker: Tracker, parent_run_id: str,
+def _publish(config: RlRoundConfig, ledger: Ledger, tracker: Tracker, parent_run_id: str,
              result: RlRoundResult, comparison: HeldoutComparison) -> RlRoundResult:
-    """The release: the held-out split read once for it, its card (naming the policy checkpoint) and its run."""
+    """The release, through the loops' one publishing path (:func:`~envloop_pipelines.core.release.publish.release_checkpoint`):
+    the held-out split read once for it, the policy checkpoint as its run's artifact, registered as a version of
+    the task's model and made champion, and its card naming the policy checkpoint."""
     key = result.round
     hypothesis = ledger.require_hypothesis(key)
-    release = ledger.next_release_number()
     candidate = dict(result.candidate or {})
-    # Keyed by the checkpoint: a retry after a crash between this read and the card finishes from the stored read.
-    holdout = ledger.read_holdout_once(release, lambda: {"candidate": asdict(comparison.candidate),
-                                                         "parent": asdict(comparison.parent)},
-                                       key=f"checkpoint:{candidate.get('checkpoint_sha256')}")
+
+    def read(ledger: Ledger, release: int) -> HoldoutRead:
+        # Keyed by the checkpoint: a retry after a crash between this read and the card finishes from the stored read.
+        return HoldoutRead(metrics=ledger.read_holdout_once(
+            release, lambda: {"candidate": comparison.candidate.to_dict(), "parent": comparison.parent.to_dict()},
+            key=f"checkpoint:{candidate['checkpoint_sha256']}"))
+
     recipe = config.load_recipe()
-    floor = (result.noise_floor or {}).get("floor")
-    card = {
-        "round": key, "task": config.task, "kind": CHANGE_KIND, "dataset": f"{result.dataset}@{result.dataset_version}",
-        "data_snapshot": result.snapshot["sha256"], "recipe_hash": recipe.hash,
-        "checkpoint_sha256": candidate["checkpoint_sha256"], "policy_checkpoint": candidate["path"],
-        "base_model": recipe.base_model, "holdout": holdout, "test": comparison.to_dict(),
-        "gate": asdict(hypothesis.gate), "effective_gate": asdict(ledger.effective_gate(key)),
-        "amendments": ledger.amendments(key), "noise_floor": floor, "guards": dict(result.checks),
-        "hypothesis_hash": hypothesis.hash, "predicted_delta": hypothesis.predicted_delta,
-        "limitations": ["The held-out split is both the gate's test and the release's one holdout read (the "
-                        "environment dataset has two splits).",
-                        "The noise floor is the spread of null arms trained on this round's snapshot."],
-    }
-    delta = comparison.delta
-    markdown = (f"# Release {release} ({config.task}, {CHANGE_KIND})\n\n"
-                f"- held-out pass@1: {comparison.candidate.pass_at_1:.4f} (parent {comparison.parent.pass_at_1:.4f}, "
-                f"delta {delta['delta']:+.4f} [{delta['ci_low']:+.4f}, {delta['ci_high']:+.4f}])\n"
-                f"- noise floor: {floor:.4f}\n- policy checkpoint: {candidate['checkpoint_sha256']}\n")
-    ledger.write_release_card(release, card, markdown)
-    run = child_run(tracker, config.loop_config(), key, KIND_RELEASE, {TAG_RELEASE: str(release),
-                                                                       TAG_CHECKPOINT: candidate["checkpoint_sha256"]})
-    tracker.log_metrics(run.run_id, {f"holdout.{RL_METRIC}": comparison.candidate.pass_at_1})
-    tracker.end_run(run.run_id)
-    ledger.append(EVENT_ROUND_DECIDED, {"round": key, "promoted": True, "observed_delta": delta["delta"],
-                                        "release": release}, key=f"decided:{key}")
+
+    def card(release: int, holdout: HoldoutRead) -> dict[str, Any]:
+        return {
+            "round": key, "task": config.task, "kind": CHANGE_KIND, "dataset": f"{result.dataset}@{result.dataset_version}",
+            "data_snapshot": result.snapshot["sha256"], "recipe_hash": recipe.hash,
+            "checkpoint_sha256": candidate["checkpoint_sha256"], "policy_checkpoint": candidate["path"],
+            "base_model": recipe.base_model, "test": comparison.to_dict(),
+            "gate": asdict(hypothesis.gate), "effective_gate": asdict(ledger.effective_gate(key)),
+            "amendments": ledger.amendments(key), "noise_floor": (result.noise_floor or {}).get("floor"),
+            "guards": dict(result.checks), "hypothesis_hash": hypothesis.hash,
+            "predicted_delta": hypothesis.predicted_delta,
+            "limitations": ["The held-out split is both the gate's test and the release's one holdout read (the "
+                            "environment dataset has two splits).",
+                            "The noise floor is the spread of null arms trained on this round's snapshot."],
+        }
+
+    published = release_checkpoint(config.loop_config(), tracker, checkpoint=Path(candidate["path"]), read_holdout=read,
+                                   card=card, render=render_rl_card, round_key=key)
+    result = replace(result, release=published.release, model_version=published.model_version)
+    ledger.append(EVENT_ROUND_DECIDED, {"round": key, "promoted": True, "observed_delta": comparison.delta["delta"],
+                                        "release": published.release, "decision": result.to_dict()},
+                  key=f"decided:{key}")
     tracker.end_run(parent_run_id)
-    result = replace(result, release=release)
-    store.save(RL_DECISION, result, key)
     return result
 
 
-__all__ = ["RL_DECISION", "candidate_seed", "decide_rl_round", "next_rl_round", "run_rl_round"]
+def render_rl_card(card: Mapping[str, Any]) -> str:
+    """An RL release card as Markdown: the held-out pass@1 of the release and its parent (the one holdout read),
+    the paired delta and the floor, the gate, the limitations."""
+    holdout, delta = card["holdout"], (card.get("test") or {}).get("delta") or {}
+
+    def arm(name: str, score: Mapping[str, Any]) -> str:
+        return (f"| {name} | {score['pass_at_1']:.4f} | [{score['ci_low']:.4f}, {score['ci_high']:.4f}] | "
+                f"{score['n_environments']} | {score['n_attempts']} |")
+
+    floor = card.get("noise_floor")
+    lines = [f"# Release {card['release']} — {card['task']} ({card['kind']})", "",
+             f"- round: `{card['round']}`  dataset: `{card['dataset']}`  SFT snapshot: `{str(card['data_snapshot'])[:16]}`",
+             f"- recipe: `{str(card['recipe_hash'])[:16]}`  base model: `{card['base_model']}`",
+             f"- policy checkpoint: `{str(card['checkpoint_sha256'])[:16]}` (`{card['policy_checkpoint']}`)",
+             f"- MLflow model version: {card.get('model_version')}", "", "## Held-out pass@1 (read once)", "",
+             "| policy | pass@1 | 95% CI | environments | attempts |", "|---|---|---|---|---|",
+             arm("release", holdout["candidate"]), arm("parent", holdout["parent"]), "",
+             f"- paired delta release − parent: {paired_text(delta) or '—'}",
+             f"- noise floor: {'—' if floor is None else f'{floor:.4f}'}", "", "## Gate", "",
+             f"- registered: `{json.dumps(card.get('gate'), default=str)}`",
+             f"- effective: `{json.dumps(card.get('effective_gate'), default=str)}`"]
+    for a in card.get("amendments") or []:
+        lines.append(f"- amendment: `{json.dumps(a['amended_gate'])}`, reason: {a['reason']}")
+    lines += ["", "## Limitations", ""] + [f"- {x}" for x in card.get("limitations", [])]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["RL_DECISION", "candidate_seed", "decide_rl_round", "decided_rl_round", "next_rl_round", "render_rl_card",
+           "run_rl_round"]

@@ -32,11 +32,12 @@ Layout, under ``<root>/<sha256>/`` (``sha256`` of ``rows.jsonl``; written once, 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from envloop_pipelines.core.data.contamination import ContaminationConfig, check_contamination
+from envloop_pipelines.core.ledger.store import JsonRecord
 from envloop_pipelines.core.storage import canonical_json, make_read_only, publish_dir, sha256_bytes, sha256_file, staging_dir
 
 FORMAT = "envloop-sft-snapshot/1"
@@ -62,7 +63,7 @@ def environment_text(spec: Any) -> str:
 
 
 @dataclass(frozen=True)
-class SftSnapshot:
+class SftSnapshot(JsonRecord):
     """A built SFT snapshot.
 
     Attributes:
@@ -82,13 +83,6 @@ class SftSnapshot:
     n_passed: int
     n_removed: int
     contamination: Mapping[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> "SftSnapshot":
-        return cls(**dict(raw))
 
     def rows(self) -> list[dict[str, Any]]:
         return read_sft_rows(self.path)

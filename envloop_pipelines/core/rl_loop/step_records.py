@@ -6,12 +6,12 @@ stores each at ``<home>/loops/<task>/rounds/<round>/<asset>.json`` and hands it 
 :func:`~envloop_pipelines.core.rl_loop.run_round.run_rl_round` calls the same steps with the values
 directly. Attempts, SFT snapshots and policy checkpoints stay content-addressed on disk, referenced
 here by hash and path. Per-environment held-out results never enter a record (rule 4): only each
-arm's pass@1 with its CI and the paired delta.
+arm's pass@1 with its CI and the paired delta. Every record is a :class:`~envloop_pipelines.core.ledger.store.JsonRecord`,
+which converts the records nested in it (the hypothesis, the floor, the comparison and its arms) both ways.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,10 +19,11 @@ from typing import Any
 from envloop_pipelines.core.ledger.ledger import Hypothesis
 from envloop_pipelines.core.ledger.promotion import NoiseFloor
 from envloop_pipelines.core.ledger.store import JsonRecord
+from envloop_pipelines.core.rl_loop.sft_snapshot import SftSnapshot
 
 
 @dataclass(frozen=True)
-class RlHypothesis:
+class RlHypothesis(JsonRecord):
     """``rl_hypothesis``: the hypothesis as registered, and the parent policy the round samples and compares with.
 
     ``parent``: ``model`` (the served name), ``checkpoint_sha256`` and ``path`` of the latest RL release's
@@ -42,15 +43,6 @@ class RlHypothesis:
     def sampler(self) -> Mapping[str, Any]:
         return self.hypothesis.change["sampler"]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"hash": self.hash, "hypothesis": self.hypothesis.to_dict(), "parent": dict(self.parent),
-                "mlflow_run_id": self.mlflow_run_id}
-
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> "RlHypothesis":
-        return cls(hypothesis=Hypothesis.from_dict(raw["hypothesis"]), hash=raw["hash"], parent=dict(raw["parent"]),
-                   mlflow_run_id=raw.get("mlflow_run_id", ""))
-
 
 @dataclass(frozen=True)
 class RlSampling(JsonRecord):
@@ -63,24 +55,13 @@ class RlSampling(JsonRecord):
     seconds: float = 0.0
 
 
-@dataclass(frozen=True)
-class RlSnapshot(JsonRecord):
-    """``rl_sft_snapshot``: the verified attempts as chat rows (``sft_snapshot.SftSnapshot`` as data)."""
+@dataclass(frozen=True, kw_only=True)
+class RlSnapshot(SftSnapshot):
+    """``rl_sft_snapshot``: the round's SFT snapshot (:class:`~.sft_snapshot.SftSnapshot`: the verified attempts as
+    chat rows, their hash and contamination report), with the round it belongs to; stored flat, its fields beside
+    ``round``."""
 
     round: str
-    sha256: str
-    path: str
-    n_rows: int
-    n_attempts: int
-    n_passed: int
-    n_removed: int
-    contamination: Mapping[str, Any] = field(default_factory=dict)
-
-    def sft(self) -> Any:
-        """The snapshot (``SftSnapshot``) whose rows are trained on."""
-        from envloop_pipelines.core.rl_loop.sft_snapshot import SftSnapshot
-
-        return SftSnapshot.from_dict({k: v for k, v in self.to_dict().items() if k != "round"})
 
     @property
     def empty(self) -> bool:
@@ -104,25 +85,16 @@ class RlCandidate(JsonRecord):
 
 
 @dataclass(frozen=True)
-class RlNoiseFloor:
+class RlNoiseFloor(JsonRecord):
     """``rl_noise_floor``: the spread of the null arms' held-out pass@1 (``None`` when nothing was trained)."""
 
     round: str
     floor: NoiseFloor | None
     seconds: float = 0.0
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"round": self.round, "floor": None if self.floor is None else self.floor.to_dict(), "seconds": self.seconds}
-
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> "RlNoiseFloor":
-        floor = raw.get("floor")
-        return cls(round=raw["round"], floor=None if floor is None else NoiseFloor.from_dict(floor),
-                   seconds=raw.get("seconds", 0.0))
-
 
 @dataclass(frozen=True)
-class ArmScore:
+class ArmScore(JsonRecord):
     """One policy's held-out aggregate: pass@1 with its CI (never per environment)."""
 
     pass_at_1: float
@@ -133,7 +105,7 @@ class ArmScore:
 
 
 @dataclass(frozen=True)
-class HeldoutComparison:
+class HeldoutComparison(JsonRecord):
     """Candidate against parent on the held-out environments: aggregates and the paired delta only."""
 
     candidate: ArmScore
@@ -141,38 +113,20 @@ class HeldoutComparison:
     delta: Mapping[str, float]
     attempts_per_environment: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"candidate": dataclasses.asdict(self.candidate), "parent": dataclasses.asdict(self.parent),
-                "delta": dict(self.delta), "attempts_per_environment": self.attempts_per_environment}
-
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> "HeldoutComparison":
-        return cls(candidate=ArmScore(**raw["candidate"]), parent=ArmScore(**raw["parent"]), delta=dict(raw["delta"]),
-                   attempts_per_environment=raw["attempts_per_environment"])
-
 
 @dataclass(frozen=True)
-class RlReevaluation:
+class RlReevaluation(JsonRecord):
     """``rl_heldout_reeval``: candidate and parent on the held-out environments (``None`` when nothing was trained)."""
 
     round: str
     comparison: HeldoutComparison | None
     seconds: float = 0.0
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"round": self.round, "comparison": None if self.comparison is None else self.comparison.to_dict(),
-                "seconds": self.seconds}
-
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> "RlReevaluation":
-        comp = raw.get("comparison")
-        return cls(round=raw["round"], comparison=None if comp is None else HeldoutComparison.from_dict(comp),
-                   seconds=raw.get("seconds", 0.0))
-
 
 @dataclass(frozen=True)
 class RlRoundResult(JsonRecord):
-    """``rl_decision``: what the round decided, and what it made on the way."""
+    """``rl_decision``: what the round decided, and what it made on the way (on promotion, ``release`` and its
+    registered ``model_version``)."""
 
     round: str
     task: str
@@ -189,6 +143,7 @@ class RlRoundResult(JsonRecord):
     checks: Mapping[str, Any] = field(default_factory=dict)
     release: int | None = None
     seconds: Mapping[str, float] = field(default_factory=dict)
+    model_version: str | None = None
 
 
 #: The record type of each RL step's value, by step (asset) name: what the RL IO manager loads.
