@@ -639,18 +639,6 @@ class Ledger:
                               f"seeds ({wanted}) its gate amendment {len(amendments)} requires (reason: "
                               f"{latest.get('reason')!r}); train the candidate again (it uses Ledger.candidate_seeds)")
 
-    def round_decision(self, round_key: str) -> dict[str, Any] | None:
-        """The decision record a decided round wrote with its ``round_decided`` event (its ``decision``), or ``None``.
-
-        The ledger is where a decision lives: a retry of a decided round's last step returns this record
-        instead of deciding (and publishing) again. Rounds decided before the record was carried by the
-        event give ``None``.
-        """
-        for event in self.events(EVENT_ROUND_DECIDED):
-            if event.get("round") == round_key and isinstance(event.get("decision"), Mapping):
-                return dict(event["decision"])
-        return None
-
     def amendments(self, round_key: str) -> list[dict[str, Any]]:
         """The round's gate amendments in numeric order (``-10`` after ``-9``), each checked against its event.
 
