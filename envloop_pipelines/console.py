@@ -17,7 +17,7 @@ note about its own internals, so these are dropped where they arise:
 Each filter names its category and module, or its logger and source file, so the project's own
 warnings and every other library's still show. :func:`quiet_third_party` is called by the CLI's
 ``main``, at the top of ``envloop_pipelines.definitions`` (the code location, its run and step
-processes) and by each ``bench/`` script's ``__main__`` block; importing the package, the SDK or ``core`` changes nothing for a library user.
+processes), by the LocalClient's round worker (``sdk/worker.py``) and by each ``bench/`` script's ``__main__`` block; importing the package, the SDK or ``core`` changes nothing for a library user.
 """
 
 from __future__ import annotations

@@ -382,6 +382,21 @@ def round_retry(key: str | None, task: str | None, remote: str | None, mlflow_ur
         raise SystemExit(1)  # the round failed again (its error is printed above), as with --remote
 
 
+@round_group.command("cancel")
+@click.argument("run_id")
+@click.option("--task", default=None, help="The task (default personal_agent; with --remote, the deployment's).")
+@remote_options
+def round_cancel(run_id: str, task: str | None, remote: str | None, mlflow_uri: str | None) -> None:
+    """Cancel the run RUN_ID of a round and wait until it has stopped; print how it ended.
+
+    Here: the run's worker on this machine (an `envloop round start`, or a round started from the SDK) is
+    interrupted and the run ends CANCELED. With --remote: the deployment's run is terminated. Either way the
+    round's MLflow runs still running end KILLED; `envloop round retry` runs the round again.
+    """
+    info = _sdk_call(any_client(remote, mlflow_uri, task).cancel, run_id)
+    click.echo(f"run {info.run_id}: {info.status}" + (f" (round {info.partition})" if info.partition else ""))
+
+
 @round_group.command("add")
 @click.option("--task", default="personal_agent", show_default=True)
 def round_add(task: str) -> None:

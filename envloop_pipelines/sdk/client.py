@@ -46,6 +46,14 @@ from envloop_pipelines.defs.rounds.metadata import LEDGER_EVENTS as LEDGER_EVENT
 from envloop_pipelines.defs.rounds.metadata import PROMOTION_WARNING as PROMOTION_WARNING_LABEL
 from envloop_pipelines.defs.rounds.metadata import RELEASE_CARD as RELEASE_CARD_LABEL
 from envloop_pipelines.sdk import queries
+from envloop_pipelines.sdk.errors import (
+    ClientError,
+    NotFoundError,
+    PromotionOutOfReach,
+    RefusedError,
+    UnavailableError,
+)
+from envloop_pipelines.sdk.predict import Answerer
 
 #: Dagster's names in this project (the jobs, partitions, assets and tags a client reads and writes).
 from envloop_pipelines.names import (  # noqa: E402 - re-exported under the SDK's names
@@ -62,26 +70,6 @@ from envloop_pipelines.names import (  # noqa: E402 - re-exported under the SDK'
 )
 #: Run statuses that are final.
 FINISHED = ("SUCCESS", "FAILURE", "CANCELED")
-
-
-class ClientError(RuntimeError):
-    """A request the deployment refused, or an answer it could not give; the message says which and why."""
-
-
-class PromotionOutOfReach(UserWarning):
-    """The measured noise floor puts the bar above what the metric can still gain: no round can promote."""
-
-
-class RefusedError(ClientError):
-    """Bad input, refused before anything was launched or written (a hypothesis, a key, a kind): the message names the field."""
-
-
-class NotFoundError(ClientError):
-    """No such round, run, release or step at the deployment."""
-
-
-class UnavailableError(ClientError):
-    """The Dagster webserver or the MLflow server did not answer (within ``timeout_s``)."""
 
 
 @dataclass(frozen=True)
@@ -205,15 +193,6 @@ def _own_error(event: Mapping[str, Any]) -> tuple[str, str | None]:
     return message, own.get("className")
 
 
-def _jev_body(request: Mapping[str, Any]) -> dict[str, Any]:
-    """A Jev request from a request or a labelled decision record (labels, ids and meta left out)."""
-    if not isinstance(request, Mapping) or "questions" not in request or "state" not in request:
-        raise RefusedError("request: a Jev request needs 'state' and 'questions' (a decision record works too)")
-    questions = {qid: {k: v for k, v in q.items() if k in ("type", "instructions", "criteria")} if isinstance(q, Mapping)
-                 else q for qid, q in dict(request["questions"]).items()}
-    return {"model": request.get("model", "jev-latest"), "state": request["state"], "questions": questions}
-
-
 def _split_url(url: str) -> dict[str, Any]:
     """``http://host:port/prefix`` as DagsterGraphQLClient's arguments; raises ClientError naming the field."""
     parsed = urllib.parse.urlparse(url if "://" in url else f"http://{url}")
@@ -275,7 +254,7 @@ class Client:
         self._steps: dict[str, int] = {}
         self._mlflow: Any = None
         self._models_dir: str | None = None
-        self._servers: dict[str, Any] = {}
+        self._answers = Answerer(self.timeout_s)
 
     # ------------------------------------------------------------------ GraphQL plumbing
 
@@ -948,62 +927,23 @@ class Client:
             NotFoundError: no such release.
             UnavailableError: the server at ``url`` did not answer.
         """
-        many = not isinstance(request, Mapping)
-        bodies = [_jev_body(r) for r in (request if many else [request])]
-        if url is None:
-            server = self._local_server(release, dest)
-            answers = [self._answer(server.post, "/v1/systemone", body, "in process") for body in bodies]
-        else:
-            import httpx
+        return self._answers.predict(request, url=url, api_key=api_key,
+                                     source=lambda: self._release_source(release, dest))
 
-            headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-            with httpx.Client(base_url=url.rstrip("/"), timeout=self.timeout_s, headers=headers) as http:
-                answers = [self._answer(http.post, "/v1/systemone", body, url) for body in bodies]
-        return answers if many else answers[0]
-
-    @staticmethod
-    def _answer(post: Callable[..., Any], path: str, body: Mapping[str, Any], where: str) -> dict[str, Any]:
-        import httpx
-
-        try:
-            response = post(path, json=body)
-        except httpx.HTTPError as exc:
-            raise UnavailableError(f"the server at {where} did not answer: {type(exc).__name__}: {exc}") from None
-        if response.status_code == 200:
-            return response.json()
-        try:
-            detail = response.json()
-        except ValueError:
-            detail = response.text[:300]
-        kind = (RefusedError if response.status_code in (400, 413, 422) else NotFoundError if response.status_code == 404
-                else UnavailableError if response.status_code >= 500 else ClientError)
-        raise kind(f"the server at {where} answered {response.status_code}: {json.dumps(detail)[:500]}")
-
-    def _local_server(self, release: int | str, dest: str | os.PathLike[str] | None) -> Any:
-        """The server app for a release's checkpoint, in this process (one per checkpoint, kept)."""
-        from fastapi.testclient import TestClient
-
-        from envloop_pipelines.core.serve.app import create_app
-        from envloop_pipelines.core.serve.settings import settings_for, source_from_checkpoint
+    def _release_source(self, release: int | str, dest: str | os.PathLike[str] | None) -> Any:
+        """The model source of a release's checkpoint, fetched from MLflow into ``dest`` (default: this client's
+        temporary folder)."""
+        from envloop_pipelines.core.serve.settings import source_from_checkpoint
 
         if dest is None:
             if self._models_dir is None:
                 self._models_dir = tempfile.mkdtemp(prefix="envloop-models-")
             dest = self._models_dir
-        checkpoint = self.fetch_checkpoint(release, dest)
-        if checkpoint.name not in self._servers:
-            settings = settings_for(source_from_checkpoint(checkpoint), auth_off=True, preload=False,
-                                    micro_batching=False, idle_timeout_s=None)
-            server = TestClient(create_app(settings))
-            server.__enter__()  # the app's lifespan: tokenizer, batcher, model holder (closed by close())
-            self._servers[checkpoint.name] = server
-        return self._servers[checkpoint.name]
+        return source_from_checkpoint(self.fetch_checkpoint(release, dest))
 
     def close(self) -> None:
         """Stop the in-process servers :meth:`predict` started (their models are unloaded)."""
-        servers, self._servers = self._servers, {}
-        for server in servers.values():
-            server.__exit__(None, None, None)
+        self._answers.close()
 
     # ------------------------------------------------------------------ eval (runs here)
 

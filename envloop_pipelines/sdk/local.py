@@ -13,18 +13,24 @@ import contextlib
 import functools
 import json
 import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from envloop_pipelines.core.storage import atomic_write_bytes, envloop_home
+from envloop_pipelines.core.storage import atomic_write_bytes, atomic_write_json, envloop_home, pid_alive
 from envloop_pipelines.names import (
+    HOST_TAG,
     LOOP_TAG,
     NOISE_FLOOR,
     PARENT_RUN_TAG,
     PARTITION_TAG,
+    PID_TAG,
     RETRY_OF_TAG,
     ROOT_RUN_TAG,
     ROUND_JOB,
@@ -33,14 +39,17 @@ from envloop_pipelines.names import (
     SETUP_JOB,
 )
 from envloop_pipelines.sdk.client import (
+    ClientError,
     NotFoundError,
     RefusedError,
     ReleaseInfo,
     RoundFailed,
     RoundInfo,
+    RoundRun,
     RunError,
     RunInfo,
 )
+from envloop_pipelines.sdk.predict import Answerer
 
 #: The one Dagster instance file of every local entry point (shipped in the package).
 INSTANCE_FILE = Path(__file__).resolve().parents[1] / "dagster.yaml"
@@ -101,27 +110,15 @@ def watch_steps(instance: Any, run_id: str, total: int, desc: str, poll_s: float
     On a terminal the bar sits above the steps' own bars (training, prediction); elsewhere it is a line
     every few percent or 30 s, naming the step that runs.
     """
-    import dagster as dg
-
     from envloop_pipelines.core.progress import Progress
 
     stop = threading.Event()
     bar = Progress(desc, total=total, unit="step")
-    ended = {dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.STEP_SKIPPED}
 
     def poll() -> None:
         while True:
             finished = stop.wait(poll_s)
-            try:
-                records = instance.get_records_for_run(run_id, of_type={dg.DagsterEventType.STEP_START, *ended}).records
-            except Exception:  # noqa: BLE001 - the run's storage is not there yet; progress is best effort
-                records = []
-            done, started = set(), set()
-            for r in records:
-                event = r.event_log_entry.dagster_event
-                if event is not None and event.step_key:
-                    (done if event.event_type in ended else started).add(event.step_key)
-            bar.update(len(done) - bar.n, now=",".join(sorted(started - done)) or None)
+            _show_steps(bar, instance, run_id)
             if finished:
                 return
 
@@ -133,6 +130,31 @@ def watch_steps(instance: Any, run_id: str, total: int, desc: str, poll_s: float
         stop.set()
         thread.join(timeout=30)
         bar.close()
+
+
+def _show_steps(bar: Any, instance: Any, run_id: str) -> None:
+    """Move ``bar`` to the run's finished steps, naming the steps that run (read from the instance's event log)."""
+    import dagster as dg
+
+    ended = {dg.DagsterEventType.STEP_SUCCESS, dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.STEP_SKIPPED}
+    try:
+        records = instance.get_records_for_run(run_id, of_type={dg.DagsterEventType.STEP_START, *ended}).records
+    except Exception:  # noqa: BLE001 - the run's storage is not there yet; progress is best effort
+        records = []
+    done, started = set(), set()
+    for r in records:
+        event = r.event_log_entry.dagster_event
+        if event is not None and event.step_key:
+            (done if event.event_type in ended else started).add(event.step_key)
+    bar.update(len(done) - bar.n, now=",".join(sorted(started - done)) or None)
+
+
+def _worker_alive(run: Any) -> bool:
+    """Whether the worker process a run's tags name is alive (on this host; another host's is taken as alive)."""
+    pid = run.tags.get(PID_TAG, "")
+    if run.tags.get(HOST_TAG) != socket.gethostname():
+        return True
+    return pid.isdigit() and pid_alive(int(pid))
 
 
 def _run_info(run: Any) -> RunInfo:
@@ -166,6 +188,9 @@ class LocalClient:
         self.notify = notify
         self._resources: dict[str, Any] | None = None
         self._task = task or "personal_agent"
+        self._home: str | None = None
+        self._workers: dict[str, subprocess.Popen[bytes]] = {}  # run id -> the worker start_round started
+        self._answers = Answerer()
         if loop_settings is not None:
             self._use(loop_settings)
         self._instance: Any = None
@@ -173,7 +198,7 @@ class LocalClient:
     def _use(self, settings: Mapping[str, Any]) -> None:
         self._resources = loop_resources(settings)
         self.config = self._resources["loop"].config()
-        self._task = self.config.task
+        self._task, self._home = self.config.task, self.config.home
 
     @property
     def task(self) -> str:
@@ -248,7 +273,8 @@ class LocalClient:
         return champion_out_of_reach(cfg.task, cfg.home, floor) or None
 
     def _execute_round(self, key: str, proposal: Mapping[str, Any] | None, run_key: str | None,
-                       retry_of: Any = None, progress: bool = True) -> RoundInfo:
+                       retry_of: Any = None, progress: bool = True, run_id: str | None = None,
+                       extra_tags: Mapping[str, str] | None = None) -> RoundInfo:
         """Run round ``key``'s job in this process; the round with its decision, or RoundFailed."""
         from dagster._core.utils import make_new_run_id
 
@@ -259,7 +285,7 @@ class LocalClient:
         run_config: dict[str, Any] = dict(QUIET)
         if proposal is not None:
             run_config["ops"] = {"registered_hypothesis": {"config": {"proposal_json": json.dumps(proposal)}}}
-        tags = {**worker_tags(), SETTINGS_TAG: json.dumps(cfg.to_settings(), sort_keys=True)}
+        tags = {**dict(extra_tags or {}), **worker_tags(), SETTINGS_TAG: json.dumps(cfg.to_settings(), sort_keys=True)}
         if run_key:
             tags[LOOP_TAG] = run_key
         if retry_of is not None:
@@ -267,7 +293,7 @@ class LocalClient:
             tags.update({RETRY_OF_TAG: retry_of.run_id, PARENT_RUN_TAG: retry_of.run_id,
                          ROOT_RUN_TAG: retry_of.tags.get(ROOT_RUN_TAG, retry_of.run_id)})
         job = code_location_job(ROUND_JOB)
-        run_id = make_new_run_id()
+        run_id = run_id or make_new_run_id()
         with (watch_steps(self.instance, run_id, len(job.graph.nodes), f"round {key}") if progress
               else contextlib.nullcontext()):
             job.execute_in_process(instance=self.instance, resources=self._resources, partition_key=key,
@@ -278,6 +304,216 @@ class LocalClient:
             raise RoundFailed(f"round {key} failed; see `envloop ledger` and the Dagster run {run_id}; "
                               f"`envloop round retry` runs it again", info, self.run_error(run_id))
         return RoundInfo(key, info, decision)
+
+    def _proposal(self, hypothesis: Mapping[str, Any] | str | os.PathLike[str] | None) -> dict[str, Any] | None:
+        """A person's hypothesis checked (every field named), or ``None`` for the automatic one."""
+        from envloop_pipelines.core.decision_loop.proposals import ProposalError, parse_proposal
+
+        try:
+            return parse_proposal(hypothesis)
+        except ProposalError as exc:
+            raise RefusedError(str(exc)) from None
+
+    def _next_round(self) -> str:
+        """The key of the task's next round; refused before setup and while a round of the task runs."""
+        from envloop_pipelines.core.ledger.loop_budget import last_round_number
+        from envloop_pipelines.core.ledger.loop_config import round_key
+
+        if not self.is_set_up():
+            raise RefusedError(f"the task {self.task!r} has no noise floor yet: run setup() (setup_job) before the "
+                               f"first round")
+        running = self._running_round()
+        if running is not None:
+            raise RefusedError(f"round {running[0]} of task {self.task!r} is running (run {running[1]}): wait for it "
+                               f"or cancel it first")
+        return round_key(last_round_number(self.task, self._home) + 1)
+
+    def _running_round(self) -> tuple[str, str] | None:
+        """``(key, run id)`` of a round of this task whose worker is alive: one started here that has not created
+        its run yet, or an unfinished run of the instance (a run whose worker is gone is marked failed first)."""
+        import dagster as dg
+
+        for run_id, worker in list(self._workers.items()):
+            if worker.poll() is None and self.instance.get_run_by_id(run_id) is None:
+                return json.loads(Path(worker.args[-1]).read_text(encoding="utf-8"))["key"], run_id
+        self.reap_orphans()
+        unfinished = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
+                      dg.DagsterRunStatus.CANCELING]
+        for run in self.instance.get_runs(filters=dg.RunsFilter(job_name=ROUND_JOB, statuses=unfinished)):
+            if json.loads(run.tags.get(SETTINGS_TAG) or "{}").get("task") == self.task:
+                return run.tags.get(PARTITION_TAG, "?"), run.run_id
+        return None
+
+    def run_round(self, hypothesis: Mapping[str, Any] | str | os.PathLike[str] | None = None, *,
+                  progress: bool = True, tags: Mapping[str, str] | None = None, key: str | None = None,
+                  run_id: str | None = None) -> RoundInfo:
+        """Run the task's next round in this process (blocking) and return it with its decision.
+
+        Args:
+            hypothesis: A person's hypothesis (a mapping, JSON text or a JSON file); ``None``: the round derives
+                one from the champion's failures. Checked before anything runs.
+            progress: A bar over the round's steps.
+            tags: Extra tags of the Dagster run.
+            key, run_id: The round key and the run id to use (:meth:`start_round`'s worker passes the ones it
+                returned); default the next round and a new id.
+
+        Raises:
+            RefusedError: a bad hypothesis (the field named), no setup yet, or a round of the task still running.
+            RoundFailed: the round ended without a decision.
+        """
+        proposal = self._proposal(hypothesis)
+        key = key or self._next_round()
+        return self._execute_round(key, proposal, (tags or {}).get(LOOP_TAG), progress=progress, run_id=run_id,
+                                   extra_tags=tags)
+
+    def start_round(self, hypothesis: Mapping[str, Any] | str | os.PathLike[str] | None = None, *,
+                    key: str | None = None, tags: Mapping[str, str] | None = None) -> RoundRun:
+        """Start the task's next round in a worker process of its own and return at once (see :meth:`wait`).
+
+        The worker (``python -m envloop_pipelines.sdk.worker``) runs the same in-process job as
+        :meth:`run_round`, on this instance, so the run shows in ``envloop ui`` and :meth:`cancel` stops it;
+        its output goes to ``<DAGSTER_HOME>/workers/<run id>.log``. One round of a task runs at a time.
+
+        Args:
+            hypothesis: As :meth:`run_round`'s, checked here before anything starts.
+            key: The round key (default: the task's next round).
+            tags: Extra tags of the Dagster run.
+
+        Raises:
+            RefusedError: a bad hypothesis or key, no setup yet, or a round of the task still running.
+        """
+        from dagster._core.utils import make_new_run_id
+
+        from envloop_pipelines.core.ledger.loop_config import round_number
+
+        started = time.time()
+        cfg = self._cfg()
+        proposal = self._proposal(hypothesis)
+        following = self._next_round()
+        if key is not None:
+            try:
+                round_number(key)
+            except ValueError as exc:
+                raise RefusedError(f"key: {exc}") from None
+        key = key or following
+        run_id = make_new_run_id()
+        folder = dagster_home() / "workers"
+        folder.mkdir(parents=True, exist_ok=True)
+        spec = folder / f"{run_id}.json"
+        atomic_write_json(spec, {"settings": cfg.to_settings(), "key": key, "proposal": proposal, "run_id": run_id,
+                                 "tags": dict(tags or {})})
+        with open(folder / f"{run_id}.log", "wb") as log:
+            self._workers[run_id] = subprocess.Popen(
+                [sys.executable, "-m", "envloop_pipelines.sdk.worker", str(spec)], stdout=log,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                env={**os.environ, "DAGSTER_HOME": str(dagster_home())})
+        self.notify(f"round {key}: run {run_id} started in worker pid {self._workers[run_id].pid}")
+        return RoundRun(key=key, run_id=run_id, launched_at=started)
+
+    def _worker_log(self, run_id: str, lines: int = 20) -> str:
+        path = dagster_home() / "workers" / f"{run_id}.log"
+        text = path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
+        return "\n".join(text.strip().splitlines()[-lines:])
+
+    def _await_run(self, run_id: str, deadline: float | None, poll_s: float) -> Any:
+        """The instance's run ``run_id``; a run a worker of this client has not created yet is waited for.
+
+        Raises:
+            NotFoundError: no such run, and no worker of this client that would create it.
+            ClientError: the worker ended before creating the run (its log's end is in the message), or the
+                deadline passed first.
+        """
+        while True:
+            run = self.instance.get_run_by_id(run_id)
+            if run is not None:
+                return run
+            worker = self._workers.get(run_id)
+            if worker is None:
+                raise NotFoundError(f"run: no run {run_id!r} on the local instance")
+            if worker.poll() is not None and self.instance.get_run_by_id(run_id) is None:
+                raise ClientError(f"run {run_id}: its worker exited with {worker.returncode} before starting the run; "
+                                  f"its log ends:\n{self._worker_log(run_id)}")
+            if deadline is not None and time.monotonic() > deadline:
+                raise ClientError(f"run {run_id}: its worker has not started the run yet")
+            time.sleep(min(poll_s, 0.5))
+
+    def wait(self, run_id: str, *, progress: bool = True, poll_s: float = 2.0, timeout_s: float | None = None,
+             desc: str | None = None) -> RunInfo:
+        """Follow a run of the local instance until it ends; returns it (whatever its status).
+
+        With ``progress``, a bar over the run's steps naming the step that runs. A run whose worker process
+        is gone (killed, crashed) is marked failed (as :meth:`reap_orphans` does) and returned.
+
+        Raises:
+            NotFoundError: no such run.
+            ClientError: ``timeout_s`` passed first (the run goes on), or the worker ended before starting it.
+        """
+        from envloop_pipelines.core.progress import Progress
+
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        run = self._await_run(run_id, deadline, poll_s)
+        bar = None
+        if progress:
+            total = len(code_location_job(run.job_name).graph.nodes)
+            bar = Progress(desc or (f"round {run.tags[PARTITION_TAG]}" if PARTITION_TAG in run.tags else run.job_name),
+                           total=total, unit="step")
+        try:
+            while True:
+                worker = self._workers.get(run_id)
+                if worker is not None:
+                    worker.poll()  # a worker that has ended is reaped, so its pid no longer looks alive
+                if bar is not None:
+                    _show_steps(bar, self.instance, run_id)
+                if run.is_finished:
+                    return _run_info(run)
+                if run.tags.get(HOST_TAG) == socket.gethostname() and not _worker_alive(run):
+                    self.reap_orphans()
+                elif deadline is not None and time.monotonic() > deadline:
+                    raise ClientError(f"run {run_id} is still {run.status.value} after {timeout_s:.0f}s")
+                else:
+                    time.sleep(poll_s)
+                run = self.instance.get_run_by_id(run_id)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def cancel(self, run_id: str, *, wait: bool = True, timeout_s: float = 120.0) -> RunInfo:
+        """Cancel a run of this host: its worker is interrupted (SIGINT), the run ends ``CANCELED`` and the round's
+        MLflow runs still RUNNING end ``KILLED``. A run that has ended already is returned as it is.
+
+        With ``wait`` the run is followed until it has stopped (at most ``timeout_s``). A run whose worker is
+        gone is marked cancelled at once.
+
+        Raises:
+            NotFoundError: no such run.
+            RefusedError: the run's worker is on another host (cancel it there).
+            ClientError: ``timeout_s`` passed before the run stopped.
+        """
+        from envloop_pipelines.core.tracking import RUN_KILLED, close_round_runs
+        from envloop_pipelines.resources.loop import MlflowResource
+
+        deadline = time.monotonic() + timeout_s
+        run = self._await_run(run_id, deadline, 0.5)
+        if run.is_finished:
+            return _run_info(run)
+        host = run.tags.get(HOST_TAG)
+        if host != socket.gethostname():
+            raise RefusedError(f"run {run_id}: its worker runs on host {host!r}, not this one ({socket.gethostname()}); "
+                               f"cancel it there")
+        self.instance.report_run_canceling(run, message="cancelled by LocalClient.cancel")
+        if _worker_alive(run):
+            os.kill(int(run.tags[PID_TAG]), signal.SIGINT)  # Dagster ends an interrupted run CANCELED
+        else:
+            self.instance.report_run_canceled(run, message=f"its worker (pid {run.tags.get(PID_TAG)}) is gone")
+        if not wait:
+            return self.run(run_id)
+        info = self.wait(run_id, progress=False, poll_s=0.5, timeout_s=max(deadline - time.monotonic(), 1.0))
+        if info.partition:
+            mlflow = self._resources["mlflow"] if self._resources is not None else MlflowResource()
+            closed = close_round_runs(mlflow.tracker(), self.task, info.partition, RUN_KILLED)
+            if closed:
+                self.notify(f"round {info.partition}: {len(closed)} MLflow run(s) ended KILLED")
+        return info
 
     def _drive(self, first: tuple[str, Callable[[], RoundInfo]] | None, on_round: Callable[[RoundInfo], None] | None,
                progress: bool, proposal: Mapping[str, Any] | None = None) -> list[RoundInfo]:
@@ -353,9 +589,9 @@ class LocalClient:
         from envloop_pipelines.core.ledger.loop_config import round_key
 
         task = self.task
-        last = last_round_number(task)
+        last = last_round_number(task, self._home)
         key = round_key(last) if last else None
-        if key is None or key in decided_rounds(task):
+        if key is None or key in decided_rounds(task, self._home):
             self.notify(f"task {task}: no undecided round to retry"
                         + (f" (last round {key} is decided)" if key else ""))
             return []
@@ -415,7 +651,7 @@ class LocalClient:
         from envloop_pipelines.core.decision_loop.step_records import RoundDecision
         from envloop_pipelines.core.ledger.store import RoundStore
 
-        return RoundStore(self.task).load("promotion_decision", RoundDecision, key)
+        return RoundStore(self.task, self._home).load("promotion_decision", RoundDecision, key)
 
     def rounds(self) -> list[RoundInfo]:
         """This home's rounds, in order: each with its latest run on the local instance and its decision."""
@@ -424,7 +660,7 @@ class LocalClient:
         from envloop_pipelines.core.ledger.loop_config import round_key, round_number
         from envloop_pipelines.core.ledger.store import RoundStore
 
-        keys = set(round_key(n) for n in RoundStore(self.task).started_rounds())
+        keys = set(round_key(n) for n in RoundStore(self.task, self._home).started_rounds())
         keys |= set(self.instance.get_dynamic_partitions(ROUNDS_PARTITIONS))
         out = []
         for key in sorted(keys, key=round_number):
@@ -439,13 +675,13 @@ class LocalClient:
 
         if kind is not None and kind not in EVENT_KINDS:
             raise RefusedError(f"kind: {kind!r} is not a ledger event kind; allowed: {', '.join(EVENT_KINDS)}")
-        return list(Ledger(self.task).events(kind))
+        return list(Ledger(self.task, self._home).events(kind))
 
     def release_cards(self) -> list[dict[str, Any]]:
         """The release chain as cards (holdout first, errata beside), oldest first."""
         from envloop_pipelines.core.ledger.ledger import Ledger
 
-        return list(Ledger(self.task).releases())
+        return list(Ledger(self.task, self._home).releases())
 
     def releases(self, *, with_cards: bool = True) -> list[ReleaseInfo]:
         """The release chain from the ledger's cards, oldest first (no MLflow model version here)."""
@@ -453,3 +689,36 @@ class LocalClient:
                             checkpoint_sha256=c.get("checkpoint_sha256"), mlflow_run_id=None,
                             holdout=dict(c.get("holdout") or {}), champion=bool(c.get("champion")),
                             card=c if with_cards else None) for c in self.release_cards()]
+
+    # ------------------------------------------------------------------ predict: a release, here or served
+
+    def predict(self, request: Mapping[str, Any] | Sequence[Mapping[str, Any]], *, url: str | None = None,
+                release: int | str = "champion", api_key: str | None = None) -> Any:
+        """A release's answers to a Jev request (``{"state": ..., "questions": {...}}``; a labelled decision record
+        works too: its labels and meta are left out), or to a list of them.
+
+        With ``url`` the request goes to a served release (``envloop serve``, ``POST <url>/v1/systemone``);
+        without, the release's checkpoint from this home's release chain is answered in this process by the
+        same server code (kept loaded until :meth:`close`): the numbers are the ones ``envloop serve`` gives.
+
+        Raises:
+            RefusedError: the request was refused (the message is the server's own, naming the field), or
+                ``release`` is neither a release number nor ``"champion"``.
+            NotFoundError: no such release.
+            UnavailableError: the server at ``url`` did not answer.
+        """
+        return self._answers.predict(request, url=url, api_key=api_key, source=lambda: self._release_source(release))
+
+    def _release_source(self, release: int | str) -> Any:
+        from envloop_pipelines.core.serve.settings import source_from_release
+
+        try:
+            return source_from_release(self.task, release, home=self._home)
+        except LookupError as exc:
+            raise NotFoundError(f"release: {exc}") from None
+        except ValueError as exc:
+            raise RefusedError(f"release: {exc}") from None
+
+    def close(self) -> None:
+        """Stop the in-process servers :meth:`predict` started (their models are unloaded)."""
+        self._answers.close()

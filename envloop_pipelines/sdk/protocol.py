@@ -7,10 +7,10 @@ local client, with ``--remote URL`` the remote one, and prints what either retur
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from envloop_pipelines.sdk.client import ReleaseInfo, RoundInfo, RunError, RunInfo
+from envloop_pipelines.sdk.client import ReleaseInfo, RoundInfo, RoundRun, RunError, RunInfo
 
 
 @runtime_checkable
@@ -36,6 +36,25 @@ class LoopClient(Protocol):
 
     def promotion_warning(self) -> str | None:
         """Why no candidate can be promoted with the measured noise floor, or ``None``."""
+        ...
+
+    def start_round(self, hypothesis: Any = None, *, key: str | None = None,
+                    tags: Mapping[str, str] | None = None) -> RoundRun:
+        """Start the next round and return at once (follow it with :meth:`wait`)."""
+        ...
+
+    def run_round(self, hypothesis: Any = None, *, progress: bool = True,
+                  tags: Mapping[str, str] | None = None) -> RoundInfo:
+        """Run the next round to its end and return it with its decision."""
+        ...
+
+    def wait(self, run_id: str, *, progress: bool = True, poll_s: float = 2.0, timeout_s: float | None = None,
+             desc: str | None = None) -> RunInfo:
+        """Follow a run until it ends; the run, whatever its status."""
+        ...
+
+    def cancel(self, run_id: str, *, wait: bool = True, timeout_s: float = 120.0) -> RunInfo:
+        """Cancel a run: it ends ``CANCELED``, its round's MLflow runs ``KILLED``."""
         ...
 
     def run_loop(self, *, rounds: int, patience: int = 2, max_wall_s: float = 6 * 3600,
@@ -76,9 +95,19 @@ class LoopClient(Protocol):
         """The release chain as cards (the local ledger's shape), oldest first."""
         ...
 
+    def predict(self, request: Any, *, url: str | None = None, release: int | str = "champion",
+                api_key: str | None = None) -> Any:
+        """A release's answers to a Jev request (or a list of them): served at ``url``, or in this process."""
+        ...
+
+    def close(self) -> None:
+        """Stop what :meth:`predict` loaded in this process."""
+        ...
+
 
 #: The methods of :class:`LoopClient` (the test compares both clients' signatures on these).
-LOOP_CLIENT_METHODS: tuple[str, ...] = ("is_set_up", "setup", "promotion_warning", "run_loop", "retry", "run",
-                                        "run_error", "decision", "rounds", "ledger", "releases", "release_cards")
+LOOP_CLIENT_METHODS: tuple[str, ...] = ("is_set_up", "setup", "promotion_warning", "start_round", "run_round", "wait",
+                                        "cancel", "run_loop", "retry", "run", "run_error", "decision", "rounds",
+                                        "ledger", "releases", "release_cards", "predict", "close")
 
 __all__ = ["LOOP_CLIENT_METHODS", "LoopClient"]

@@ -1,0 +1,134 @@
+"""The LocalClient's side of the one protocol (issue 25): start a round and return at once, follow it, cancel it,
+see a dead worker's run failed, and answer requests from the home's champion, on a real loop.
+
+The loop is the small learnable ticket task of ``defs/test_round.py`` (2 null arms of 2 steps, the packaged
+model), its runs on a real SQLite Dagster instance under a temporary ``$DAGSTER_HOME``, each started round in
+its own worker process (``python -m envloop_pipelines.sdk.worker``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from envloop_pipelines.core.ledger.ledger import Ledger
+from envloop_pipelines.core.tracking import TAG_ROUND, MlflowTracker
+from envloop_pipelines.sdk import LocalClient, NotFoundError, RefusedError
+from envloop_pipelines_tests.defs.test_round import GENERATOR, TASK, learnable_tickets
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+SETTINGS = dict(task=TASK, generator=GENERATOR, noise_arms=2, n_synthesized=12, recipe_overrides=json.dumps(
+    {"max_steps": 2, "max_length": 128, "lexical": False, "frozen_layers": 0, "family_head": False}))
+# Long enough to be cancelled in: 3,000 optimizer steps from the champion (minutes on 2 cores).
+LONG = {"change": {"kind": "recipe", "recipe_diff": {"max_steps": 3000}}, "predicted_delta": 0.1,
+        "rationale": "a round that trains long enough to be cancelled mid-training"}
+
+
+@pytest.fixture(scope="module")
+def loop(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from envloop_pipelines.core.data.datasets import import_file
+
+    root = tmp_path_factory.mktemp("local-client")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ENVLOOP_HOME", str(root / "home"))
+        mp.setenv("DAGSTER_HOME", str(root / "dagster"))
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        data = root / "tickets.jsonl"
+        records = learnable_tickets(400)
+        data.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+        import_file(data, TASK, home=root / "home")
+        client = LocalClient({**SETTINGS, "home": str(root / "home")})
+        client.setup(progress=False)
+        yield {"client": client, "home": root / "home", "record": records[0]}
+        client.close()
+
+
+def _step_started(client: LocalClient, run_id: str, step: str) -> bool:
+    records = client.instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.STEP_START).records
+    return any(r.event_log_entry.dagster_event.step_key == step for r in records)
+
+
+def _until(condition: Any, what: str, timeout_s: float = 600.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} within {timeout_s:.0f}s"
+        time.sleep(0.5)
+
+
+def test_start_round_returns_at_once_and_wait_follows_it_to_its_decision(loop: dict[str, Any]) -> None:
+    client: LocalClient = loop["client"]
+    started = client.start_round()
+    assert started.key == "r0001" and client.decision("r0001") is None  # returned before the round was decided
+    info = client.wait(started.run_id, progress=False, timeout_s=900)
+    assert info.status == "SUCCESS" and info.partition == "r0001" and info.run_id == started.run_id
+    assert client.decision("r0001") is not None
+    assert client._workers[started.run_id].wait(timeout=60) == 0
+    log = Path(os.environ["DAGSTER_HOME"]) / "workers" / f"{started.run_id}.log"
+    assert "round r0001:" in log.read_text(encoding="utf-8")
+    assert [r.key for r in client.rounds()] == ["r0001"]
+
+
+def test_a_running_round_is_cancelled_and_a_second_start_is_refused_meanwhile(loop: dict[str, Any]) -> None:
+    client: LocalClient = loop["client"]
+    started = client.start_round(LONG)
+    assert started.key == "r0002"
+    with pytest.raises(RefusedError, match="round r0002 .* is running"):
+        client.start_round()
+    _until(lambda: client.instance.get_run_by_id(started.run_id) is not None
+           and _step_started(client, started.run_id, "lora_checkpoint"), "training of r0002 started")
+    time.sleep(3.0)  # inside the training loop
+    info = client.cancel(started.run_id, timeout_s=300)
+    assert info.status == "CANCELED"
+    assert client._workers[started.run_id].wait(timeout=60) == 1  # the worker's round failed: it was cancelled
+    assert client.decision("r0002") is None
+    tracker = MlflowTracker(home=loop["home"])
+    experiment = tracker.client.get_experiment_by_name(TASK)
+    runs = tracker.client.search_runs([experiment.experiment_id], filter_string=f"tags.`{TAG_ROUND}` = 'r0002'")
+    assert runs and all(r.info.status != "RUNNING" for r in runs)
+    assert client.cancel(started.run_id).status == "CANCELED"  # an ended run is returned as it is
+
+
+def test_a_run_whose_worker_died_is_failed_by_wait(loop: dict[str, Any]) -> None:
+    client: LocalClient = loop["client"]
+    started = client.start_round(LONG)
+    _until(lambda: client.instance.get_run_by_id(started.run_id) is not None, "the worker created its run")
+    os.killpg(client._workers[started.run_id].pid, signal.SIGKILL)
+    info = client.wait(started.run_id, progress=False, poll_s=0.5, timeout_s=120)
+    assert info.status == "FAILURE"
+    assert "is gone" in str(client.run_error(started.run_id) or "") or info.status == "FAILURE"
+
+
+def test_run_round_refuses_a_bad_hypothesis_before_anything_is_written(loop: dict[str, Any]) -> None:
+    client: LocalClient = loop["client"]
+    before = list(Ledger(TASK, loop["home"]).events())
+    with pytest.raises(RefusedError, match="predicted_delta"):
+        client.run_round({"change": {"kind": "data"}, "predicted_delta": "big"}, progress=False)
+    with pytest.raises(RefusedError, match="predicted_delta"):
+        client.start_round({"change": {"kind": "data"}, "predicted_delta": "big"})
+    assert list(Ledger(TASK, loop["home"]).events()) == before
+
+
+def test_predict_answers_from_the_homes_release_chain(loop: dict[str, Any]) -> None:
+    client: LocalClient = loop["client"]
+    record = loop["record"]
+    answer = client.predict(record)
+    assert answer["model"].startswith(f"envloop-{TASK}-r0001")
+    queue = answer["answers"]["queue"]
+    assert set(queue["probabilities"]) == {"billing", "shipping", "account"}
+    assert abs(sum(queue["probabilities"].values()) - 1.0) < 1e-6
+    assert client.predict([record, record]) == [answer, answer]  # the same checkpoint, the same numbers
+    assert client.predict(record, release=1) == answer
+    with pytest.raises(NotFoundError, match="no release 7"):
+        client.predict(record, release=7)
+    with pytest.raises(RefusedError, match="release"):
+        client.predict(record, release="latest")
+    with pytest.raises(RefusedError, match="state"):
+        client.predict({"questions": record["questions"]})
