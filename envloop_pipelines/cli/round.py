@@ -303,7 +303,7 @@ def round_group() -> None:
 @click.option("--patience", type=int, default=2, show_default=True, help="Stop after this many rounds without gain.")
 @click.option("--max-wall-s", type=float, default=6 * 3600, show_default=True)
 @click.option("--hypothesis", "hypothesis_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              default=None, help="A person's hypothesis (JSON: change, predicted_delta, gate, seeds, rationale).")
+              default=None, help="A person's hypothesis for the first round (JSON: change, predicted_delta, gate, seeds, rationale); later rounds derive theirs.")
 @remote_options
 @click.pass_context
 def round_start(ctx: click.Context, rounds: int, patience: int, max_wall_s: float, hypothesis_file: Path | None,

@@ -518,7 +518,8 @@ class LocalClient:
     def _drive(self, first: tuple[str, Callable[[], RoundInfo]] | None, on_round: Callable[[RoundInfo], None] | None,
                progress: bool, proposal: Mapping[str, Any] | None = None) -> list[RoundInfo]:
         """Run ``first`` (a round key and how to run it, if any), then the active loop's rounds while its budget
-        lasts (:func:`~envloop_pipelines.core.ledger.loop_budget.drive_loop`); ``proposal`` is every round's hypothesis."""
+        lasts (:func:`~envloop_pipelines.core.ledger.loop_budget.drive_loop`); ``proposal`` is the first round's
+        hypothesis (later rounds derive theirs from the champion's failures)."""
         from envloop_pipelines.core.ledger.loop_budget import NextRound, drive_loop, load_loop, next_round
 
         cfg = self._cfg()
@@ -531,8 +532,8 @@ class LocalClient:
             return next_round(cfg.task, home=cfg.home)
 
         def run(nxt: NextRound) -> bool:
-            result = pending.pop()[1]() if pending else self._execute_round(nxt.round, proposal, nxt.run_key,
-                                                                          progress=progress)
+            result = pending.pop()[1]() if pending else self._execute_round(
+                nxt.round, None if done else proposal, nxt.run_key, progress=progress)
             done.append(result)
             if on_round is not None:
                 on_round(result)
@@ -548,8 +549,8 @@ class LocalClient:
                  on_round: Callable[[RoundInfo], None] | None = None) -> list[RoundInfo]:
         """Start a loop (the home's active loop) and run its rounds here while its budget lasts.
 
-        The hypothesis (if any) is every round's (``envloop round start --hypothesis``; the remote client's
-        later rounds derive theirs).
+        The hypothesis (if any) is the first round's (``envloop round start --hypothesis``); later rounds
+        derive theirs from the champion's failures, as with the remote client.
 
         Raises:
             RefusedError: a bad hypothesis (every field named) or budget.

@@ -28,6 +28,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 SETTINGS = dict(task=TASK, generator=GENERATOR, noise_arms=2, n_synthesized=12, recipe_overrides=json.dumps(
     {"max_steps": 2, "max_length": 128, "lexical": False, "frozen_layers": 0, "family_head": False}))
 # Long enough to be cancelled in: 3,000 optimizer steps from the champion (minutes on 2 cores).
+FIRST = {"change": {"kind": "recipe", "recipe_diff": {"max_steps": 4}}, "predicted_delta": 0.05,
+         "rationale": "a person's hypothesis: the first round's only"}
 LONG = {"change": {"kind": "recipe", "recipe_diff": {"max_steps": 3000}}, "predicted_delta": 0.1,
         "rationale": "a round that trains long enough to be cancelled mid-training"}
 
@@ -63,35 +65,44 @@ def _until(condition: Any, what: str, timeout_s: float = 600.0) -> None:
         time.sleep(0.5)
 
 
+def test_a_persons_hypothesis_is_the_loops_first_rounds_as_on_a_deployment(loop: dict[str, Any]) -> None:
+    client: LocalClient = loop["client"]
+    rounds = client.run_loop(rounds=2, patience=2, hypothesis=FIRST, progress=False)
+    assert [r.key for r in rounds] == ["r0001", "r0002"] and all(r.decision is not None for r in rounds)
+    ledger = Ledger(TASK, loop["home"])
+    assert ledger.hypothesis("r0001").rationale == FIRST["rationale"]
+    assert ledger.hypothesis("r0002").rationale != FIRST["rationale"]  # derived from failures
+
+
 def test_start_round_returns_at_once_and_wait_follows_it_to_its_decision(loop: dict[str, Any]) -> None:
     client: LocalClient = loop["client"]
     started = client.start_round()
-    assert started.key == "r0001" and client.decision("r0001") is None  # returned before the round was decided
+    assert started.key == "r0003" and client.decision("r0003") is None  # returned before the round was decided
     info = client.wait(started.run_id, progress=False, timeout_s=900)
-    assert info.status == "SUCCESS" and info.partition == "r0001" and info.run_id == started.run_id
-    assert client.decision("r0001") is not None
+    assert info.status == "SUCCESS" and info.partition == "r0003" and info.run_id == started.run_id
+    assert client.decision("r0003") is not None
     assert client._workers[started.run_id].wait(timeout=60) == 0
     log = Path(os.environ["DAGSTER_HOME"]) / "workers" / f"{started.run_id}.log"
-    assert "round r0001:" in log.read_text(encoding="utf-8")
-    assert [r.key for r in client.rounds()] == ["r0001"]
+    assert "round r0003:" in log.read_text(encoding="utf-8")
+    assert [r.key for r in client.rounds()] == ["r0001", "r0002", "r0003"]
 
 
 def test_a_running_round_is_cancelled_and_a_second_start_is_refused_meanwhile(loop: dict[str, Any]) -> None:
     client: LocalClient = loop["client"]
     started = client.start_round(LONG)
-    assert started.key == "r0002"
-    with pytest.raises(RefusedError, match="round r0002 .* is running"):
+    assert started.key == "r0004"
+    with pytest.raises(RefusedError, match="round r0004 .* is running"):
         client.start_round()
     _until(lambda: client.instance.get_run_by_id(started.run_id) is not None
-           and _step_started(client, started.run_id, "lora_checkpoint"), "training of r0002 started")
+           and _step_started(client, started.run_id, "lora_checkpoint"), "training of r0004 started")
     time.sleep(3.0)  # inside the training loop
     info = client.cancel(started.run_id, timeout_s=300)
     assert info.status == "CANCELED"
     assert client._workers[started.run_id].wait(timeout=60) == 1  # the worker's round failed: it was cancelled
-    assert client.decision("r0002") is None
+    assert client.decision("r0004") is None
     tracker = MlflowTracker(home=loop["home"])
     experiment = tracker.client.get_experiment_by_name(TASK)
-    runs = tracker.client.search_runs([experiment.experiment_id], filter_string=f"tags.`{TAG_ROUND}` = 'r0002'")
+    runs = tracker.client.search_runs([experiment.experiment_id], filter_string=f"tags.`{TAG_ROUND}` = 'r0004'")
     assert runs and all(r.info.status != "RUNNING" for r in runs)
     assert client.cancel(started.run_id).status == "CANCELED"  # an ended run is returned as it is
 
