@@ -150,6 +150,24 @@ def test_every_asset_and_check_materialized(loop_env: dict[str, Any]) -> None:
         assert checks["checkpoint_reproduces"]  # rule 8: re-scored from disk, identical predictions
 
 
+def test_each_check_receives_its_rounds_record_and_is_recorded_for_that_round(loop_env: dict[str, Any]) -> None:
+    """The checks take their asset's typed record from the IO manager (no store read by hand) and are
+    partitioned by round: each evaluation names the round it checked, and the instance keeps it per round."""
+    import inspect
+
+    from envloop_pipelines.defs.rounds import checks
+
+    assert "RoundStore" not in inspect.getsource(checks)
+    for check in ROUND_CHECKS:
+        spec = next(iter(check.check_specs))
+        assert check.partitions_def is not None and check.partitions_def.name == "rounds"
+        assert spec.asset_key.path[-1] in inspect.signature(check.op.compute_fn.decorated_fn).parameters
+    for key in ("r0001", "r0002"):
+        evaluations = loop_env["results"][key].get_asset_check_evaluations()
+        assert len(evaluations) == len(ROUND_CHECKS) and {e.partition for e in evaluations} == {key}
+        assert all(e.passed for e in evaluations if e.check_name != "candidate_is_calibrated")
+
+
 def test_metadata_a_person_wants(loop_env: dict[str, Any]) -> None:
     events = {e.asset_key.to_user_string(): e.materialization.metadata
               for e in loop_env["results"]["r0001"].get_asset_materialization_events()}
