@@ -90,3 +90,35 @@ def test_a_local_retry_that_fails_again_exits_1(tmp_path: Path, monkeypatch: pyt
     assert "retrying round r0001" in out.stdout, out.stdout + out.stderr
     assert "round r0001 failed" in out.stdout + out.stderr
     assert out.returncode == 1, out.stdout + out.stderr
+
+
+def test_a_created_run_whose_worker_died_before_it_started_is_reaped_and_ends_a_wait(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An in-process run is created (NOT_STARTED) with its worker's tags before it starts: a worker killed in
+    between left a run nobody reaped, and ``LocalClient.wait`` on it looped forever (a CI run hung on it)."""
+    import threading
+
+    from envloop_pipelines.sdk.local import LocalClient
+
+    monkeypatch.setenv("ENVLOOP_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    client = LocalClient(task="personal_agent")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+
+    @dg.op
+    def noop() -> None: ...
+
+    @dg.job
+    def some_job() -> None:
+        noop()
+
+    created = client.instance.create_run_for_job(some_job, tags={**worker_tags(), PID_TAG: str(dead.pid)})
+    assert client.instance.get_run_by_id(created.run_id).status == dg.DagsterRunStatus.NOT_STARTED
+    ended: list = []
+    waiter = threading.Thread(target=lambda: ended.append(client.wait(created.run_id, progress=False, poll_s=0.2,
+                                                                      timeout_s=30)), daemon=True)
+    waiter.start()
+    waiter.join(timeout=60)
+    assert ended and ended[0].status == "FAILURE"
+    assert reap_orphaned_runs(client.instance) == []  # reaped once, by the wait

@@ -467,11 +467,14 @@ class LocalClient:
                 if run.is_finished:
                     return _run_info(run)
                 if run.tags.get(HOST_TAG) == socket.gethostname() and not _worker_alive(run):
-                    self.reap_orphans()
-                elif deadline is not None and time.monotonic() > deadline:
+                    self.reap_orphans()  # marks it failed: its worker is gone
+                    run = self.instance.get_run_by_id(run_id)
+                    if not run.is_finished:  # pragma: no cover - the reaper covers every unfinished status
+                        self.instance.report_run_failed(run, message=f"its worker (pid {run.tags.get(PID_TAG)}) is gone")
+                    continue
+                if deadline is not None and time.monotonic() > deadline:
                     raise ClientError(f"run {run_id} is still {run.status.value} after {timeout_s:.0f}s")
-                else:
-                    time.sleep(poll_s)
+                time.sleep(poll_s)
                 run = self.instance.get_run_by_id(run_id)
         finally:
             if bar is not None:

@@ -30,7 +30,10 @@ def worker_tags() -> dict[str, str]:
 def reap_orphaned_runs(instance: dg.DagsterInstance) -> list[dg.DagsterRun]:
     """Mark as failed every unfinished run of this host whose worker process no longer exists."""
     host = socket.gethostname()
-    unfinished = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
+    # NOT_STARTED too: an in-process run is created with its worker's tags before it starts, and a worker
+    # killed in between leaves it so
+    unfinished = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
+                  dg.DagsterRunStatus.CANCELING]
     reaped = []
     for run in instance.get_runs(filters=dg.RunsFilter(statuses=unfinished, tags={HOST_TAG: host})):
         pid = run.tags.get(PID_TAG, "")
