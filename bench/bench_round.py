@@ -32,7 +32,6 @@ from envloop_pipelines.core.ledger.store import RoundStore  # noqa: E402
 from envloop_pipelines.core.model.predict import rescore_matches  # noqa: E402
 from envloop_pipelines.core.tracking import MlflowTracker  # noqa: E402
 from envloop_pipelines.defs.rounds.assets import ROUND_ASSETS, noise_floor, task_benchmark, with_upstream_sources  # noqa: E402
-from envloop_pipelines.defs.rounds.checks import ROUND_CHECKS  # noqa: E402
 from envloop_pipelines.resources.loop import MlflowResource, loop_resource  # noqa: E402
 from envloop_pipelines.resources.round_store import RoundStoreIOManager  # noqa: E402
 from envloop_pipelines.resources.sandbox import SandboxResource  # noqa: E402
@@ -96,7 +95,10 @@ def main() -> None:
         direct[name] = time.perf_counter() - s
     direct_total = time.perf_counter() - t0
 
-    # Dagster: the round job's assets and checks for partition r0001.
+    # Dagster: the round job's assets and checks for partition r0001. The checks are imported here, after
+    # __main__ installed the console filters: their partitions_def (preview) warns when the module is imported.
+    from envloop_pipelines.defs.rounds.checks import ROUND_CHECKS
+
     home = homes["dagster"]
     os.environ["ENVLOOP_HOME"] = str(home)
     instance = dg.DagsterInstance.ephemeral()

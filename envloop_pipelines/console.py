@@ -7,7 +7,8 @@ note about its own internals, so these are dropped where they arise:
   ``transformers.modeling_utils`` when the Trainer asks the model), and its ``Loading weights`` bars
   (Hugging Face's progress bars; ``HF_HUB_DISABLE_PROGRESS_BARS=0`` brings them back).
 * Dagster: ``BetaWarning`` and ``PreviewWarning``, Dagster's notes that a parameter the loop uses
-  (``data_version`` on an ``Output``, say) is not yet stable.
+  (``data_version`` on an ``Output``, say, or ``partitions_def`` on the round's asset checks, which warns
+  when ``defs/rounds/checks.py`` is imported) is not yet stable.
 * MLflow: the "🏃 View run … at: …" and "🧪 View experiment at: …" lines it writes to stdout when a run on a
   tracking server ends (a cancelled round's run, say), which would break a command's JSON; set
   ``MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT=false`` to bring them back.

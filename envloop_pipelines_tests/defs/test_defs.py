@@ -36,11 +36,12 @@ EXPECTED_DEPS = {
 UNPARTITIONED = {"task_benchmark", "noise_floor"}
 #: Partitions other than the decision loop's ``rounds``.
 OWN_PARTITIONS = {k: "rl_rounds" for k in EXPECTED_DEPS if k.startswith("rl_")}
+#: (asset, check, blocking, partitions): the round's checks are partitioned by round, like their assets (issue 25).
 EXPECTED_CHECKS = {
-    ("training_dataset_snapshot", "snapshot_schema_is_valid", True),
-    ("training_dataset_snapshot", "snapshot_is_uncontaminated", True),
-    ("lora_checkpoint", "checkpoint_reproduces", False),
-    ("independent_reeval", "candidate_is_calibrated", False),
+    ("training_dataset_snapshot", "snapshot_schema_is_valid", True, "rounds"),
+    ("training_dataset_snapshot", "snapshot_is_uncontaminated", True, "rounds"),
+    ("lora_checkpoint", "checkpoint_reproduces", False, "rounds"),
+    ("independent_reeval", "candidate_is_calibrated", False, "rounds"),
 }
 
 
@@ -63,8 +64,13 @@ def test_asset_graph_snapshot() -> None:
         else:
             expected = OWN_PARTITIONS.get(key.to_user_string(), "rounds")
             assert isinstance(partitions, dg.DynamicPartitionsDefinition) and partitions.name == expected
-    checks = {(k.asset_key.to_user_string(), k.name, graph.get_check_spec(k).blocking) for k in graph.asset_check_keys}
+    specs = {k: graph.get_check_spec(k) for k in graph.asset_check_keys}
+    checks = {(k.asset_key.to_user_string(), k.name, s.blocking, s.partitions_def and s.partitions_def.name)
+              for k, s in specs.items()}
     assert checks == EXPECTED_CHECKS
+    # The partitioned checks still run in the partitioned round job (blocking ones before training).
+    round_checks = repo.get_job("round_job").asset_layer.asset_graph.asset_check_keys
+    assert {k.name for k in round_checks} == {c for _, c, _, _ in EXPECTED_CHECKS}
     assert {j.name for j in repo.get_all_jobs() if not j.name.startswith("__")} == {"round_job", "setup_job", "rl_round_job"}
     assert {s.name: s.cron_schedule for s in repo.schedule_defs} == {"nightly_loop": "0 2 * * *"}
     assert {s.name for s in repo.sensor_defs} == {"next_round_sensor", "failed_round_sensor", "canceled_round_sensor"}
