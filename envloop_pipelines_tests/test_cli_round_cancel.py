@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from envloop_pipelines.cli import main
 from envloop_pipelines.names import HOST_TAG, PARTITION_TAG, PID_TAG
+from envloop_pipelines_tests.test_cli_round_retry import _started_run
 
 
 def test_an_unknown_run_is_named_and_exits_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -28,19 +29,9 @@ def test_a_run_whose_worker_is_gone_ends_canceled(tmp_path: Path, monkeypatch: p
 
     dagster_home()
     instance = dg.DagsterInstance.get()
-
-    @dg.op
-    def noop() -> None: ...
-
-    @dg.job
-    def round_job() -> None:
-        noop()
-
     # a worker pid that cannot exist (above the kernel's pid_max)
-    run = instance.create_run_for_job(round_job, tags={PARTITION_TAG: "r0001", HOST_TAG: socket.gethostname(),
-                                                       PID_TAG: str(2**22 + 1)})
-    instance.handle_run_event(run.run_id, dg.DagsterEvent(dg.DagsterEventType.RUN_START.value, job_name=run.job_name))
-    assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.STARTED
+    run = _started_run(instance, {PARTITION_TAG: "r0001", HOST_TAG: socket.gethostname(), PID_TAG: str(2**22 + 1)})
+    assert run.status == dg.DagsterRunStatus.STARTED
     result = CliRunner().invoke(main, ["round", "cancel", run.run_id])
     assert result.exit_code == 0, result.output
     assert f"run {run.run_id}: CANCELED (round r0001)" in result.output

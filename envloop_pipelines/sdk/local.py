@@ -149,14 +149,6 @@ def _show_steps(bar: Any, instance: Any, run_id: str) -> None:
     bar.update(len(done) - bar.n, now=",".join(sorted(started - done)) or None)
 
 
-def _worker_alive(run: Any) -> bool:
-    """Whether the worker process a run's tags name is alive (on this host; another host's is taken as alive)."""
-    pid = run.tags.get(PID_TAG, "")
-    if run.tags.get(HOST_TAG) != socket.gethostname():
-        return True
-    return pid.isdigit() and pid_alive(int(pid))
-
-
 def _run_info(run: Any) -> RunInfo:
     """A run of the local instance as the SDK describes runs."""
     tags = dict(run.tags)
@@ -449,6 +441,7 @@ class LocalClient:
             ClientError: ``timeout_s`` passed first (the run goes on), or the worker ended before starting it.
         """
         from envloop_pipelines.core.progress import Progress
+        from envloop_pipelines.defs.rounds.recovery import worker_is_gone
 
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         run = self._await_run(run_id, deadline, poll_s)
@@ -466,12 +459,11 @@ class LocalClient:
                     _show_steps(bar, self.instance, run_id)
                 if run.is_finished:
                     return _run_info(run)
-                if run.tags.get(HOST_TAG) == socket.gethostname() and not _worker_alive(run):
-                    self.reap_orphans()  # marks it failed: its worker is gone
+                if worker_is_gone(run):
+                    self.reap_orphans()  # marks it failed
                     run = self.instance.get_run_by_id(run_id)
-                    if not run.is_finished:  # pragma: no cover - the reaper covers every unfinished status
-                        self.instance.report_run_failed(run, message=f"its worker (pid {run.tags.get(PID_TAG)}) is gone")
-                    continue
+                    if run.is_finished:
+                        continue
                 if deadline is not None and time.monotonic() > deadline:
                     raise ClientError(f"run {run_id} is still {run.status.value} after {timeout_s:.0f}s")
                 time.sleep(poll_s)
@@ -493,6 +485,7 @@ class LocalClient:
             ClientError: ``timeout_s`` passed before the run stopped.
         """
         from envloop_pipelines.core.tracking import RUN_KILLED, close_round_runs
+        from envloop_pipelines.defs.rounds.recovery import worker_pid
         from envloop_pipelines.resources.loop import MlflowResource
 
         deadline = time.monotonic() + timeout_s
@@ -504,8 +497,9 @@ class LocalClient:
             raise RefusedError(f"run {run_id}: its worker runs on host {host!r}, not this one ({socket.gethostname()}); "
                                f"cancel it there")
         self.instance.report_run_canceling(run, message="cancelled by LocalClient.cancel")
-        if _worker_alive(run):
-            os.kill(int(run.tags[PID_TAG]), signal.SIGINT)  # Dagster ends an interrupted run CANCELED
+        pid = worker_pid(run)
+        if pid is not None and pid_alive(pid):
+            os.kill(pid, signal.SIGINT)  # Dagster ends an interrupted run CANCELED
         else:
             self.instance.report_run_canceled(run, message=f"its worker (pid {run.tags.get(PID_TAG)}) is gone")
         if not wait:
@@ -560,13 +554,12 @@ class LocalClient:
             RoundFailed: a round ended without a decision.
         """
         from envloop_pipelines.core.ledger.loop_budget import LoopBudget, start_loop
-        from envloop_pipelines.core.decision_loop.proposals import ProposalError, parse_proposal
 
         cfg = self._cfg()
+        proposal = self._proposal(hypothesis)
         try:
-            proposal = parse_proposal(hypothesis)
             budget = LoopBudget(max_rounds=rounds, patience=patience, max_wall_s=max_wall_s)
-        except (ProposalError, ValueError) as exc:
+        except ValueError as exc:
             raise RefusedError(str(exc)) from None
         state = start_loop(cfg.task, f"cli-{int(time.time())}", budget, home=cfg.home)
         self.notify(f"loop {state.loop_id}: up to {rounds} rounds")

@@ -19,12 +19,25 @@ from envloop_pipelines.core.storage import pid_alive
 
 from envloop_pipelines.names import HOST_TAG, PID_TAG, RETRY_OF_TAG, SETTINGS_TAG
 
-__all__ = ["HOST_TAG", "PID_TAG", "RETRY_OF_TAG", "SETTINGS_TAG", "reap_orphaned_runs", "worker_tags"]
+__all__ = ["HOST_TAG", "PID_TAG", "RETRY_OF_TAG", "SETTINGS_TAG", "reap_orphaned_runs", "worker_is_gone", "worker_pid",
+           "worker_tags"]
 
 
 def worker_tags() -> dict[str, str]:
     """Tags naming this process as the run's worker."""
     return {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
+
+
+def worker_pid(run: dg.DagsterRun) -> int | None:
+    """The pid of the run's worker when its tags name one on this host; ``None`` otherwise."""
+    pid = run.tags.get(PID_TAG, "")
+    return int(pid) if run.tags.get(HOST_TAG) == socket.gethostname() and pid.isdigit() else None
+
+
+def worker_is_gone(run: dg.DagsterRun) -> bool:
+    """Whether the run's worker was a process of this host (not this one) that no longer exists."""
+    pid = worker_pid(run)
+    return pid is not None and pid != os.getpid() and not pid_alive(pid)
 
 
 def reap_orphaned_runs(instance: dg.DagsterInstance) -> list[dg.DagsterRun]:
@@ -36,9 +49,9 @@ def reap_orphaned_runs(instance: dg.DagsterInstance) -> list[dg.DagsterRun]:
                   dg.DagsterRunStatus.CANCELING]
     reaped = []
     for run in instance.get_runs(filters=dg.RunsFilter(statuses=unfinished, tags={HOST_TAG: host})):
-        pid = run.tags.get(PID_TAG, "")
-        if not pid.isdigit() or int(pid) == os.getpid() or pid_alive(int(pid)):
+        if not worker_is_gone(run):
             continue
-        instance.report_run_failed(run, message=f"run worker (pid {pid} on {host}) is gone: killed or crashed mid-run")
+        instance.report_run_failed(run, message=f"run worker (pid {run.tags[PID_TAG]} on {host}) is gone: killed or "
+                                                f"crashed mid-run")
         reaped.append(run)
     return reaped
