@@ -384,9 +384,11 @@ class LocalClient:
         following = self._next_round()
         if key is not None:
             try:
-                round_number(key)
+                number = round_number(key)
             except ValueError as exc:
                 raise RefusedError(f"key: {exc}") from None
+            if number < round_number(following):
+                raise RefusedError(f"key: round {key} exists already; leave key out for the next one ({following})")
         key = key or following
         run_id = make_new_run_id()
         folder = dagster_home() / "workers"

@@ -124,6 +124,10 @@ def test_run_round_refuses_a_bad_hypothesis_before_anything_is_written(loop: dic
         client.run_round({"change": {"kind": "data"}, "predicted_delta": "big"}, progress=False)
     with pytest.raises(RefusedError, match="predicted_delta"):
         client.start_round({"change": {"kind": "data"}, "predicted_delta": "big"})
+    with pytest.raises(RefusedError, match=r"key: round r0001 exists already"):
+        client.start_round(key="r0001")
+    with pytest.raises(RefusedError, match="key: "):
+        client.start_round(key="round-one")
     assert list(Ledger(TASK, loop["home"]).events()) == before
 
 
