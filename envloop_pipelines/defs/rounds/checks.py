@@ -3,7 +3,11 @@
 Each check receives its asset's typed record for the run's round as an input, loaded by the round
 store's IO manager like any downstream step's (``checkpoint_reproduces`` also receives the loop's
 ``task_benchmark``). The checks are partitioned by round (``partitions_def=rounds``), so the UI and
-the instance keep each round's check result apart.
+the instance keep each round's check result apart. That is also what gives a check its round's record: an
+unpartitioned check's input is the whole of ``rounds`` (Dagster 1.13.27: "the number of input partitions
+!= 1: 'AllPartitionsSubset(...)'" when the IO manager asks for the partition key). ``partitions_def`` on a
+check is a Dagster preview: importing this module raises a ``PreviewWarning``, which the entry points'
+filters drop (``envloop_pipelines/console.py``).
 """
 
 
