@@ -387,6 +387,67 @@ def test_a_round_that_clears_the_gate_publishes_a_release_the_next_round_samples
     assert not RoundStore(config.task, tmp_path).step_path("rl_decision", "r0002").exists()
 
 
+def test_a_retry_after_a_crash_between_the_card_and_the_decision_publishes_no_second_release(
+        round_setup: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both loops publish through ``release_checkpoint``. A worker that died after the release card and before
+    ``round_decided`` left an undecided round with a release; its retry published the same checkpoint again as
+    release 2 (a second holdout read, run, version and card). It returns the round's release 1 now."""
+    from dataclasses import replace
+
+    from envloop_pipelines.core.ledger.ledger import LedgerError
+    from envloop_pipelines.core.ledger.promotion import noise_floor_from_arms
+    from envloop_pipelines.core.release.publish import release_checkpoint
+    from envloop_pipelines.core.rl_loop.round_steps import register_rl_hypothesis, train_policy
+    from envloop_pipelines.core.rl_loop.step_records import ArmScore, HeldoutComparison
+    from envloop_pipelines.core.tracking import KIND_RELEASE, TAG_KIND, MlflowTracker
+
+    ds = round_setup["dataset"]
+    config = replace(round_setup["config"], task="shell-rl-crash", home=str(tmp_path))
+    tracker = MlflowTracker(home=tmp_path)
+    snap = build_sft_snapshot([attempt(ds.environments[0], 0, passed=True)], train_texts=texts(ds, "train"),
+                              heldout_texts=texts(ds, "heldout"), root=tmp_path / "snapshots")
+    policy = train_policy(snap.rows(), config.load_recipe().replace(epochs=1), tmp_path / "policies", snap.sha256)
+    hyp = register_rl_hypothesis(config, ds, "r0001", tracker, sampler={"kind": "test"})
+    comparison = HeldoutComparison(
+        candidate=ArmScore(0.75, 0.5, 1.0, 2, 4), parent=ArmScore(0.0, 0.0, 0.0, 2, 4),
+        delta={"delta": 0.75, "ci_low": 0.5, "ci_high": 1.0, "confidence_level": 0.95, "n_environments": 2},
+        attempts_per_environment=2)
+    floor = noise_floor_from_arms("floor-r0001", "pass_at_1", [{"pass_at_1": 0.5}, {"pass_at_1": 0.75}])
+
+    class Crash(Exception):
+        pass
+
+    append = Ledger.append
+
+    def dies_at_the_decision(self: Ledger, kind: str, payload: Any, **kw: Any) -> Any:
+        if kind == "round_decided":
+            raise Crash("the worker died after the card")
+        return append(self, kind, payload, **kw)
+
+    monkeypatch.setattr(Ledger, "append", dies_at_the_decision)
+    with pytest.raises(Crash):
+        decide_given(config, tracker, hyp, snap, policy, comparison, floor)
+    monkeypatch.setattr(Ledger, "append", append)
+    ledger = Ledger(config.task, tmp_path)
+    assert [c["release"] for c in ledger.releases()] == [1] and ledger.round_decision("r0001") is None
+
+    retried = decide_given(config, tracker, hyp, snap, policy, comparison, floor)
+    assert retried.promoted and retried.release == 1 and retried.model_version == "1"
+    assert [c["release"] for c in ledger.releases()] == [1]  # on the old code: [1, 2]
+    assert [e["release"] for e in ledger.events("release_promoted")] == [1]
+    assert len(list(ledger.events("holdout_read"))) == 1 and ledger.round_decision("r0001")["release"] == 1
+    runs = tracker.client.search_runs([tracker.client.get_experiment_by_name(config.task).experiment_id])
+    assert len([r for r in runs if r.data.tags[TAG_KIND] == KIND_RELEASE]) == 1
+    assert len(tracker.client.search_model_versions(f"name='{config.loop_config().model_name}'")) == 1
+    # The round's release is of its checkpoint: another one handed to the same round is refused, nothing written.
+    other = tmp_path / "policies" / "another-checkpoint"
+    other.mkdir()
+    with pytest.raises(LedgerError, match="a round publishes one release"):
+        release_checkpoint(config.loop_config(), tracker, checkpoint=other, read_holdout=None, card=None,
+                           round_key="r0001")
+    assert [c["release"] for c in ledger.releases()] == [1]
+
+
 def test_a_decided_round_lives_in_the_ledger_not_at_the_io_managers_path(round_setup: dict[str, Any],
                                                                           tmp_path: Path) -> None:
     """Issue 25: core writes no record at the RL IO manager's path (``rounds/<round>/rl_decision.json`` is Dagster's

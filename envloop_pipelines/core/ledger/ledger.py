@@ -701,6 +701,18 @@ class Ledger:
             out.append(body)
         return out
 
+    def release_of_round(self, round_key: str) -> dict[str, Any] | None:
+        """The card of the release ``round_key`` published (without its errata), or ``None``.
+
+        A round publishes at most one release; a retry of its decision after a crash between the card and
+        ``round_decided`` finds it here instead of publishing the checkpoint again as the next release.
+        """
+        for card in self.releases():
+            if card.get("round") == round_key:
+                card.pop("errata", None)
+                return card
+        return None
+
     def next_release_number(self) -> int:
         return len(list((self.root / "releases").glob("*/card.json"))) + 1
 
@@ -888,9 +900,15 @@ class Ledger:
             raise ReleaseCardExistsError(f"release card {exc} exists and is never rewritten; append an erratum") from None
         for path in (d / "card.json", d / "card.md"):
             path.chmod(0o444)
-        self.append(EVENT_RELEASE_PROMOTED, {"release": release, "round": card.get("round"),
-                                         "checkpoint_sha256": card.get("checkpoint_sha256")}, key=f"release:{release}")
+        self.record_release_promoted(release, card)
         return d
+
+    def record_release_promoted(self, release: int, card: Mapping[str, Any]) -> dict[str, Any]:
+        """The ``release_promoted`` event of a written card, once (a retry after a crash between the card and
+        its event writes it; a second call returns the first)."""
+        return self.append(EVENT_RELEASE_PROMOTED, {"release": release, "round": card.get("round"),
+                                                    "checkpoint_sha256": card.get("checkpoint_sha256")},
+                           key=f"release:{release}")
 
     def append_erratum(self, release: int, field_name: str, old: Any, new: Any, reason: str) -> dict[str, Any]:
         """Correct a card by appending; the old value stays visible beside the new one."""

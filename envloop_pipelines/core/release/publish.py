@@ -130,6 +130,10 @@ def release_checkpoint(config: LoopConfig, tracker: Tracker, *, checkpoint: Path
     ``checkpoint`` artifact; a version of ``config.model_name`` registered from that artifact, and the
     champion alias moved to it; the card, written once by the ledger.
 
+    A round publishes one release: when ``round_key`` already has a card (a crash came between the card and
+    the round's ``round_decided``), its release is returned and nothing is read, logged or registered again
+    (on a checkpoint other than the card's, :class:`LedgerError`).
+
     Args:
         config: the loop (its task, home and registered model name).
         tracker: MLflow (through the ``Tracker`` protocol).
@@ -144,6 +148,17 @@ def release_checkpoint(config: LoopConfig, tracker: Tracker, *, checkpoint: Path
         run_tags: extra tags of the release run (the Dagster run).
     """
     ledger = Ledger(config.task, config.home)
+    published = None if round_key is None else ledger.release_of_round(round_key)
+    if published is not None:
+        # A retry after a crash between the card and the round's decision: the round's release exists (its read,
+        # run, version, alias and card); publishing again would make the same checkpoint the next release.
+        released = published.get("checkpoint_dir") or published.get("policy_checkpoint")
+        if released is not None and Path(released).name != checkpoint.name:
+            raise LedgerError(f"round {round_key} published release {published['release']} of checkpoint {released}, "
+                              f"not {checkpoint}; a round publishes one release")
+        ledger.record_release_promoted(int(published["release"]), published)  # a crash may have come before it
+        return Release(release=int(published["release"]), model_version=str(published["model_version"]),
+                       card=published)
     release = ledger.next_release_number()
     read = read_holdout(ledger, release)
     holdout = dict(read.metrics)
