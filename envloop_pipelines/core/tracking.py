@@ -222,12 +222,19 @@ class MlflowTracker:
 
     # -- registry ----------------------------------------------------------------------------
     def register_version(self, model_name: str, source: str, run_id: str, tags: Mapping[str, str] | None = None) -> str:
+        """Register ``source`` (below run ``run_id``'s artifacts) as a version of ``model_name``; a run that
+        already has a version of it (a retry after a crash between the registration and the release card) gets
+        that version back, not a second one."""
         from mlflow.exceptions import MlflowException
 
         try:
             self.client.create_registered_model(model_name)
         except MlflowException:
             pass  # already registered
+        registered = [v for v in self.client.search_model_versions(f"name='{model_name}' and run_id='{run_id}'")
+                      if v.source == source]
+        if registered:
+            return str(min(int(v.version) for v in registered))
         mv = self.client.create_model_version(model_name, source=source, run_id=run_id,
                                               tags={k: str(v) for k, v in (tags or {}).items()})
         return str(mv.version)

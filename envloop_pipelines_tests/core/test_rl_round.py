@@ -387,22 +387,17 @@ def test_a_round_that_clears_the_gate_publishes_a_release_the_next_round_samples
     assert not RoundStore(config.task, tmp_path).step_path("rl_decision", "r0002").exists()
 
 
-def test_a_retry_after_a_crash_between_the_card_and_the_decision_publishes_no_second_release(
-        round_setup: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Both loops publish through ``release_checkpoint``. A worker that died after the release card and before
-    ``round_decided`` left an undecided round with a release; its retry published the same checkpoint again as
-    release 2 (a second holdout read, run, version and card). It returns the round's release 1 now."""
+def _promoting_round(round_setup: dict[str, Any], tmp_path: Path, task: str) -> dict[str, Any]:
+    """A trained policy and the records of round r0001 that promote it (given aggregates)."""
     from dataclasses import replace
 
-    from envloop_pipelines.core.ledger.ledger import LedgerError
     from envloop_pipelines.core.ledger.promotion import noise_floor_from_arms
-    from envloop_pipelines.core.release.publish import release_checkpoint
     from envloop_pipelines.core.rl_loop.round_steps import register_rl_hypothesis, train_policy
     from envloop_pipelines.core.rl_loop.step_records import ArmScore, HeldoutComparison
-    from envloop_pipelines.core.tracking import KIND_RELEASE, TAG_KIND, MlflowTracker
+    from envloop_pipelines.core.tracking import MlflowTracker
 
     ds = round_setup["dataset"]
-    config = replace(round_setup["config"], task="shell-rl-crash", home=str(tmp_path))
+    config = replace(round_setup["config"], task=task, home=str(tmp_path))
     tracker = MlflowTracker(home=tmp_path)
     snap = build_sft_snapshot([attempt(ds.environments[0], 0, passed=True)], train_texts=texts(ds, "train"),
                               heldout_texts=texts(ds, "heldout"), root=tmp_path / "snapshots")
@@ -413,39 +408,83 @@ def test_a_retry_after_a_crash_between_the_card_and_the_decision_publishes_no_se
         delta={"delta": 0.75, "ci_low": 0.5, "ci_high": 1.0, "confidence_level": 0.95, "n_environments": 2},
         attempts_per_environment=2)
     floor = noise_floor_from_arms("floor-r0001", "pass_at_1", [{"pass_at_1": 0.5}, {"pass_at_1": 0.75}])
+    return {"args": (config, tracker, hyp, snap, policy, comparison, floor), "config": config, "tracker": tracker,
+            "ledger": Ledger(task, tmp_path)}
 
-    class Crash(Exception):
-        pass
 
-    append = Ledger.append
+class _Crash(Exception):
+    """The worker died here (a fault injected into the real step)."""
 
-    def dies_at_the_decision(self: Ledger, kind: str, payload: Any, **kw: Any) -> Any:
-        if kind == "round_decided":
-            raise Crash("the worker died after the card")
-        return append(self, kind, payload, **kw)
 
-    monkeypatch.setattr(Ledger, "append", dies_at_the_decision)
-    with pytest.raises(Crash):
-        decide_given(config, tracker, hyp, snap, policy, comparison, floor)
-    monkeypatch.setattr(Ledger, "append", append)
-    ledger = Ledger(config.task, tmp_path)
-    assert [c["release"] for c in ledger.releases()] == [1] and ledger.round_decision("r0001") is None
+def _crash_at(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, when: Any = lambda *a, **k: True) -> None:
+    real = getattr(owner, name)
 
-    retried = decide_given(config, tracker, hyp, snap, policy, comparison, floor)
-    assert retried.promoted and retried.release == 1 and retried.model_version == "1"
+    def dies(*args: Any, **kwargs: Any) -> Any:
+        if when(*args, **kwargs):
+            raise _Crash(f"the worker died in {name}")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, dies)
+
+
+def _one_release_published(round_: dict[str, Any]) -> None:
+    from envloop_pipelines.core.tracking import KIND_RELEASE, TAG_KIND
+
+    ledger, tracker, config = round_["ledger"], round_["tracker"], round_["config"]
     assert [c["release"] for c in ledger.releases()] == [1]  # on the old code: [1, 2]
     assert [e["release"] for e in ledger.events("release_promoted")] == [1]
     assert len(list(ledger.events("holdout_read"))) == 1 and ledger.round_decision("r0001")["release"] == 1
     runs = tracker.client.search_runs([tracker.client.get_experiment_by_name(config.task).experiment_id])
-    assert len([r for r in runs if r.data.tags[TAG_KIND] == KIND_RELEASE]) == 1
-    assert len(tracker.client.search_model_versions(f"name='{config.loop_config().model_name}'")) == 1
+    [release_run] = [r for r in runs if r.data.tags[TAG_KIND] == KIND_RELEASE]
+    assert release_run.info.status == "FINISHED"
+    [version] = tracker.client.search_model_versions(f"name='{config.loop_config().model_name}'")
+    assert str(version.version) == "1" == ledger.releases()[0]["model_version"] == tracker.champion_version(
+        config.loop_config().model_name) and version.run_id == release_run.info.run_id
+
+
+def test_a_retry_after_a_crash_between_the_card_and_the_decision_publishes_no_second_release(
+        round_setup: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both loops publish through ``release_checkpoint``. A worker that died after the release card and before
+    ``round_decided`` left an undecided round with a release; its retry published the same checkpoint again as
+    release 2 (a second holdout read, run, version and card). It returns the round's release 1 now."""
+    from envloop_pipelines.core.ledger.ledger import LedgerError
+    from envloop_pipelines.core.release.publish import release_checkpoint
+
+    round_ = _promoting_round(round_setup, tmp_path, "shell-rl-crash")
+    _crash_at(monkeypatch, Ledger, "append", lambda self, kind, *a, **k: kind == "round_decided")
+    with pytest.raises(_Crash):
+        decide_given(*round_["args"])
+    monkeypatch.undo()
+    ledger = round_["ledger"]
+    assert [c["release"] for c in ledger.releases()] == [1] and ledger.round_decision("r0001") is None
+
+    retried = decide_given(*round_["args"])
+    assert retried.promoted and retried.release == 1 and retried.model_version == "1"
+    _one_release_published(round_)
     # The round's release is of its checkpoint: another one handed to the same round is refused, nothing written.
     other = tmp_path / "policies" / "another-checkpoint"
     other.mkdir()
     with pytest.raises(LedgerError, match="a round publishes one release"):
-        release_checkpoint(config.loop_config(), tracker, checkpoint=other, read_holdout=None, card=None,
-                           round_key="r0001")
+        release_checkpoint(round_["config"].loop_config(), round_["tracker"], checkpoint=other, read_holdout=None,
+                           card=None, round_key="r0001")
     assert [c["release"] for c in ledger.releases()] == [1]
+
+
+def test_a_retry_after_a_crash_before_the_card_registers_no_second_version(
+        round_setup: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that died after registering the release's version and moving the alias, before the card: the retry
+    finished from the stored read but started a second release run and registered the checkpoint again (version 2,
+    the alias moved to it, version 1 left an orphan of the same release). It carries on in the first run now."""
+    round_ = _promoting_round(round_setup, tmp_path, "shell-rl-crash-card")
+    _crash_at(monkeypatch, Ledger, "write_release_card")
+    with pytest.raises(_Crash):
+        decide_given(*round_["args"])
+    monkeypatch.undo()
+    assert round_["ledger"].releases() == [] and len(list(round_["ledger"].events("holdout_read"))) == 1
+
+    retried = decide_given(*round_["args"])
+    assert retried.promoted and retried.release == 1 and retried.model_version == "1"
+    _one_release_published(round_)
 
 
 def test_a_decided_round_lives_in_the_ledger_not_at_the_io_managers_path(round_setup: dict[str, Any],

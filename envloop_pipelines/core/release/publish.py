@@ -132,7 +132,9 @@ def release_checkpoint(config: LoopConfig, tracker: Tracker, *, checkpoint: Path
 
     A round publishes one release: when ``round_key`` already has a card (a crash came between the card and
     the round's ``round_decided``), its release is returned and nothing is read, logged or registered again
-    (on a checkpoint other than the card's, :class:`LedgerError`).
+    (on a checkpoint other than the card's, :class:`LedgerError`). A crash before the card leaves no card: the
+    retry finishes from the stored read in the release run the crashed attempt started, whose checkpoint is
+    registered once, so the registry keeps one version of the release.
 
     Args:
         config: the loop (its task, home and registered model name).
@@ -163,10 +165,15 @@ def release_checkpoint(config: LoopConfig, tracker: Tracker, *, checkpoint: Path
     read = read_holdout(ledger, release)
     holdout = dict(read.metrics)
     tags = {TAG_RELEASE: str(release), TAG_CHECKPOINT: checkpoint.name}
+    # A retry after a crash between the release's run and its card carries on in that run (its version is
+    # registered once), so the registry holds one version of the release.
+    mrun = tracker.find_run(config.task, {TAG_KIND: KIND_RELEASE, **tags,
+                                          **({} if round_key is None else {TAG_ROUND: round_key})})
     if round_key is not None:
-        mrun = child_run(tracker, config, round_key, KIND_RELEASE, {**(run_tags or {}), **tags})
+        if mrun is None:
+            mrun = child_run(tracker, config, round_key, KIND_RELEASE, {**(run_tags or {}), **tags})
         tags[TAG_ROUND] = round_key
-    else:
+    elif mrun is None:
         mrun = tracker.start_run(config.task, f"release {release} (bootstrap)",
                                  tags={TAG_KIND: KIND_RELEASE, **(run_tags or {}), **tags})
     metrics = flat_metrics(holdout, HOLDOUT_PREFIX)
