@@ -12,6 +12,8 @@ note about its own internals, so these are dropped where they arise:
 * MLflow: the "🏃 View run … at: …" and "🧪 View experiment at: …" lines it writes to stdout when a run on a
   tracking server ends (a cancelled round's run, say), which would break a command's JSON; set
   ``MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT=false`` to bring them back.
+* MLflow: "Creating initial MLflow database tables..." and "Updating database tables", the INFO lines its
+  SQLite store prints when a fresh home's tracking database is made (the first command of every demo).
 * DeepSpeed: "Setting accelerator to CPU" from ``real_accelerator.py`` on the logger ``DeepSpeed``
   (which prints to stdout, where it would break a command's JSON).
 
@@ -35,6 +37,8 @@ WARNINGS: tuple[tuple[str, type[Warning], str], ...] = (
 #: (logger name, source file, message prefix) of the log records dropped.
 LOG_RECORDS: tuple[tuple[str, str, str], ...] = (
     ("DeepSpeed", "real_accelerator.py", "Setting accelerator to CPU"),
+    ("mlflow.store.db.utils", "utils.py", "Creating initial MLflow database tables"),
+    ("mlflow.store.db.utils", "utils.py", "Updating database tables"),
 )
 #: MLflow's switch for its run and experiment links on stdout; set to true unless the user set it.
 MLFLOW_URL_ENV = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"

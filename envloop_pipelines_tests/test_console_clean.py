@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 
 #: What a user saw on every demo and ``envloop train`` before the filters (issue 25).
-NOISE = ("is_gradient_checkpointing", "BetaWarning", "PreviewWarning", "Setting accelerator to CPU", "Loading weights")
+NOISE = ("is_gradient_checkpointing", "BetaWarning", "PreviewWarning", "Setting accelerator to CPU", "Loading weights",
+         "MLflow database tables", "Updating database tables")
 
 #: The real sources of the noise: DeepSpeed's accelerator detection, a Dagster ``Output`` with a
 #: ``data_version`` (beta), an asset check with a ``partitions_def`` (preview: the round's checks),
-#: transformers' deprecated property on a real (tiny) model; then one warning and one log record of the
-#: project's own, which must still show.
+#: transformers' deprecated property on a real (tiny) model, MLflow making a fresh SQLite tracking database;
+#: then one warning and one log record of the project's own, which must still show.
 _EMIT = """
 import logging, warnings
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -34,6 +35,8 @@ import transformers
 model = transformers.BertModel(transformers.BertConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=1,
                                                        intermediate_size=8, vocab_size=10))
 model.is_gradient_checkpointing
+import mlflow, tempfile
+mlflow.MlflowClient(tracking_uri="sqlite:///" + tempfile.mkdtemp() + "/mlflow.db").search_experiments()
 warnings.warn("our own note", UserWarning)
 logging.getLogger("envloop_pipelines.core.model.training").warning("our own record")
 """
@@ -58,7 +61,8 @@ def test_without_the_filters_the_noise_is_there() -> None:
     out = _run(_EMIT.format(install=""))
     assert out.returncode == 0, out.stderr
     console = out.stdout + out.stderr
-    for noise in ("is_gradient_checkpointing", "BetaWarning", "PreviewWarning", "Setting accelerator to CPU"):
+    for noise in ("is_gradient_checkpointing", "BetaWarning", "PreviewWarning", "Setting accelerator to CPU",
+                  "Creating initial MLflow database tables", "Updating database tables"):
         assert noise in console, (noise, console)
 
 
