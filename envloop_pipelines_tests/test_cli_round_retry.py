@@ -28,7 +28,8 @@ def instance(tmp_path: Path):
         yield inst
 
 
-def _started_run(instance: dg.DagsterInstance, tags: dict[str, str]) -> dg.DagsterRun:
+def _created_run(instance: dg.DagsterInstance, tags: dict[str, str]) -> dg.DagsterRun:
+    """A run of a one-op job, created with ``tags`` and never started (NOT_STARTED)."""
     @dg.op
     def noop() -> None: ...
 
@@ -36,7 +37,11 @@ def _started_run(instance: dg.DagsterInstance, tags: dict[str, str]) -> dg.Dagst
     def some_job() -> None:
         noop()
 
-    run = instance.create_run_for_job(some_job, tags=tags)
+    return instance.create_run_for_job(some_job, tags=tags)
+
+
+def _started_run(instance: dg.DagsterInstance, tags: dict[str, str]) -> dg.DagsterRun:
+    run = _created_run(instance, tags)
     instance.handle_run_event(run.run_id, dg.DagsterEvent(
         event_type_value=dg.DagsterEventType.RUN_START.value, job_name=run.job_name, message="started"))
     return instance.get_run_by_id(run.run_id)
@@ -105,15 +110,7 @@ def test_a_created_run_whose_worker_died_before_it_started_is_reaped_and_ends_a_
     client = LocalClient(task="personal_agent")
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-
-    @dg.op
-    def noop() -> None: ...
-
-    @dg.job
-    def some_job() -> None:
-        noop()
-
-    created = client.instance.create_run_for_job(some_job, tags={**worker_tags(), PID_TAG: str(dead.pid)})
+    created = _created_run(client.instance, {**worker_tags(), PID_TAG: str(dead.pid)})
     assert client.instance.get_run_by_id(created.run_id).status == dg.DagsterRunStatus.NOT_STARTED
     ended: list = []
     waiter = threading.Thread(target=lambda: ended.append(client.wait(created.run_id, progress=False, poll_s=0.2,

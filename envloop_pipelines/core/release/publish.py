@@ -164,15 +164,13 @@ def release_checkpoint(config: LoopConfig, tracker: Tracker, *, checkpoint: Path
     release = ledger.next_release_number()
     read = read_holdout(ledger, release)
     holdout = dict(read.metrics)
-    tags = {TAG_RELEASE: str(release), TAG_CHECKPOINT: checkpoint.name}
+    tags = {TAG_RELEASE: str(release), TAG_CHECKPOINT: checkpoint.name,
+            **({} if round_key is None else {TAG_ROUND: round_key})}
     # A retry after a crash between the release's run and its card carries on in that run (its version is
     # registered once), so the registry holds one version of the release.
-    mrun = tracker.find_run(config.task, {TAG_KIND: KIND_RELEASE, **tags,
-                                          **({} if round_key is None else {TAG_ROUND: round_key})})
-    if round_key is not None:
-        if mrun is None:
-            mrun = child_run(tracker, config, round_key, KIND_RELEASE, {**(run_tags or {}), **tags})
-        tags[TAG_ROUND] = round_key
+    mrun = tracker.find_run(config.task, {TAG_KIND: KIND_RELEASE, **tags})
+    if mrun is None and round_key is not None:
+        mrun = child_run(tracker, config, round_key, KIND_RELEASE, {**(run_tags or {}), **tags})
     elif mrun is None:
         mrun = tracker.start_run(config.task, f"release {release} (bootstrap)",
                                  tags={TAG_KIND: KIND_RELEASE, **(run_tags or {}), **tags})
