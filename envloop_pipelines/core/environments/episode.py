@@ -32,16 +32,35 @@ Threat model (the hostile agent of issue 17), on top of the sandbox's own
   ``/dev/shm`` and ``/run/lock``, so one attempt cannot read or signal another's
   processes or files. The source checkout and the EnvLoop home are concealed
   from commands (only the interpreter's files come back).
+* **The verifier's phase is its own world** (a Harbor task's tests, issue 35): the final state is data at the
+  task's working directory, never code the verifier's tools pick up by convention. The tests run with a fresh,
+  empty ``HOME`` (``/tmp/home``, in its private ``/tmp``: no dotfile of the agent's is sourced), ``TMPDIR=/tmp``,
+  the project's ``PATH`` and ``PYTHONSAFEPATH=1`` (``python3 -m pytest`` from ``/app`` does not import a
+  ``pytest/`` the agent left there). The tests are at ``/tests`` and the logs at ``/logs`` in that phase
+  only, as Harbor has them (no path in the test files is rewritten; test output names ``/tests/...``).
+* **The episode's host path cannot be named**: its folder is a tmpfs of its own (:data:`EPISODE_DISK_MB`), the
+  agent's commands see their working directory at ``/app`` only, in their own PID namespace with their own
+  ``/proc``, and neither ``ps`` nor ``/proc/self/mountinfo`` shows the folder's host path or another attempt.
+  In the verifier's phase the folder is not at its host path either.
+* **A link resolves as in the agent's world** (:func:`sever_links`): a link of the final state that would
+  reach what only the verifier has (``/tests``, ``/logs``, ``/proc``, the temp dirs, the episode folder)
+  points nowhere when the tests run, as it did for the agent; links inside the working directory stay.
 * **Teardown** removes the episode folder through folder descriptors, without
   recursion (:func:`~envloop_pipelines.core.sandbox.tree.remove_tree`): no tree an
-  agent can make (deep, wide, mode 000, immutable) keeps it on the host.
+  agent can make (deep, wide, mode 000, immutable) keeps it on the host; an episode on its own tmpfs is
+  unmounted at once.
 
 Not covered: the tests of an imported Harbor task run the agent's code with
 the same uid that writes the reward file (as in Harbor itself), so a task
-whose tests execute the agent's programs can be gamed by those programs;
-absolute paths in ``tests/test.sh`` other than ``/tests``, ``/logs`` and the
-task's working directory are not mapped; the disk is bounded per file, not in
-total (see the sandbox's threat model).
+whose tests execute the agent's programs (``bash /app/run.sh``, ``import solution``)
+can be gamed by those programs; ``envloop env audit`` tries the known ways and
+names the tasks they pass. The working directory of the tests is the task's
+(Harbor runs ``test.sh`` there), so a tool that reads its configuration from
+the working directory by its own convention (``npm test`` and ``package.json``,
+``make``) reads the agent's. A link severed because it reaches ``/proc`` (a link to
+``/proc/cpuinfo``) is severed even where it would read the same. Without a mount
+namespace (another backend, no root) the tests see the episode's host paths
+instead of ``/tests`` and ``/logs`` (mapped in every file of the tests).
 """
 
 from __future__ import annotations
@@ -53,12 +72,13 @@ import os
 import re
 import stat
 import tempfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from envloop_pipelines.core.environments.base import Score
 from envloop_pipelines.core.environments.spec import EnvironmentSpec
 from envloop_pipelines.core.sandbox import LocalSandbox, Sandbox, SandboxResult, make_sandbox, probe_host, setup_error
+from envloop_pipelines.core.sandbox.local import PRIVATE_TMP_DIRS, mount_scratch, unmount_scratch
 from envloop_pipelines.core.sandbox.tree import remove_tree, walk
 from envloop_pipelines.core.storage import envloop_home, sha256_bytes
 from envloop_pipelines.core.verify.terminal import TerminalStateCheck
@@ -74,6 +94,17 @@ FINAL_STATE_TOTAL_BYTES = 512 * 1024
 #: The snapshot stops listing after this many folders and files (a tree of millions is cut, not walked).
 FINAL_STATE_MAX_ENTRIES = 20_000
 _BASH = ("/bin/bash", "--noprofile", "--norc", "-c")
+#: An episode's folder (the working directory, then the verifier's copy of the tests and its logs) is a tmpfs of
+#: this size where the host allows it: the attempt's disk use is bounded in total, and a bind of its working
+#: directory shows ``/work`` in ``/proc/self/mountinfo``, never the folder's host path. A tmpfs takes memory
+#: only for what is written.
+EPISODE_DISK_MB = 256
+#: Where the tests of a Harbor task and its logs are, in the verifier's phase only (Harbor's paths).
+TESTS_PATH, LOGS_PATH = "/tests", "/logs"
+#: The verifier's own HOME, made empty in its private /tmp: nothing the agent wrote is a dotfile there.
+VERIFIER_HOME = "/tmp/home"
+#: What a link of the final state that would reach the verifier's own world points to instead (nowhere).
+SEVERED_LINK = "/.envloop-severed-link"
 
 log = logging.getLogger(__name__)
 
@@ -265,6 +296,7 @@ class TerminalEpisode(_BaseEpisode):
                              if spec.verifier.kind == "tests" else None)
         self._at_task_workdir = bool(self.task_workdir and self._local and probe_host().mount_namespace)
         self._root = Path(tempfile.mkdtemp(prefix="envloop-episode-", dir=work_root))
+        self._scratch = self._local and probe_host().mount_namespace and mount_scratch(self._root, EPISODE_DISK_MB)
         self.workdir = self._root / "work"
         self.workdir.mkdir(mode=0o700)
         for rel, text in spec.files.items():
@@ -328,7 +360,9 @@ class TerminalEpisode(_BaseEpisode):
         return Score(1.0 if verdict.passed else 0.0, verdict.passed, "scored", "terminal", details, sandbox=verdict.sandbox)
 
     def _verify_tests(self) -> Score:
-        """Harbor's contract in our sandbox: tests/ beside the final state, a fresh logs/verifier, test.sh, the reward."""
+        """Harbor's contract in the verifier's own world: the final state at the task's working directory, the tests
+        at ``/tests``, a fresh ``/logs/verifier``, the verifier's own HOME, TMPDIR and PATH, Python in safe-path mode;
+        then ``test.sh`` and the reward it wrote."""
         verify_root = self._root / "verify"
         verify_root.mkdir(mode=0o700)
         app = verify_root / "app"
@@ -337,22 +371,36 @@ class TerminalEpisode(_BaseEpisode):
         logs = verify_root / "logs" / "verifier"
         logs.mkdir(parents=True)
         workdir_name = self.task_workdir or "/app"
-        # Every file of the task's tests (test.sh, test_outputs.py, ...) gets /tests and /logs mapped; the
-        # working directory is mapped too where the sandbox cannot show it at its own path.
-        mapping = {"/tests": verify_root / "tests", "/logs": verify_root / "logs"}
-        if not self._at_task_workdir:
-            mapping[workdir_name] = app
+        own_world = self._at_task_workdir
+        # Where the sandbox cannot show the verifier's world at Harbor's paths (another backend, no mount
+        # namespace), every file of the tests gets /tests, /logs and the working directory mapped to local folders.
+        mapping = {} if own_world else {TESTS_PATH: verify_root / "tests", LOGS_PATH: verify_root / "logs",
+                                        workdir_name: app}
         for rel, text in self.spec.verifier.files.items():
             path = verify_root / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(map_paths(text, mapping), encoding="utf-8")
-        start = workdir_name if self._at_task_workdir else str(app)
-        script = f"cd {_quote(start)} && exec /bin/bash {_quote(verify_root / 'tests' / 'test.sh')}"
-        options = self._local_options(app)
+        severed = sever_links(app, workdir_name, [TESTS_PATH, LOGS_PATH, "/proc", *PRIVATE_TMP_DIRS, str(self._root)])
+        options: dict[str, Any] = {}
+        if self._local:
+            home = VERIFIER_HOME if own_world else str(verify_root / "home")
+            tmp = "/tmp" if own_world else str(verify_root / "tmp")
+            # PYTHONSAFEPATH: `python3 -m pytest` from the working directory does not put it on sys.path (a
+            # pytest/ package the agent left there is data, not the verifier's pytest).
+            options = {"conceal": self._conceal, "env": {"HOME": home, "TMPDIR": tmp, "PYTHONSAFEPATH": "1"}}
+            if own_world:
+                options.update(binds={workdir_name: app, TESTS_PATH: verify_root / "tests",
+                                      LOGS_PATH: verify_root / "logs"}, cwd=workdir_name)
+        start = workdir_name if own_world else str(app)
+        test_sh = f"{TESTS_PATH}/test.sh" if own_world else str(verify_root / "tests" / "test.sh")
+        prepare = 'mkdir -p -m 700 "$HOME" "$TMPDIR" && ' if self._local else ""
+        script = f"{prepare}cd {_quote(start)} && exec /bin/bash {_quote(test_sh)}"
         ran = self.sandbox.run([*_BASH, script], limits=self.spec.verifier.limits, workdir=verify_root,
                                hidden_paths=self.hidden_paths, **options)
         details: dict[str, Any] = {"tests": {"status": ran.status, "exit_code": ran.exit_code, "detail": ran.detail,
                                              "stdout_tail": ran.stdout_tail[-2000:], "stderr_tail": ran.stderr_tail[-2000:]}}
+        if severed:
+            details["links_severed"] = severed
         try:
             reward = read_reward(logs)
         except ValueError as exc:
@@ -382,9 +430,79 @@ class TerminalEpisode(_BaseEpisode):
                 log.exception("the final state of %s could not be read", self.environment_id)
                 self._state = {"files": {}, "truncated": True}
             try:
-                remove_tree(self._root)
+                if self._scratch:
+                    unmount_scratch(self._root)  # the tmpfs and everything on it, at once
+                    self._root.rmdir()
+                else:
+                    remove_tree(self._root)
             except OSError:
                 log.exception("could not remove the episode folder %s", self._root)
+
+
+def _agent_world_trail(path: str, app: Path, workdir: str, max_links: int = 40) -> list[str]:
+    """Every path that resolving ``path`` passes through in the agent's world, the last one where it ends.
+
+    The agent's world is this host's filesystem with the final state at ``workdir`` (read from ``app``) and
+    empty private temp dirs; links are followed as the kernel follows them (at most ``max_links``).
+    """
+    parts = list(PurePosixPath(path).parts[1:])
+    cur, trail, hops = "/", [], 0
+    while parts:
+        part = parts.pop(0)
+        if part in ("", "."):
+            continue
+        nxt = os.path.dirname(cur) if part == ".." else os.path.join(cur, part)
+        host = (app / os.path.relpath(nxt, workdir)) if _is_below(nxt, workdir) else Path(nxt)
+        trail.append(nxt)
+        try:
+            st = os.lstat(host)
+            if any(_is_below(nxt, t) for t in PRIVATE_TMP_DIRS) and not _is_below(nxt, workdir):
+                raise FileNotFoundError(nxt)  # empty for the agent: its temp dirs were its own commands' own
+        except OSError:
+            cur = nxt
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            hops += 1
+            if hops > max_links:
+                break
+            target = os.readlink(host)
+            parts = [*PurePosixPath(target).parts[1 if target.startswith("/") else 0:], *parts]
+            cur = "/" if target.startswith("/") else cur
+            continue
+        cur = nxt
+    return trail
+
+
+def _is_below(path: str, top: str) -> bool:
+    top = top.rstrip("/") or "/"
+    return path == top or path.startswith(top + "/") or top == "/"
+
+
+def sever_links(app: Path, workdir: str, verifier_only: Sequence[str]) -> list[dict[str, str]]:
+    """Make every link of the final state resolve as in the agent's world before the verifier runs.
+
+    A link whose resolution in the agent's world passes through one of ``verifier_only`` (``/tests``, ``/logs``,
+    ``/proc``, the temp dirs, the episode's own folder: what is there for the verifier is not what the agent
+    had) would name the verifier's files, so it is pointed at :data:`SEVERED_LINK`, where nothing is: reading
+    it fails as it did for the agent. Links that stay inside the working directory, or reach the host's
+    shared files, are kept as they are. Returns ``[{"path", "target", "reaches"}]`` of the severed links.
+    """
+    severed = []
+    for dirpath, _dirs, files in walk(app):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                continue
+            rel = os.path.relpath(path, app)
+            trail = _agent_world_trail(os.path.join(workdir, rel), app, workdir)
+            reached = next((t for t in trail if any(_is_below(t, v) for v in verifier_only)), None)
+            if reached is None:
+                continue
+            target = os.readlink(path)
+            os.unlink(path)
+            os.symlink(SEVERED_LINK, path)
+            severed.append({"path": rel, "target": target, "reaches": reached})
+    return severed
 
 
 def _checkout() -> Path | None:
@@ -535,5 +653,5 @@ def open_episode(spec: EnvironmentSpec, *, sandbox: Sandbox | None = None, work_
     return DecisionEpisode(spec)
 
 
-__all__ = ["DecisionEpisode", "Episode", "EpisodeClosedError", "REWARD_FILES", "TerminalEpisode", "map_paths",
-           "open_episode", "read_reward", "snapshot_files", "verifier_breakage"]
+__all__ = ["DecisionEpisode", "EPISODE_DISK_MB", "Episode", "EpisodeClosedError", "REWARD_FILES", "TerminalEpisode",
+           "map_paths", "open_episode", "read_reward", "sever_links", "snapshot_files", "verifier_breakage"]

@@ -46,6 +46,18 @@ Covered (when the host allows it; every run reports what it got):
   interpreter needs that are not world-traversable (a pyenv Python under
   ``/root``) are exposed the same way: a tmpfs over the ancestor with only the
   needed paths bound back, which also hides the rest of ``/root``.
+* **Its own processes** (a PID namespace, where the host allows it): the launcher forks pid 1 of a new
+  namespace, which mounts its own ``/proc`` and starts the command as pid 2; ``ps`` lists the run's
+  processes only (pid 1 shows as ``envloop-sandbox ... /dev/fd/N``: the spec comes in the environment, the
+  launcher's script through a descriptor, so no host path is in its command line), and when the command
+  ends pid 1 exits and the kernel kills every process left in the namespace (``processes_killed`` counts
+  them). ``HostSupport.pid_namespace`` says whether the host allowed it.
+* **No host path in the mount table** for a command shown at the task's own paths (``binds``, a Harbor
+  task's ``/app``): its working directory is not bound back at its host path (it is concealed), the host's
+  mounts below the private temp dirs and concealed paths (another attempt's folder) are detached before
+  the overlays cover them, and an episode's folder is a tmpfs of its own (:func:`mount_scratch`), so
+  ``/proc/self/mountinfo`` shows ``/work`` as the source of ``/app``. The interpreter's paths, bound back,
+  are still listed.
 * **Owner-only label files**, a second lock under the mask: the label store
   is written owner-only by :mod:`envloop_pipelines.core.data.snapshots`
   (files 0400, folders 0700 from ``<home>/verifier`` down; a store written
@@ -104,15 +116,16 @@ Not covered:
 * **Bind targets** (``binds``, a Harbor task's ``/app``) that do not exist on the
   host are made there once, as empty root-owned folders (mount points).
 * **Disk use** is bounded per file (RLIMIT_FSIZE) and by the private tmpfs
-  size (``fsize_mb`` each), not in total inside the working directory (many files of the maximum
-  size are possible); use a quota or the docker backend's tmpfs size.
+  size (``fsize_mb`` each), not in total inside a working directory the caller made (many files of the
+  maximum size are possible; an episode's folder is a tmpfs of bounded size); use a quota or the docker
+  backend's tmpfs size.
 * **Memory** is bounded per process as address space, not as resident memory
   of the whole tree (cgroup v1 here; no per-run memory cgroup). ``nproc`` x
   ``mem_mb`` is the worst case.
 * **CPU** is bounded per process; a tree of processes shares the wall limit.
-* **/proc** is the host's (no PID namespace): process lists and command lines
-  of other users are visible (not their environments or file descriptors), and
-  the killed processes' zombies are reaped by the host's init.
+* **/proc** is the host's where the host refuses a PID namespace (``pid_namespace: false``): process lists
+  and command lines of other users are visible (not their environments or file descriptors), and the
+  killed processes' zombies are reaped by the host's init. ``/sys`` is the host's in any case.
 * The setup runs in :mod:`envloop_pipelines.core.sandbox.enter`, a small
   stdlib-only launcher that ``subprocess`` starts with ``vfork`` + ``exec``
   (no ``preexec_fn``), so no code of the caller (its at-fork handlers, its
@@ -186,15 +199,17 @@ class HostSupport:
     mount_namespace: bool
     setuid: bool
     detail: str
+    pid_namespace: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {"root": self.root, "network_namespace": self.network_namespace,
-                "mount_namespace": self.mount_namespace, "setuid": self.setuid, "detail": self.detail}
+                "mount_namespace": self.mount_namespace, "pid_namespace": self.pid_namespace,
+                "setuid": self.setuid, "detail": self.detail}
 
 
 def _launch_spec(*, unshare: int = 0, mount_ns: bool = False, overlays: Sequence["_Overlay"] = (),
                  hidden: Sequence[Path] = (), rlimits: Sequence[tuple[int, tuple[int, int]]] = (),
-                 uid: int | None = None, error_fd: int | None = None,
+                 uid: int | None = None, error_fd: int | None = None, report_fd: int | None = None,
                  binds: Mapping[str, Path] | None = None, cwd: str | None = None) -> dict[str, Any]:
     """The JSON the launcher applies (:func:`envloop_pipelines.core.sandbox.enter.setup`)."""
     return {
@@ -205,23 +220,37 @@ def _launch_spec(*, unshare: int = 0, mount_ns: bool = False, overlays: Sequence
                      for o in overlays],
         "rlimits": [[which, soft, hard] for which, (soft, hard) in rlimits], "uid": uid,
         "error_fd": -1 if error_fd is None else error_fd, "parent_pid": os.getpid(),
+        "report_fd": -1 if report_fd is None else report_fd,
     }
 
 
-def _launcher_argv(spec: Mapping[str, Any], argv: Sequence[str]) -> list[str]:
-    """``argv`` behind the launcher that applies ``spec`` (see :mod:`~envloop_pipelines.core.sandbox.enter`)."""
-    return [sys.executable, "-I", "-S", "-B", enter.__file__, json.dumps(spec), *argv]
+def _start_launcher(spec: Mapping[str, Any], argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                    pass_fds: Sequence[int] = (), **popen: Any) -> subprocess.Popen:
+    """Start ``argv`` behind the launcher that applies ``spec`` (see :mod:`~envloop_pipelines.core.sandbox.enter`).
+
+    The launcher's command line holds no host path (with a PID namespace it is the run's pid 1, which ``ps``
+    shows): its script is read from an inherited descriptor (``/dev/fd/N``), the spec comes in the environment.
+    """
+    script = os.open(enter.__file__, os.O_RDONLY)
+    try:
+        return subprocess.Popen(
+            [enter.LAUNCHER_NAME, "-I", "-S", "-B", f"/dev/fd/{script}", *argv], executable=sys.executable,
+            env={**(os.environ if env is None else env), enter.SPEC_ENV: json.dumps(spec)},
+            pass_fds=(*pass_fds, script), close_fds=True, start_new_session=True, **popen)
+    finally:
+        os.close(script)
 
 
 def _probe(spec: Mapping[str, Any]) -> str | None:
     """Run ``:`` behind the launcher with ``spec``; None when it worked, else the reason."""
     try:
-        proc = subprocess.run(_launcher_argv(spec, ["/bin/sh", "-c", ":"]), timeout=10, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        with _start_launcher(spec, ["/bin/sh", "-c", ":"], env={"PATH": _PATH}, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) as proc:
+            _, stderr = proc.communicate(timeout=10)
     except (subprocess.SubprocessError, OSError) as exc:
         return f"{type(exc).__name__}: {exc}"
     if proc.returncode != 0:
-        return proc.stderr.decode(errors="replace").strip()[-500:] or f"exited {proc.returncode}"
+        return stderr.decode(errors="replace").strip()[-500:] or f"exited {proc.returncode}"
     return None
 
 
@@ -234,6 +263,8 @@ def probe_host() -> HostSupport:
         "mount_namespace": _launch_spec(unshare=enter.CLONE_NEWNS, mount_ns=True,
                                         overlays=[_Overlay(Path("/tmp"), "size=4k", (), False)]),
         "setuid": _launch_spec(uid=DEFAULT_UID_RANGE[0]),
+        # Its own /proc needs the mount namespace too.
+        "pid_namespace": _launch_spec(unshare=enter.CLONE_NEWNS | enter.CLONE_NEWPID, mount_ns=True),
     }
     results = {}
     for name, spec in specs.items():
@@ -418,6 +449,19 @@ def _processes_of(uid: int) -> list[int]:
     return out
 
 
+def _is_the_command(pid: int) -> bool:
+    """The run's command itself, in its own PID namespace: pid 2 there (pid 1 is the launcher's init)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"NSpid:"):
+                    ids = line.split()[1:]
+                    return len(ids) > 1 and ids[-1] == b"2"
+    except OSError:
+        pass
+    return False
+
+
 def _kill_group(pgid: int) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
@@ -503,6 +547,41 @@ def _chown_tree(root: Path, uid: int) -> None:
             except OSError as exc:
                 if exc.errno not in (errno.ENAMETOOLONG, errno.ENOENT):  # past PATH_MAX: left as it is
                     raise
+
+
+def _libc() -> Any:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+    libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    return libc
+
+
+def mount_scratch(path: str | Path, size_mb: int) -> bool:
+    """Mount a fresh tmpfs of ``size_mb`` MiB (mode 0700) over the empty folder ``path``, in this host's namespace.
+
+    An episode's folder lives on one: a bind of a folder of it shows the folder's path *on that tmpfs*
+    (``/work``) in ``/proc/self/mountinfo``, never its host path, and its disk use is bounded in total.
+    Returns False where the host refuses (no root); the folder is then an ordinary one.
+    """
+    if os.geteuid() != 0:
+        return False
+    options = f"size={int(size_mb)}m,mode=0700".encode()
+    return _libc().mount(b"tmpfs", os.fsencode(path), b"tmpfs", 2 | 4, options) == 0  # MS_NOSUID | MS_NODEV
+
+
+def unmount_scratch(path: str | Path) -> None:
+    """Detach the tmpfs :func:`mount_scratch` put at ``path`` (its files go with it, whatever they are).
+
+    Raises:
+        OSError: the host refused.
+    """
+    if _libc().umount2(os.fsencode(path), 2) != 0:  # MNT_DETACH
+        import ctypes
+
+        err = ctypes.get_errno()
+        raise OSError(err, f"umount {path}: {os.strerror(err)}")
 
 
 # --------------------------------------------------------------------------- the backend
@@ -736,32 +815,41 @@ class LocalSandbox:
             (resource.RLIMIT_NPROC, (nproc, nproc)),
             (resource.RLIMIT_CORE, (0, 0)),
         ]
-        overlays = _plan_overlays([*interpreter_paths(), *self.readable_paths, work], self.private_tmp,
-                                  limits.fsize_mb, conceal) if mount_ns else []
-        flags = (enter.CLONE_NEWNET if net else 0) | (enter.CLONE_NEWNS | enter.CLONE_NEWIPC if mount_ns else 0)
+        # A working directory shown at the task's own paths (binds) is not bound back at its host path, and is
+        # concealed where no private temp dir covers it: the command never learns or reaches where it lives.
+        shown = [] if mounts else [work]
+        overlays = _plan_overlays([*interpreter_paths(), *self.readable_paths, *shown], self.private_tmp,
+                                  limits.fsize_mb, [*conceal, *([work] if mounts else [])]) if mount_ns else []
+        pid_ns = mount_ns and probe_host().pid_namespace
+        flags = (enter.CLONE_NEWNET if net else 0) | (enter.CLONE_NEWNS | enter.CLONE_NEWIPC if mount_ns else 0) | (
+            enter.CLONE_NEWPID if pid_ns else 0)
 
         err_r, err_w = os.pipe()
+        # With a PID namespace the run's init reports how many processes the command left behind (they die
+        # with it, before any sweep of the uid could count them).
+        rep_r, rep_w = os.pipe()
         chan_r = chan_w = -1
-        pass_fds: tuple[int, ...] = (err_w,)
+        pass_fds: tuple[int, ...] = (err_w, rep_w)
         if result_channel:
             chan_r, chan_w = os.pipe()
             env[RESULT_FD_ENV] = str(chan_w)
             pass_fds += (chan_w,)
         spec = _launch_spec(unshare=flags, mount_ns=mount_ns, overlays=overlays, hidden=hidden, rlimits=rlimits,
-                            uid=uid, error_fd=err_w, binds=mounts, cwd=inside if mounts and cwd is not None else None)
+                            uid=uid, error_fd=err_w, report_fd=rep_w, binds=mounts,
+                            cwd=inside if mounts and cwd is not None else None)
         started = time.monotonic()
         try:
-            proc = subprocess.Popen(
-                _launcher_argv(spec, argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                cwd=work, env=env, start_new_session=True, pass_fds=pass_fds, close_fds=True, restore_signals=True,
-            )
+            proc = _start_launcher(spec, argv, env=env, pass_fds=pass_fds, stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=work, restore_signals=True)
         except (OSError, subprocess.SubprocessError) as exc:
-            for fd in (err_r, err_w, chan_r, chan_w):
+            for fd in (err_r, err_w, rep_r, rep_w, chan_r, chan_w):
                 if fd >= 0:
                     os.close(fd)
             return fail(f"starting the sandbox launcher: {type(exc).__name__}: {exc}")
         os.close(err_w)  # the launcher holds the only write end; its exec (or exit) closes it
+        os.close(rep_w)
         setup_errors = _Tail(err_r, 4000)
+        left_behind = _Tail(rep_r, 64)
         channel = None
         if result_channel:
             os.close(chan_w)  # the child holds the only write end now
@@ -785,13 +873,14 @@ class LocalSandbox:
         # Stray background jobs, setsid escapees, a fork bomb's children: counted before the kill
         # (SIGKILL is delivered asynchronously, so a count after it undercounts), then killed.
         strays = set(_processes_of(uid)) if uid is not None else set()
+        command = {p for p in strays if _is_the_command(p)}  # not a stray: the command the caller ran
         _kill_group(proc.pid)
         if timed_out:
             done.wait(10)
         if uid is not None:
             strays |= _sweep_uid(uid)
-        strays.discard(proc.pid)
-        for reader in (out, err, setup_errors, *( [channel] if channel else [] )):
+        strays -= {proc.pid, *command}
+        for reader in (out, err, setup_errors, left_behind, *( [channel] if channel else [] )):
             reader.thread.join(5)
         feeder.join(1)
         wall = time.monotonic() - started
@@ -800,6 +889,9 @@ class LocalSandbox:
         if channel is not None:
             os.close(chan_r)
         os.close(err_r)
+        os.close(rep_r)
+        reported = left_behind.text().strip()
+        killed = max(len(strays), int(reported) if reported.isdigit() else 0)
         if setup_errors.total:
             # The launcher could not isolate the run (or exec the command): the command never ran.
             return fail(setup_errors.text())
@@ -826,9 +918,10 @@ class LocalSandbox:
             ok=status == "ok", exit_code=exit_code, signal=sig, status=status, wall_s=round(wall, 4),
             cpu_s=round(cpu_s, 4), stdout_tail=stdout_text, stderr_tail=stderr_text, network_isolated=net,
             backend=self.backend, pid=proc.pid, hidden_paths_masked=masked, uid=uid if uid is not None else os.getuid(),
-            processes_killed=len(strays), detail=detail, channel=channel_text, stdout_bytes=out.total,
+            processes_killed=killed, detail=detail, channel=channel_text, stdout_bytes=out.total,
             stderr_bytes=err.total, limits=limits.to_dict(),
         )
 
 
-__all__ = ["HostSupport", "LocalSandbox", "classify", "interpreter_paths", "probe_host"]
+__all__ = ["HostSupport", "LocalSandbox", "classify", "interpreter_paths", "mount_scratch", "probe_host",
+           "unmount_scratch"]
