@@ -147,6 +147,13 @@ def export_command(dataset_ref: str, fmt: str, out: Path, include_heldout: bool,
                    f"are concealed from their commands), but anyone with the checkout does", err=True)
     click.echo(f"exported {len(done.tasks)} environments of {dataset.name}@{dataset.version[:12]} as Harbor tasks "
                f"to {done.out}")
+    kept = len(done.tasks) - len(done.rewritten)
+    if kept:
+        click.echo(f"{kept} imported Harbor task(s) written back as they came: every file byte for byte")
+    if done.rewritten:
+        click.echo(f"{len(done.rewritten)} written in EnvLoop's form (task.toml, environment/, tests/, solution/ made "
+                   f"from the environment; docs/agents.md, 'Harbor task folders'): {', '.join(done.rewritten[:5])}"
+                   f"{', ...' if len(done.rewritten) > 5 else ''}")
     if done.skipped:
         click.echo(f"skipped {len(done.skipped)} decision environments (Harbor tasks are terminal ones)")
 
@@ -177,11 +184,14 @@ def import_command(path: Path, name: str | None, fmt: str, home: Path | None) ->
     """Import a Harbor task folder, or a folder of them, as an environment dataset (tests/ stay hidden)."""
     from envloop_pipelines.core.environments.harbor import import_harbor
 
+    notes: list[str] = []
     try:
-        dataset = import_harbor(path, name=name, home=home)
+        dataset = import_harbor(path, name=name, home=home, on_note=notes.append)
     except (FileNotFoundError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(_stored(dataset, "imported"))
+    for text in notes:  # a file kept but not used, a line of the tests that needs the network
+        click.echo(f"note  {text}")
     notes = sum(len(e.meta.get("harbor", {}).get("not_reproduced", [])) for e in dataset.environments)
     if notes:
         click.echo(f"{notes} Dockerfile steps or settings are not reproduced here (envloop env show "

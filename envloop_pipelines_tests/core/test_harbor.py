@@ -168,8 +168,11 @@ def test_an_imported_harbor_task_runs_and_verifies_here(tmp_path: Path) -> None:
                           "notes.md": "The prices are in euros.\n", "readme.txt": "Read me.\n"}
     assert sorted(spec.verifier.files) == ["tests/expected.txt", "tests/test.sh"]
     assert "expected" not in json.dumps(spec.agent_view()) and "12" not in json.dumps(spec.files)
-    assert spec.verifier.params == {"workdir": "/app"} and spec.verifier.limits.wall_s == 120.0
-    assert spec.limits.mem_mb == 2048 and spec.limits.wall_s == 30.0  # per command, under the agent's 300 s
+    assert spec.verifier.params["workdir"] == "/app" and spec.verifier.limits.wall_s == 120.0
+    # Every file of the folder, kept for the export (verifier side: never in the agent's view).
+    assert sorted(spec.verifier.params["task_files"]) == sorted(
+        p.relative_to(task).as_posix() for p in task.rglob("*") if p.is_file())
+    assert spec.limits.mem_mb == 2048 and spec.limits.wall_s == 300.0  # the task's own [agent] timeout_sec
     harbor = spec.meta["harbor"]
     assert harbor["metadata"]["difficulty"] == "easy" and harbor["agent_timeout_sec"] == 300.0
     notes = " | ".join(harbor["not_reproduced"])

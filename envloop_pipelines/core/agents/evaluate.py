@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -173,6 +173,14 @@ def _error_attempt(dataset: Any, spec: Any, agent: AgentSpec, attempt: int, erro
                    status="error", error=error)
 
 
+def task_attempt_limits(spec: Any, limits: AttemptLimits) -> AttemptLimits:
+    """``limits`` with the attempt's wall time a Harbor task sets for itself (``[agent] timeout_sec``), if any."""
+    timeout = ((spec.meta or {}).get("harbor") or {}).get("agent_timeout_sec")
+    if not timeout:
+        return limits
+    return replace(limits, wall_s=float(timeout), request_timeout_s=min(limits.request_timeout_s, float(timeout)))
+
+
 def _attempt_once(dataset: Any, spec: Any, agent: AgentSpec, attempt: int, limits: AttemptLimits,
                   open_episode: Callable[..., Any], sandbox: Any, work_root: Path | None, home: str | Path | None) -> Attempt:
     """One attempt, whatever happens: anything that goes wrong is this attempt's error, never the run's."""
@@ -183,7 +191,7 @@ def _attempt_once(dataset: Any, spec: Any, agent: AgentSpec, attempt: int, limit
         return _error_attempt(dataset, spec, agent, attempt, f"episode: could not open: {type(exc).__name__}: {exc}")
     try:
         done = run_attempt(episode, agent, dataset=dataset.name, dataset_version=dataset.version, split=spec.split,
-                           seed=spec.seed, attempt=attempt, limits=limits)
+                           seed=spec.seed, attempt=attempt, limits=task_attempt_limits(spec, limits))
     except Exception as exc:  # run_attempt records what the agent does; this is a fault of ours, kept to the attempt
         log.exception("attempt %s/%d failed", spec.id, attempt)
         done = _error_attempt(dataset, spec, agent, attempt, f"episode: {type(exc).__name__}: {exc}")

@@ -404,11 +404,14 @@ class TerminalEpisode(_BaseEpisode):
         try:
             reward = read_reward(logs)
         except ValueError as exc:
-            return Score(0.0, False, "error", "tests", {**details, "error": f"{exc} ({ran.status}: {ran.detail})"},
-                         sandbox=ran)
+            offline = self.spec.verifier.params.get("needs_network")
+            why = offline_reason(offline) if offline else f"{exc} ({ran.status}: {ran.detail})"
+            return Score(0.0, False, "error", "tests", {**details, "error": why}, sandbox=ran)
         details["reward"] = reward
         value = max(0.0, min(1.0, reward))
         broke = verifier_breakage(ran.stdout_tail + "\n" + ran.stderr_tail) if reward < 1.0 else None
+        if reward < 1.0 and self.spec.verifier.params.get("needs_network"):
+            broke = offline_reason(self.spec.verifier.params["needs_network"])
         if broke:
             return Score(0.0, False, "error", "tests", {**details, "error": broke}, sandbox=ran)
         return Score(value, reward >= 1.0, "scored", "tests", details, sandbox=ran)
@@ -555,6 +558,12 @@ def verifier_breakage(output: str) -> str | None:
         if m:
             return "the tests could not run: " + message.format(*(g.strip() for g in m.groups()))
     return None
+
+
+def offline_reason(lines: Sequence[str]) -> str:
+    """Why tests that need the network could not judge the attempt (``file:line: command`` of the first)."""
+    more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
+    return f"the tests could not run: they need the network, which environments here do not have: {lines[0]}{more}"
 
 
 def read_reward(logs: Path) -> float:

@@ -36,8 +36,10 @@ the field.
 
 from __future__ import annotations
 
+import base64
 import glob
 import json
+import logging
 import os
 import re
 import shlex
@@ -45,7 +47,7 @@ import stat
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import tomlkit
 
@@ -55,6 +57,7 @@ from envloop_pipelines.core.environments.spec import (
     DEFAULT_COMMAND_LIMITS,
     DEFAULT_VERIFY_LIMITS,
     MAX_FILE_BYTES,
+    MAX_FILES,
     EnvironmentSpec,
     SpecError,
     VerifierSpec,
@@ -62,6 +65,8 @@ from envloop_pipelines.core.environments.spec import (
 from envloop_pipelines.core.sandbox import SandboxLimits
 from envloop_pipelines.core.sandbox.tree import walk
 from envloop_pipelines.core.verify.terminal import EXPECT_FILES
+
+log = logging.getLogger(__name__)
 
 HARBOR_SCHEMA_VERSION = "1.4"
 #: The split whose environments a loop holds out (core.agents.evaluate's HELDOUT_SPLIT).
@@ -97,11 +102,15 @@ class HarborExport:
         out: the folder of tasks (a Harbor dataset).
         tasks: environment id -> its task folder.
         skipped: ids of environments with no Harbor form (decision environments).
+        rewritten: ids of environments written in EnvLoop's own form (``task.toml``, ``environment/``, ``tests/``,
+            ``solution/`` made from the environment: generated ones, or an import that kept no original); the
+            others are imported Harbor tasks, written back byte for byte.
     """
 
     out: Path
     tasks: Mapping[str, Path]
     skipped: tuple[str, ...]
+    rewritten: tuple[str, ...] = ()
 
 
 def _folder_name(env_id: str, taken: set[str]) -> str:
@@ -177,6 +186,9 @@ def export_task(dataset: EnvironmentDataset, spec: EnvironmentSpec, folder: Path
     """
     if spec.kind != "terminal":
         raise ValueError(f"{spec.id}: only terminal environments have a Harbor form, not {spec.kind!r}")
+    private = spec.split == HELDOUT_SPLIT
+    if spec.verifier.kind == "tests" and spec.verifier.params.get("task_files"):
+        return _write_task_files(spec, folder, private)
     workdir = str(spec.verifier.params.get("workdir", WORKDIR)) if spec.verifier.kind == "tests" else WORKDIR
     folder.mkdir(parents=True)
     _write(folder / "task.toml", _task_toml(dataset, spec, folder.name, workdir))
@@ -187,7 +199,6 @@ def export_task(dataset: EnvironmentDataset, spec: EnvironmentSpec, folder: Path
         for rel, text in spec.files.items():
             _write(folder / "environment" / "files" / rel, text)
     _write(folder / "environment" / "Dockerfile", "\n".join(lines) + "\n")
-    private = spec.split == HELDOUT_SPLIT
     if spec.verifier.kind == "terminal":
         _write(folder / "tests" / "test.sh", TEST_SH.format(workdir=workdir), executable=True, private=private)
         _write(folder / "tests" / "check.py", EXPECT_FILES.lstrip("\n"), private=private)
@@ -201,6 +212,30 @@ def export_task(dataset: EnvironmentDataset, spec: EnvironmentSpec, folder: Path
     if spec.solution is not None:
         _write(folder / "solution" / "solve.sh", SOLUTION_HEADER.format(workdir=workdir) + spec.solution,
                executable=True, private=private)
+    return folder
+
+
+#: The parts of an imported task that only the verifier may see (written owner-only for a held-out one).
+VERIFIER_PARTS = ("tests", "solution", "task.toml")
+
+
+def _write_task_files(spec: EnvironmentSpec, folder: Path, private: bool) -> Path:
+    """An imported Harbor task as it came: every file of its folder byte for byte, with its mode."""
+    folder.mkdir(parents=True)
+    for rel, entry in sorted(spec.verifier.params["task_files"].items()):
+        path = folder / rel
+        if not path.resolve().is_relative_to(folder.resolve()) or ".." in PurePosixPath(rel).parts:
+            raise ValueError(f"{spec.id}: task file {rel!r} is not inside the task folder")
+        data = entry["text"].encode("utf-8") if "text" in entry else base64.b64decode(entry["base64"])
+        hidden = private and PurePosixPath(rel).parts[0] in VERIFIER_PARTS
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if hidden:
+            path.parent.chmod(0o700)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        mode = int(entry.get("mode", 0o644))
+        path.chmod(mode & 0o700 if hidden else mode)
     return folder
 
 
@@ -233,7 +268,9 @@ def export_harbor(dataset: EnvironmentDataset, out: str | Path, *, include_heldo
             skipped.append(spec.id)
             continue
         tasks[spec.id] = export_task(dataset, spec, out / _folder_name(spec.id, taken))
-    return HarborExport(out=out, tasks=tasks, skipped=tuple(skipped))
+    rewritten = tuple(i for i, spec in ((e.id, e) for e in dataset.environments)
+                      if i in tasks and not spec.verifier.params.get("task_files"))
+    return HarborExport(out=out, tasks=tasks, skipped=tuple(skipped), rewritten=rewritten)
 
 
 # --------------------------------------------------------------------------- import
@@ -353,33 +390,68 @@ def _copy(env_dir: Path, dockerfile: Path, line: int, op: str, rest: str, cwd: s
 
 #: The parts of a task folder import reads; nothing in them may lead outside the folder.
 READ_PARTS = ("task.toml", "instruction.md", "environment", "tests", "solution")
+#: Folders of a task folder that are not the task (a checkout's own).
+SKIPPED_FOLDERS = frozenset({".git"})
+
+
+def _task_paths(task_dir: Path) -> list[Path]:
+    """Every file and folder of the task folder (``.git`` aside), in walk order."""
+    out = []
+    for d, dirs, files in walk(task_dir):
+        dirs[:] = [x for x in dirs if not (Path(d) == task_dir and x in SKIPPED_FOLDERS)]
+        out += [Path(d) / n for n in [*dirs, *files]]
+    return out
 
 
 def _refuse_links(task_dir: Path) -> None:
-    """Refuse a symlink or special file among the parts import reads, by name: import never reads outside the task.
+    """Refuse a symlink or special file anywhere in the task folder, by name: import never reads outside the task.
 
     Raises:
         SpecError: naming the path, where it points and how to fix it.
     """
-    for part in READ_PARTS:
-        top = task_dir / part
-        paths = [top]
-        if top.is_dir() and not top.is_symlink():
-            paths += [Path(d) / n for d, dirs, files in walk(top) for n in [*dirs, *files]]
-        for path in paths:
-            try:
-                st = path.lstat()
-            except FileNotFoundError:
-                continue
-            rel = path.relative_to(task_dir).as_posix()
-            if stat.S_ISLNK(st.st_mode):
-                raise _fail(path, rel, f"is a symlink (to {os.readlink(path)!r}); import reads only files inside the "
-                                       f"task folder: put the file itself there")
-            if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
-                raise _fail(path, rel, "is not a regular file or folder (a FIFO, socket or device); remove it")
+    for path in _task_paths(task_dir):
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            continue
+        rel = path.relative_to(task_dir).as_posix()
+        if stat.S_ISLNK(st.st_mode):
+            raise _fail(path, rel, f"is a symlink (to {os.readlink(path)!r}); import reads only files inside the "
+                                   f"task folder: put the file itself there")
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+            raise _fail(path, rel, "is not a regular file or folder (a FIFO, socket or device); remove it")
 
 
-def _tests_files(task_dir: Path) -> dict[str, str]:
+def _is_compiled(path: Path) -> bool:
+    return "__pycache__" in path.parts or path.suffix in (".pyc", ".pyo")
+
+
+def task_files(task_dir: Path) -> dict[str, dict[str, Any]]:
+    """Every file of the task folder as it is: ``{relative path: {"text" or "base64", "mode"}}``.
+
+    Export writes them back byte for byte (:func:`export_task`), so a Harbor task comes back as it went.
+
+    Raises:
+        SpecError: more than :data:`MAX_FILES` files, or one of more than :data:`MAX_FILE_BYTES` bytes.
+    """
+    files = sorted(p for p in _task_paths(task_dir) if p.is_file())
+    if len(files) > MAX_FILES:
+        raise _fail(task_dir, "task folder", f"{len(files)} files, more than {MAX_FILES}")
+    out: dict[str, dict[str, Any]] = {}
+    for path in files:
+        rel = path.relative_to(task_dir).as_posix()
+        data = path.read_bytes()
+        if len(data) > MAX_FILE_BYTES:
+            raise _fail(path, rel, f"{len(data)} bytes, more than {MAX_FILE_BYTES}")
+        try:
+            entry: dict[str, Any] = {"text": data.decode("utf-8")}
+        except UnicodeDecodeError:
+            entry = {"base64": base64.b64encode(data).decode("ascii")}
+        out[rel] = {**entry, "mode": stat.S_IMODE(path.stat().st_mode)}
+    return out
+
+
+def _tests_files(task_dir: Path, on_note: Callable[[str], None]) -> dict[str, str]:
     tests = task_dir / "tests"
     if not (tests / "test.sh").is_file():
         raise _fail(task_dir / "tests" / "test.sh", "tests/test.sh", "missing: a task needs tests/test.sh (other OS "
@@ -387,12 +459,38 @@ def _tests_files(task_dir: Path) -> dict[str, str]:
     out = {}
     for path in sorted(Path(d) / f for d, _, files in walk(tests) for f in files):
         rel = path.relative_to(task_dir).as_posix()
-        if "__pycache__" in path.parts or path.suffix in (".pyc", ".pyo"):
-            cache = next((q for q in [path, *path.parents] if q.name == "__pycache__"), path)
-            raise _fail(path, rel, f"compiled Python that a local run of the tests left (not part of the task); "
-                                   f"delete it and import again: rm -rf {shlex.quote(str(cache))}")
+        if _is_compiled(path):
+            # harbor init's template ships tests/__pycache__/test_outputs.cpython-312.pyc, and a local run of the
+            # tests writes such files too: kept for export, never run (Python compiles the tests from source).
+            on_note(f"{rel}: compiled Python (harbor init's template ships tests/__pycache__, and running the "
+                    f"tests writes it): kept as it is for export; the tests run from their source")
+            continue
         out[rel] = _text(path, rel)
     return out
+
+
+#: Commands that reach the network (package managers, downloads, uv's runners). Environments here have none.
+NETWORK_COMMANDS = re.compile(
+    r"(?:^|[\s;&|(`]|\$\()((?:apt-get|apt|apk|yum|dnf)\s+(?:-\S+\s+)*(?:update|install|upgrade)\b.*"
+    r"|(?:curl|wget)\s.*|(?:pip3?|python3?\s+-m\s+pip|uv\s+pip)\s+install\b.*|uvx\s.*|uv\s+(?:run|sync|add|tool)\b.*"
+    r"|(?:npm|yarn|pnpm)\s+(?:install|ci|add)\b.*|git\s+clone\b.*)")
+
+
+def network_needs(files: Mapping[str, str]) -> list[str]:
+    """``file:line: command`` for each line of the tests' shell scripts that reaches the network.
+
+    Harbor runs ``tests/test.sh`` in a container that may have one (``network_mode = "public"``); here the tests
+    run without, so such a line fails, and the verdict says so (an ``error``, not the agent's failure).
+    """
+    found = []
+    for rel, text in sorted(files.items()):
+        if not rel.endswith(".sh"):
+            continue
+        for n, line in _logical_lines(text):
+            m = NETWORK_COMMANDS.search(line.strip())
+            if m:
+                found.append(f"{rel}:{n}: {m.group(1).strip()[:200]}")
+    return found
 
 
 def _strip_canary(text: str) -> str:
@@ -418,13 +516,58 @@ def _envloop_limits(toml: Path, raw: Any, field: str, default: SandboxLimits) ->
         raise _fail(toml, field, str(exc)) from None
 
 
-def read_task(task_dir: str | Path) -> EnvironmentSpec:
+#: What a Harbor task leaves unset: Harbor's own defaults ([verifier] timeout_sec 600; one CPU).
+HARBOR_VERIFIER_TIMEOUT_S = 600.0
+#: A container has no small process limit; a fresh uid per command with this many is as good for a task.
+TASK_NPROC = 256
+
+
+def task_limits(toml: Path, raw: Mapping[str, Any]) -> tuple[SandboxLimits, SandboxLimits]:
+    """The limits of a Harbor task's commands and of its verifier, from its own ``task.toml``.
+
+    * each command: wall time ``[agent] timeout_sec`` (Harbor's timeout of the whole attempt; an attempt here is
+      bounded by it too), CPU seconds that times ``[environment] cpus``, ``memory_mb`` as the address space,
+      ``storage_mb`` as the largest file (at most the episode's tmpfs);
+    * the verifier: wall time ``[verifier] timeout_sec`` (600 when unset, as in Harbor), CPU seconds that times
+      the cpus, memory and storage as above (``[verifier.environment]`` where it sets them).
+
+    What the task leaves unset keeps the defaults of :data:`DEFAULT_COMMAND_LIMITS` and
+    :data:`DEFAULT_VERIFY_LIMITS`.
+    """
+    from envloop_pipelines.core.environments.episode import EPISODE_DISK_MB
+
+    def resources(table: Mapping[str, Any], field: str, default: SandboxLimits, wall: float | None) -> SandboxLimits:
+        cpus = _number(toml, {field: table}, field, "cpus") or 1
+        memory = _number(toml, {field: table}, field, "memory_mb", integer=True)
+        storage = _number(toml, {field: table}, field, "storage_mb", integer=True)
+        wall = float(wall) if wall else default.wall_s
+        return SandboxLimits.from_dict({
+            **default.to_dict(), "wall_s": wall, "cpu_s": wall * float(cpus), "nproc": max(default.nproc, TASK_NPROC),
+            **({"mem_mb": int(memory)} if memory else {}),
+            "fsize_mb": int(min(storage, EPISODE_DISK_MB)) if storage else max(default.fsize_mb, EPISODE_DISK_MB // 4)})
+
+    env_cfg = raw.get("environment", {})
+    verifier_cfg = raw.get("verifier", {})
+    inner = verifier_cfg.get("environment") if isinstance(verifier_cfg.get("environment"), dict) else {}
+    limits = resources(env_cfg, "environment", DEFAULT_COMMAND_LIMITS, _number(toml, raw, "agent", "timeout_sec"))
+    verifier = resources({**env_cfg, **inner}, "environment", DEFAULT_VERIFY_LIMITS,
+                         _number(toml, raw, "verifier", "timeout_sec") or HARBOR_VERIFIER_TIMEOUT_S)
+    return limits, verifier
+
+
+def read_task(task_dir: str | Path, *, on_note: Callable[[str], None] | None = None) -> EnvironmentSpec:
     """One Harbor task folder as a terminal environment with a ``tests`` verifier.
+
+    Args:
+        task_dir: the task folder.
+        on_note: called with each thing a person importing the task should know (a file kept but not used,
+            a line of the tests that needs the network); logged when None.
 
     Raises:
         SpecError: a missing or malformed file, naming the file and the field.
     """
     task_dir = Path(task_dir)
+    note = on_note or (lambda text: log.warning("%s: %s", task_dir, text))
     toml = task_dir / "task.toml"
     _refuse_links(task_dir)
     try:
@@ -466,7 +609,11 @@ def read_task(task_dir: str | Path) -> EnvironmentSpec:
     instruction = instruction[:-1] if instruction.endswith("\n") else instruction
     if not instruction.strip():
         raise _fail(instruction_path, "instruction.md", "empty")
-    tests = _tests_files(task_dir)
+    tests = _tests_files(task_dir, note)
+    offline = network_needs(tests)
+    for line in offline:
+        note(f"{line}: needs the network, which environments here do not have (the attempt's verdict will be an "
+             f"error saying so)")
     if "tests/Dockerfile" in tests:
         notes.append("tests/Dockerfile: the verifier's image is not built here; the tests run with this machine's "
                      "programs and the project's Python (pytest and pytest-json-ctrf installed)")
@@ -491,12 +638,7 @@ def read_task(task_dir: str | Path) -> EnvironmentSpec:
                                           DEFAULT_VERIFY_LIMITS)
         env_id, seed, split = mine.get("id"), mine.get("seed", 0), mine.get("split", "train")
     else:
-        wall = min(DEFAULT_COMMAND_LIMITS.wall_s, agent_timeout or DEFAULT_COMMAND_LIMITS.wall_s)
-        limits = SandboxLimits.from_dict({**DEFAULT_COMMAND_LIMITS.to_dict(), "wall_s": wall,
-                                          **({"mem_mb": int(memory_mb)} if memory_mb else {})})
-        vt = verifier_timeout or DEFAULT_VERIFY_LIMITS.wall_s
-        verifier_limits = SandboxLimits.from_dict({**DEFAULT_VERIFY_LIMITS.to_dict(), "wall_s": float(vt),
-                                                   "cpu_s": float(vt)})
+        limits, verifier_limits = task_limits(toml, raw)
         name = raw.get("task", {}).get("name") or task_dir.name
         env_id = re.sub(r"[^A-Za-z0-9._/#-]", "-", str(name)).strip("/")[:200] or "task"
         seed, split = 0, "train"
@@ -505,8 +647,11 @@ def read_task(task_dir: str | Path) -> EnvironmentSpec:
             "verifier_timeout_sec": verifier_timeout, "cpus": env_cfg.get("cpus"), "memory_mb": memory_mb,
             "network_mode": network, "workdir": workdir, "not_reproduced": notes})}
     try:
+        params: dict[str, Any] = {"workdir": workdir, "task_files": task_files(task_dir)}
+        if offline:
+            params["needs_network"] = offline
         return EnvironmentSpec(id=env_id, kind="terminal", instruction=instruction, files=files,
-                               verifier=VerifierSpec("tests", {"workdir": workdir}, tests, verifier_limits),
+                               verifier=VerifierSpec("tests", params, tests, verifier_limits),
                                limits=limits, seed=seed, split=split, solution=solution, meta=meta)
     except SpecError as exc:
         raise SpecError(f"{toml}: {exc}") from None
@@ -528,13 +673,15 @@ def task_folders(path: str | Path) -> list[Path]:
     return found
 
 
-def import_harbor(path: str | Path, *, name: str | None = None, home: str | Path | None = None) -> EnvironmentDataset:
+def import_harbor(path: str | Path, *, name: str | None = None, home: str | Path | None = None,
+                  on_note: Callable[[str], None] | None = None) -> EnvironmentDataset:
     """Import one Harbor task folder, or a folder of them, as an environment dataset.
 
     Args:
         path: a task folder or a folder of task folders.
         name: the dataset's name (default: the folder's name, made a valid name).
         home: the EnvLoop home.
+        on_note: called with each note of :func:`read_task` (prefixed with the task folder's name).
 
     Raises:
         FileNotFoundError: no task folder at ``path``.
@@ -543,7 +690,8 @@ def import_harbor(path: str | Path, *, name: str | None = None, home: str | Path
     """
     path = Path(path).resolve()
     folders = task_folders(path)
-    specs = [read_task(f) for f in folders]
+    specs = [read_task(f, on_note=None if on_note is None else (lambda text, f=f: on_note(f"{f.name}: {text}")))
+             for f in folders]
     seen: dict[str, Path] = {}
     for spec, folder in zip(specs, folders):
         if spec.id in seen:
