@@ -24,6 +24,7 @@ def _register_subcommands() -> None:
     from envloop_pipelines.cli import round as cli_round
     from envloop_pipelines.cli.data import data
     from envloop_pipelines.cli.env import env, export_command, generate, import_command, list_command, show_command
+    from envloop_pipelines.cli.env_audit import audit_command
     from envloop_pipelines.cli.env_eval import compare_command, eval_command, traces
     from envloop_pipelines.cli.model import evaluate, train
     from envloop_pipelines.cli.sandbox import sandbox
@@ -39,6 +40,7 @@ def _register_subcommands() -> None:
     env.add_command(eval_command)
     env.add_command(compare_command)
     env.add_command(traces)
+    env.add_command(audit_command)
     main.add_command(sandbox)
     main.add_command(serve)
     main.add_command(train)

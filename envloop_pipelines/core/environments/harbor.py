@@ -488,7 +488,8 @@ def network_needs(files: Mapping[str, str]) -> list[str]:
             continue
         for n, line in _logical_lines(text):
             m = NETWORK_COMMANDS.search(line.strip())
-            if m:
+            # `command -v uvx`, `which curl`: a check for the program, not a use of the network.
+            if m and not line.strip()[:m.start(1)].rstrip().endswith(("command -v", "which", "type", "hash")):
                 found.append(f"{rel}:{n}: {m.group(1).strip()[:200]}")
     return found
 
