@@ -18,8 +18,8 @@ def run(args: list[str], home: Path) -> Result:
 
 
 def test_every_dataset_command_is_on_the_env_group() -> None:
-    assert sorted(main.commands["env"].commands) == ["compare", "eval", "export", "generate", "import", "list",  # type: ignore[attr-defined]
-                                                     "show", "traces"]
+    assert sorted(main.commands["env"].commands) == [  # type: ignore[attr-defined]
+        "audit", "compare", "eval", "export", "generate", "import", "list", "show", "traces"]
 
 
 def test_generate_list_show_export_import(tmp_path: Path) -> None:
