@@ -20,12 +20,17 @@ its parameters in ``tests/params.json``) and writes 1 or 0 to
 so an import of the export gives the same agent view. Decision environments
 have no Harbor form and are skipped (counted in the result).
 
+An environment imported from a Harbor task is written back as it came instead: every file of its folder,
+byte for byte, with its mode (``task_files`` on the verifier's side of the spec, kept by the import).
+
 **Import** (:func:`import_harbor`) reads one task folder or a folder of them:
 the instruction (leading canary lines dropped, as Harbor does), the starting
 files (``COPY``/``ADD`` of local files or folders from ``environment/`` into the
 working directory), ``tests/`` as the hidden ``tests`` verifier (never among
-the agent's files), the limits (``memory_mb``, ``[agent]`` and ``[verifier]``
-``timeout_sec``) and ``solution/solve.sh``. What a Dockerfile does that our
+the agent's files), the limits (:func:`task_limits`: ``[agent]`` and ``[verifier]`` ``timeout_sec``,
+``cpus``, ``memory_mb``, ``storage_mb``), ``solution/solve.sh``, and every file of the folder as it is (for the
+export). Compiled Python (``harbor init`` ships ``tests/__pycache__``) is kept but never run, and each line of
+the tests that needs the network is named (:func:`network_needs`); both are told through ``on_note``. What a Dockerfile does that our
 sandbox cannot reproduce (``RUN`` steps, a base image's own files, ``COPY`` to a
 path outside the working directory, ``COPY --from``, URLs and archives in
 ``ADD``) is listed in the environment's ``meta["harbor"]["not_reproduced"]``:

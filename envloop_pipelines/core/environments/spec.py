@@ -74,7 +74,9 @@ class VerifierSpec:
     Attributes:
         kind: ``terminal``, ``tests`` or ``rule`` (see the module docstring).
         params: ``terminal``: the check's parameters; ``rule``: ``{"label": <label row>}`` and the question's
-            provenance; ``tests``: ``{"workdir": "/app"}``, the absolute working directory the tests name.
+            provenance; ``tests``: ``{"workdir": "/app"}``, the absolute working directory the tests name, and for
+            an imported Harbor task ``task_files`` (every file of its folder as it came, for the export) and
+            ``needs_network`` (``file:line: command`` of each line of the tests that reaches the network).
         files: ``tests``: the hidden test files (``tests/test.sh`` and what it uses), path -> text.
         limits: the verifier process's sandbox limits.
     """
