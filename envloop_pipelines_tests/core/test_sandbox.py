@@ -177,7 +177,10 @@ def test_busy_loop_is_killed_at_its_cpu_limit() -> None:
     result = box(cpu_s=1.0, wall_s=20.0).run([PY, "-c", "while True:\n    pass"])
     assert result.status == "cpu_limit", result
     assert result.signal == signal.SIGXCPU and result.exit_code is None
-    assert 0.9 <= result.cpu_s <= 2.5 and result.wall_s < 10  # the CPU limit, not the wall limit, ended it
+    # The CPU limit, not the wall limit, ended it. rusage is tick-sampled and reads up to ~15% under the kernel's
+    # exact count that RLIMIT_CPU uses on this VM (a 3 s limit read 2.58 s, with a PID namespace or without); with
+    # the namespace the launcher's own start-up no longer runs in the command's process to make up the difference.
+    assert 0.75 <= result.cpu_s <= 2.5 and result.wall_s < 10
 
 
 def test_sleep_is_killed_at_the_wall_limit_with_no_stray_processes() -> None:

@@ -709,6 +709,6 @@ def import_harbor(path: str | Path, *, name: str | None = None, home: str | Path
     return store_dataset(name, specs, source={"import": "harbor", "path": str(path), "tasks": len(specs)}, home=home)
 
 
-__all__ = ["AGENT_TIMEOUT_S", "BASE_IMAGE", "HARBOR_SCHEMA_VERSION", "HarborExport", "HeldoutExportError", "WORKDIR",
-           "export_harbor",
-           "export_task", "import_harbor", "read_task", "task_folders"]
+__all__ = ["AGENT_TIMEOUT_S", "BASE_IMAGE", "HARBOR_SCHEMA_VERSION", "HarborExport", "HeldoutExportError",
+           "NETWORK_COMMANDS", "WORKDIR", "export_harbor", "export_task", "import_harbor", "network_needs", "read_task",
+           "task_files", "task_folders", "task_limits"]

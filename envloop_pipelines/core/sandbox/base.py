@@ -104,8 +104,8 @@ class SandboxResult:
         stderr_tail: the last ``tail_bytes`` of stderr.
         network_isolated: the command ran in a network namespace of its own (or ``--network none``).
         backend: ``local``, ``docker`` or ``k8s``.
-        pid: the process id of the command (the container's id hash prefix as an int is not a pid:
-            docker and k8s report 0).
+        pid: the process id of the command, or of the local launcher that runs it in a PID namespace of its
+            own (the process group the sandbox kills; the command is pid 2 there). Docker and k8s report 0.
         hidden_paths_masked: the hidden paths (verifier labels, the EnvLoop home's verifier dir)
             were masked by a mount namespace (local) or never mounted (docker, k8s).
         uid: the uid the command ran as (a fresh one per run on the local backend when root).

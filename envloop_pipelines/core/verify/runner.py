@@ -100,7 +100,8 @@ class VerifierRun:
             (``error`` when the worker reported a failure or the channel was unusable).
         report: the report, or None.
         sandbox: the sandbox's typed result (stdout/stderr tails, limits, isolation flags).
-        worker_pid: the pid the worker reported (it matches ``sandbox.pid`` on the local backend).
+        worker_pid: the pid the worker reported (on the local backend 2, its pid in the run's own PID namespace,
+            or ``sandbox.pid`` where the host gives none).
         error: what went wrong, in words.
         elapsed_s: the worker's own time from start to report (imports included).
     """
