@@ -146,7 +146,9 @@ def test_test_output_names_tests_paths_as_harbor_shows_them(tmp_path: Path) -> N
     from envloop_pipelines.core.environments.episode import open_episode
     from envloop_pipelines.core.environments.harbor import read_task
 
-    spec = read_task(harbor_init(_harbor(), tmp_path / "tasks", "greeting"))
+    from envloop_pipelines_tests.core.test_harbor_fidelity import harbor_task
+
+    spec = read_task(harbor_task(tmp_path / "tasks"))  # harbor init's template, filled in
     episode = open_episode(spec, work_root=tmp_path, home=tmp_path / "home")
     try:
         score = episode.verify()
@@ -154,5 +156,5 @@ def test_test_output_names_tests_paths_as_harbor_shows_them(tmp_path: Path) -> N
         episode.close()
     out = score.details["tests"]["stdout_tail"]
     # Before: ../tmp/envloop-episode-.../verify/tests/test_outputs.py
-    assert "rootdir: /tests" in out and "FAILED ../tests/test_outputs.py::test_greeting" in out, out
+    assert "\n/tests/test_outputs.py:6: " in out and "FAILED ../tests/test_outputs.py::test_greeting" in out, out
     assert "envloop-episode" not in out and str(tmp_path) not in out
