@@ -60,7 +60,9 @@ the working directory by its own convention (``npm test`` and ``package.json``,
 ``make``) reads the agent's. A link severed because it reaches ``/proc`` (a link to
 ``/proc/cpuinfo``) is severed even where it would read the same. Without a mount
 namespace (another backend, no root) the tests see the episode's host paths
-instead of ``/tests`` and ``/logs`` (mapped in every file of the tests).
+instead of ``/tests`` and ``/logs`` (mapped in every file of the tests). A process
+killed before an episode's ``close`` leaves its tmpfs mounted on the host (``umount`` it; memory holds only
+what was written).
 """
 
 from __future__ import annotations
