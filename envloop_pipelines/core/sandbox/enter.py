@@ -104,20 +104,27 @@ def setup(spec: dict) -> None:
     if spec.get("mount_ns"):
         # Private propagation first: nothing mounted below reaches the host's namespace.
         mount(None, b"/", None, MS_REC | MS_PRIVATE, None)
-        # The binds first, before any tmpfs covers their sources (a working directory shown at the task's own
-        # paths is not bound back at its host path).
-        for src, dst in spec.get("binds", ()):
-            # A folder of the working directory at the path the task names (a Harbor task's /app, the verifier's
-            # /tests and /logs): an empty mount point is made where nothing is; what the host has there is
-            # covered here only.
-            source, target = os.fsencode(src), os.fsencode(dst)
+        # A folder of the working directory at the path the task names (a Harbor task's /app, the verifier's
+        # /tests and /logs); its source is opened before any tmpfs covers it (a working directory shown at the
+        # task's own paths is not bound back at its host path). An empty mount point is made where nothing is;
+        # what the host has there is covered here only.
+        tops = [os.fsencode(o["target"]) for o in spec.get("overlays", ())]
+        binds = [(os.open(os.fsencode(src), os.O_PATH | os.O_DIRECTORY), os.fsencode(src), os.fsencode(dst))
+                 for src, dst in spec.get("binds", ())]
+        late = [b for b in binds if any(b[2] == t or b[2].startswith(t.rstrip(b"/") + b"/") for t in tops)]
+
+        def bind(fd: int, target: bytes) -> None:
             if not os.path.isdir(target):
                 os.makedirs(target, mode=0o755, exist_ok=True)
-            mount(source, target, None, MS_BIND | MS_REC, None)
+            mount(f"/proc/self/fd/{fd}".encode(), target, None, MS_BIND | MS_REC, None)
+            os.close(fd)
+
+        for fd, _, target in (b for b in binds if b not in late):  # before the mounts below are detached
+            bind(fd, target)
         # Mounts of the host below what the overlays cover (another attempt's folder, this one's own) are
         # detached first: covered, they would still be listed in /proc/self/mountinfo with their host paths.
         keep = [os.fsencode(src) for overlay in spec.get("overlays", ()) for src, _ in overlay["keep"]]
-        for point in _mounts_below([os.fsencode(o["target"]) for o in spec.get("overlays", ())], keep):
+        for point in _mounts_below(tops, [*keep, *(src for _, src, _ in late)]):
             if libc.umount2(point, MNT_DETACH) != 0 and ctypes.get_errno() not in (errno.EINVAL, errno.ENOENT):
                 _check(-1, f"umount {point!r}")
         for overlay in spec.get("overlays", ()):
@@ -146,6 +153,8 @@ def setup(spec: dict) -> None:
             else:
                 mount(b"/dev/null", path, None, MS_BIND, None)
                 mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY, None)
+        for fd, _, target in late:  # a target in a private temp dir: made in its fresh tmpfs
+            bind(fd, target)
     parent = spec.get("parent_pid")
     if parent is not None and os.getppid() != parent:
         raise SetupError(0, f"the parent (pid {parent}) exited before the command started")
