@@ -108,7 +108,7 @@ class Sizes:
 
 GPU = Sizes(shape=QWEN_SHAPE, label_token_overrides={"deepspeed": None}, label_token_steps=12, users=240,
             wide_users=1920, decision_recipe_overrides={}, pass_questions=256, pass_batch_size=32,
-            budgets_s={"label_token": 150.0, "decision_head": 240.0, "one_pass": 60.0})
+            budgets_s={"label_token": 140.0, "decision_head": 220.0, "one_pass": 60.0})  # 7 min, + ~30 s to start
 SMOKE = Sizes(shape=SMOKE_SHAPE, label_token_overrides={"deepspeed": None, "max_length": 256, "batch_size": 2,
                                                         "grad_accum": 1, "lora": {"r": 4}},
               label_token_steps=3, users=12, wide_users=24,
