@@ -371,7 +371,8 @@ def print_table(rows: list[Row], header: str) -> None:
     print(f"\n{header}")
     print(f"{'figure':<34}{'value':>14}  {'unit':<13}note")
     for r in rows:
-        value = "failed" if r.value is None else (f"{r.value:.4f}" if abs(r.value) < 10 else f"{r.value:,.1f}")
+        value = ("failed" if r.value is None else f"{r.value:,.1f}" if abs(r.value) >= 10
+                 else f"{r.value:.4f}" if abs(r.value) >= 1e-3 or r.value == 0 else f"{r.value:.2e}")
         print(f"{r.key:<34}{value:>14}  {r.unit:<13}{r.note}")
 
 
