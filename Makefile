@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install run test test-fast clean
+.PHONY: install run test test-fast clean gpu-pack gpu-check
 
 install: $(STAMP)
 
@@ -25,6 +25,14 @@ run: install
 ## The test suite.
 test: install
 	$(BIN)/python -m pytest -n 2 --dist loadfile
+
+## The GPU check (docs/gpu-check.md). Here: the packaged MiniLM, fp16 weights, into .gpu/ for a device call's carry.
+gpu-pack: install
+	$(BIN)/python bench/bench_gpu.py --pack .gpu
+
+## On a lent GPU machine, with .gpu carried: the image's python3, nothing installed.
+gpu-check:
+	PYTHONPATH=.:.gpu PYTHONUNBUFFERED=1 $(PYTHON) bench/bench_gpu.py $(if $(OUT),--out $(OUT)/gpu-check.json)
 
 clean:
 	rm -rf $(VENV) .envloop .dagster_home

@@ -44,7 +44,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
 DOC_FILES = sorted(DOCS.glob("*.md"))
-EXPECTED_DOCS = ("agents.md", "concepts.md", "decision-data.md", "http-api.md", "loop-rules.md", "serving.md")
+EXPECTED_DOCS = ("agents.md", "concepts.md", "decision-data.md", "gpu-check.md", "http-api.md", "loop-rules.md",
+                 "serving.md")
 
 #: Fence roles by language; a JSON/JSONL/YAML/CSV block without one of these is an untested example.
 JSON_ROLES = {"request", "chat", "response", "chat-response", "422", "401", "404", "models", "hypothesis", "decision"}

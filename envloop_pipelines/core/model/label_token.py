@@ -151,6 +151,16 @@ class LabelTokenModel(ReadoutModel):
         base_dir = resolve_base_model(recipe)
         tokenizer = AutoTokenizer.from_pretrained(str(base_dir))
         base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
+        return cls.from_base(base, tokenizer, recipe, adapter_dir=adapter_dir, trainable=trainable)
+
+    @classmethod
+    def from_base(cls, base: nn.Module, tokenizer: Any, recipe: "Recipe", *, adapter_dir: str | Path | None = None,
+                  trainable: bool = False) -> "LabelTokenModel":
+        """Put the recipe's LoRA (and, training on a GPU, gradient checkpointing) on a causal LM already built.
+
+        :meth:`from_recipe` builds ``base`` from the recipe's directory; ``bench/bench_gpu.py`` builds a
+        randomly initialised one from a config, with no weights to load.
+        """
         if trainable and recipe.gradient_checkpointing and torch.cuda.is_available():
             base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             base.enable_input_require_grads()

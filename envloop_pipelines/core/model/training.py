@@ -412,8 +412,12 @@ def _epoch_losses(loss_log: Sequence[tuple[int, float, int]]) -> list[dict[str, 
 
 
 @dataclass
-class _TrainerRun:
-    """What one ``Trainer.train()`` left behind, read before the trainer is dropped."""
+class TrainerRun:
+    """What one ``Trainer.train()`` left behind, read before the trainer is dropped.
+
+    ``step_seconds`` holds each optimizer step's wall time (its ``grad_accum`` micro-batches, clipping and the
+    optimizer's update); ``loss_log`` each micro-batch's ``(epoch, loss, questions)``.
+    """
 
     model: ReadoutModel
     steps: int
@@ -425,7 +429,7 @@ class _TrainerRun:
     used_deepspeed: bool
 
 
-def _run_trainer(model: ReadoutModel, recipe: Recipe, dataset: Dataset, collator: _Collator) -> _TrainerRun:
+def _run_trainer(model: ReadoutModel, recipe: Recipe, dataset: Dataset, collator: _Collator) -> TrainerRun:
     """Train ``model``'s trainable parameters on ``dataset`` as ``recipe`` says, with the readout trainer."""
     from transformers.trainer_callback import PrinterCallback
 
@@ -445,7 +449,7 @@ def _run_trainer(model: ReadoutModel, recipe: Recipe, dataset: Dataset, collator
         t0 = time.perf_counter()
         result = trainer.train()
         seconds = time.perf_counter() - t0
-        run = _TrainerRun(
+        run = TrainerRun(
             model=trainer.model,  # unwrapped (DeepSpeed keeps its engine in model_wrapped)
             steps=int(result.global_step),
             seconds=seconds,
@@ -457,6 +461,18 @@ def _run_trainer(model: ReadoutModel, recipe: Recipe, dataset: Dataset, collator
         )
         del trainer
     return run
+
+
+def train_readout(model: ReadoutModel, questions: Sequence[QuestionInput], recipe: Recipe) -> TrainerRun:
+    """Train a readout already built (its LoRA, and head if any) on labelled questions, as ``recipe`` says.
+
+    The training of :func:`train_checkpoint` alone (the same trainer, data order and determinism), with no
+    calibration and no checkpoint: for a model that is not built from a recipe's base model directory, such
+    as ``bench/bench_gpu.py``'s randomly initialised causal LM.
+    """
+    encoded = model.encode_many(questions)
+    with _deterministic():
+        return _run_trainer(model, recipe, _QuestionDataset(encoded, _targets(questions, "train")), _Collator(model))
 
 
 def _fit_head_first(model: ReadoutModel, recipe: Recipe, dataset: Dataset, collator: _Collator) -> dict[str, Any]:
@@ -687,10 +703,12 @@ def train_checkpoint(
 
 __all__ = [
     "IncompatibleInitError",
+    "TrainerRun",
     "build_trainable_model",
     "deepspeed_config",
     "evaluate_checkpoint",
     "is_main_process",
     "train_checkpoint",
+    "train_readout",
     "trainer_arguments",
 ]

@@ -10,6 +10,7 @@ above it: the worker is named by its module path, a string run with ``python -m`
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from envloop_pipelines.core.sandbox.base import SandboxLimits
 
@@ -24,6 +25,17 @@ DEFAULT_WORKER_LIMITS = SandboxLimits(cpu_s=120.0, mem_mb=2048, wall_s=180.0, fs
 #: thread buffers eat into the limit; the worker scores on one thread, so it gets one of each.
 WORKER_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_ARENA_MAX": "2", "OMP_NUM_THREADS": "1",
               "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def local_worker_env() -> dict[str, str]:
+    """:data:`WORKER_ENV` for a worker the local backend starts with this interpreter: with the folder this
+    process imports ``envloop_pipelines`` from on ``PYTHONPATH`` (the sandbox scrubs the caller's), so the worker
+    runs the same package however its parent found it: installed, or a checkout on ``PYTHONPATH`` where nothing
+    is installed (a lent GPU machine, ``bench/bench_gpu.py``). The sandbox keeps that folder readable already
+    (:func:`~envloop_pipelines.core.sandbox.local.interpreter_paths`)."""
+    import envloop_pipelines
+
+    return {**WORKER_ENV, "PYTHONPATH": str(Path(envloop_pipelines.__file__).resolve().parent.parent)}
 
 
 def verifier_worker_argv(python: str, kind: str, predictions_name: str, *, grader: str, threshold: float,
@@ -58,4 +70,4 @@ def verifier_worker_argv(python: str, kind: str, predictions_name: str, *, grade
     return argv
 
 
-__all__ = ["DEFAULT_WORKER_LIMITS", "VERIFIER_WORKER_MODULE", "WORKER_ENV", "verifier_worker_argv"]
+__all__ = ["DEFAULT_WORKER_LIMITS", "VERIFIER_WORKER_MODULE", "WORKER_ENV", "local_worker_env", "verifier_worker_argv"]
