@@ -106,13 +106,16 @@ def train_candidate(config: LoopConfig, task: TaskSnapshot, hypothesis: Register
     # The hypothesis's seed, or after a gate amendment the fresh seed it requires (rule 3).
     seed = Ledger(config.task, config.home).candidate_seeds(key)[0]
     recipe = config.load_recipe().replace(**recipe_diff(registered.change), seed=seed)
+    # A lever that changes what a checkpoint is made of (frozen layers, the family head) starts from the base model.
+    init_from = None if registered.change.get("init") == "base" else Path(champ["checkpoint_dir"])
     run = child_run(tracker, config, key, KIND_TRAINING, {**(run_tags or {}), TAG_HYPOTHESIS: registered.hash})
     tracker.log_params(run.run_id, {**{f"recipe.{k}": v for k, v in recipe_to_dict(recipe).items()},
-                                    "snapshot_sha256": snapshot.sha256, "init_from": champ["checkpoint_sha256"],
+                                    "snapshot_sha256": snapshot.sha256,
+                                    "init_from": champ["checkpoint_sha256"] if init_from else "base",
                                     "hypothesis_hash": registered.hash})
     started = time.perf_counter()
     ckpt = train_into_store(RoundStore(config.task, config.home), snapshot_rows(snapshot), task.table("val"), recipe,
-                            data_hash=snapshot.sha256, init_from=Path(champ["checkpoint_dir"]),
+                            data_hash=snapshot.sha256, init_from=init_from,
                             safety_families=config.safety_families, safety_fnr_target=config.safety_fnr_target)
     train_s = time.perf_counter() - started
     train_metrics = json.loads((ckpt / "metrics.json").read_text(encoding="utf-8"))
@@ -123,7 +126,8 @@ def train_candidate(config: LoopConfig, task: TaskSnapshot, hypothesis: Register
         EVENT_CHECKPOINT_TRAINED, {"round": key, "checkpoint_sha256": ckpt.name, "seed": recipe.seed,
                                    "hypothesis_hash": registered.hash}, key=f"arm:{key}:{ckpt.name}")
     return TrainedCheckpoint(round=key, checkpoint=str(ckpt), checkpoint_sha256=ckpt.name,
-                             init_from=champ["checkpoint_sha256"], snapshot_sha256=snapshot.sha256, seed=recipe.seed,
+                             init_from=champ["checkpoint_sha256"] if init_from else "base",
+                             snapshot_sha256=snapshot.sha256, seed=recipe.seed,
                              train_s=round(train_s, 2), metrics=train_metrics, mlflow_run_id=run.run_id,
                              mlflow_url=run.url, hypothesis_hash=registered.hash)
 
