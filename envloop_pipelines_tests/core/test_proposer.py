@@ -51,11 +51,27 @@ def test_an_undertrained_champion_gets_the_budget_lever_from_the_measured_curve(
 
 
 def test_a_flat_loss_proposes_no_more_budget_and_a_champion_on_the_plateau_gains_nothing() -> None:
-    flat = predict_levers(_diag(loss_quarters=(0.9, 0.9, 0.9, 0.9)), loop_steps=24, n_clusters=4)
+    trained = dict(head_share=0.9, epochs_seen=2.5, own_steps=300)
+    flat = predict_levers(_diag(loss_quarters=(0.9, 0.9, 0.9, 0.9), **trained), loop_steps=24, n_clusters=4)
     assert not _by(flat, "budget") and not _by(flat, "lr")
+    # half the fall that counts in full: half the curve's gain
+    half = predict_levers(_diag(loss_quarters=(1.0, 1.0, 1.0, 0.99), **trained), loop_steps=24, n_clusters=4)
+    full = predict_levers(_diag(loss_quarters=(1.0, 1.0, 1.0, 0.90), **trained), loop_steps=24, n_clusters=4)
+    assert _by(half, "budget", 300)[0].predicted_delta == pytest.approx(0.5 * _by(full, "budget", 300)[0].predicted_delta)
     plateau = predict_levers(_diag(lineage_steps=400), loop_steps=24, n_clusters=4)
     assert not _by(plateau, "budget")  # the curve is flat past 400 steps
     assert budget_gain(10_000) == BUDGET_CURVE[-1][1]
+
+
+def test_a_short_run_is_undertrained_whatever_its_noisy_loss_quarters_say() -> None:
+    # the demo's release 1: 24 steps of 16 questions over 1,876 rows; its quarters (6 batches each) went up
+    short = _diag(loss_quarters=(1.07, 1.13, 1.02, 1.15), own_steps=24, epochs_seen=24 * 16 / 1876, head_share=0.06)
+    assert short.loss_falling is None
+    scale, why = short.undertrained()
+    assert scale == 1.0 and "0.20 passes" in why
+    assert _by(predict_levers(short, loop_steps=24, n_clusters=4), "budget", 300)
+    lexical_heavy = _diag(loss_quarters=(1.0, 1.0, 1.0, 1.0), own_steps=300, epochs_seen=2.5, head_share=0.2)
+    assert lexical_heavy.undertrained() == (1.0, "its head carries 20% of the hybrid's answer on val")
 
 
 def test_no_lever_clears_the_mde_then_the_largest_predicted_gain_is_chosen_underpowered() -> None:

@@ -319,7 +319,8 @@ def propose_change(config: LoopConfig, task: TaskSnapshot, key: str, gate: Gate,
     recipe = config.load_recipe()
     diag = diagnose(champ, ledger.releases(), gate.primary_metric)
     predictions = predict_levers(diag, loop_steps=int(recipe.max_steps or 0) or 24, records=lever_records(ledger.events()),
-                                 n_clusters=len(synthesis.clusters) if synthesis.n_rows else 0)
+                                 n_clusters=len(synthesis.clusters) if synthesis.n_rows else 0,
+                                 n_train=task.table("train").num_rows)
     chosen = choose(predictions, mde, refuted_on(ledger, str(champ.get("checkpoint_sha256"))))
     if chosen is None:  # every lever refuted on this champion: the failure clusters' data, as before the proposer
         data = Prediction(lever="data", change={"kind": "data", "lever": "data"}, predicted_delta=PRIORS["data"],

@@ -67,6 +67,8 @@ RANGE = {"measured": (0.65, 1.35), "prior": (0.0, 2.0)}
 SHRINK = 2.0
 #: A loss that fell by less than this share between the last two quarters of training is flat.
 FLAT_LOSS = 0.02
+#: Fewer optimizer steps than this and a quarter's mean loss is noise (a quarter of 24 steps is 6 batches).
+RELIABLE_STEPS = 80
 #: Longer input the max_length lever tries, and the share of truncated states that makes it worth a try.
 LONGER_INPUT, TRUNCATED_SHARE = 384, 0.10
 
@@ -89,14 +91,39 @@ class Diagnostics:
     #: Per family (``acc/<family>``), the champion minus TF-IDF + LR on test, largest shortfall first.
     family_gaps: Mapping[str, float] = field(default_factory=dict)
     n_test: int | None = None
+    #: Passes over its training rows the champion's own training made (steps x batch x accumulation / rows).
+    epochs_seen: float | None = None
+    #: Optimizer steps of the champion's own training (its loss quarters are noise below RELIABLE_STEPS).
+    own_steps: int = 0
+    #: Seconds per question of a cold pass through the frozen lower layers (what a new frozen-layer count pays
+    #: again for every split); ``None`` unknown.
+    feature_seconds_per_question: float | None = None
 
     @property
     def loss_falling(self) -> float | None:
-        """The relative fall of the training loss between the last two quarters (``None`` unknown)."""
+        """The relative fall of the training loss between the last two quarters (``None`` unknown, or too few
+        steps for a quarter's mean to mean anything)."""
         q = self.loss_quarters
-        if not q or len(q) < 2 or not q[-2]:
+        if not q or len(q) < 2 or not q[-2] or self.own_steps < RELIABLE_STEPS:
             return None
         return (q[-2] - q[-1]) / q[-2]
+
+    def undertrained(self) -> tuple[float, str]:
+        """How much of the budget curve's gain this champion can still take (0 to 1), and why.
+
+        Less than one pass over its training rows, or a head that carries under half of the hybrid's answer
+        (the lexical part the rest), is under-training whatever the loss did; otherwise the loss's fall over the
+        last quarter of training, scaled so that a fall of :data:`FLAT_LOSS` or more counts in full.
+        """
+        if self.epochs_seen is not None and self.epochs_seen < 1:
+            return 1.0, f"it saw {self.epochs_seen:.2f} passes over its training rows"
+        if self.head_share is not None and self.head_share < 0.5:
+            return 1.0, f"its head carries {self.head_share:.0%} of the hybrid's answer on val"
+        falling = self.loss_falling
+        if falling is None:
+            return 1.0, "its loss trend is unknown"
+        scale = min(1.0, max(0.0, falling / FLAT_LOSS))
+        return scale, f"its training loss fell {falling:+.1%} over its last quarter (x{scale:.2f})"
 
 
 @dataclass(frozen=True)
@@ -160,7 +187,7 @@ def _clip_range(point: float, basis: str) -> tuple[float, float]:
 
 
 def predict_levers(diag: Diagnostics, *, loop_steps: int, records: Mapping[str, LeverRecord] | None = None,
-                   n_clusters: int = 0, scratch_steps: int = 300) -> list[Prediction]:
+                   n_clusters: int = 0, scratch_steps: int = 300, n_train: int = 0) -> list[Prediction]:
     """Every lever's concrete change for this champion, predicted (gain, range, training seconds).
 
     ``loop_steps``: the loop's recipe's ``max_steps`` (what a data or a small recipe change trains for);
@@ -170,7 +197,7 @@ def predict_levers(diag: Diagnostics, *, loop_steps: int, records: Mapping[str, 
     records = dict(records or {})
     recipe = dict(diag.recipe)
     sps = diag.seconds_per_step or 1.6  # the CPU recipe's measured step (256 tokens, 3 frozen layers, 2 cores)
-    falling = diag.loss_falling
+    scale, why_more = diag.undertrained()
     out: list[Prediction] = []
 
     def add(lever: str, change: Mapping[str, Any], point: float, seconds: float, basis: str, why: str) -> None:
@@ -183,24 +210,19 @@ def predict_levers(diag: Diagnostics, *, loop_steps: int, records: Mapping[str, 
 
     # budget: the curve's gain from the champion's lineage to lineage + extra, scaled by how fast the loss still fell
     for extra in BUDGET_STEPS:
-        point = budget_gain(diag.lineage_steps + extra) - budget_gain(diag.lineage_steps)
-        trend = ""
-        if falling is not None:
-            scale = min(1.0, max(0.0, falling / FLAT_LOSS))
-            point *= scale
-            trend = f"; its training loss fell {falling:+.1%} over its last quarter (x{scale:.2f})"
+        point = (budget_gain(diag.lineage_steps + extra) - budget_gain(diag.lineage_steps)) * scale
         if point > 0:
             add("budget", {"recipe_diff": {"max_steps": extra}, "data": "train"}, point, extra * sps, "measured",
-                f"the champion has {diag.lineage_steps} optimizer steps behind it; the CPU recipe's measured curve "
-                f"gains {point:+.4f} from {extra} more{trend}")
+                f"the champion has {diag.lineage_steps} optimizer steps behind it and {why_more}; the CPU "
+                f"recipe's measured curve gains {point:+.4f} from {extra} more")
     # data: the failure clusters' synthesized examples, the loop's own steps
     if n_clusters:
         add("data", {}, PRIORS["data"], loop_steps * sps, "prior",
             f"target the top {n_clusters} failure clusters of the champion on dev")
     # lr: twice the adapter's rate, when the loss still falls (a flat loss is not a step-size problem)
-    if recipe.get("lr") and (falling is None or falling >= FLAT_LOSS):
+    if recipe.get("lr") and scale >= 1.0:
         add("lr", {"recipe_diff": {"lr": float(recipe["lr"]) * 2, "max_steps": loop_steps}, "data": "train"},
-            PRIORS["lr"], loop_steps * sps, "prior", f"the loss still falls: twice the learning rate ({recipe['lr']:g})")
+            PRIORS["lr"], loop_steps * sps, "prior", f"{why_more}: twice the learning rate ({recipe['lr']:g})")
     # max_length: when a tenth or more of the training states were cut
     if (diag.truncated_share or 0) >= TRUNCATED_SHARE and int(recipe.get("max_length") or 0) < LONGER_INPUT:
         add("max_length", {"recipe_diff": {"max_length": LONGER_INPUT, "max_steps": loop_steps}, "data": "train"},
@@ -221,9 +243,11 @@ def predict_levers(diag: Diagnostics, *, loop_steps: int, records: Mapping[str, 
             f"its gap to TF-IDF is {gap:+.4f}")
     if recipe.get("readout") == "decision_head" and frozen > 0:
         point = budget_gain(scratch_steps) + PRIORS["frozen_layers"] - gap
+        # another frozen-layer count is another feature cache: every split's lower layers are computed again
+        cold = (diag.feature_seconds_per_question or 0.0) * ((diag.n_test or 0) * 2 + n_train)
         add("frozen_layers", {"recipe_diff": {"frozen_layers": frozen - 1, "max_steps": scratch_steps},
                               "data": "train", "init": "base"}, point,
-            scratch_steps * sps * (6 - frozen + 1) / max(6 - frozen, 1), "prior",
+            scratch_steps * sps * (6 - frozen + 1) / max(6 - frozen, 1) + cold, "prior",
             f"one frozen layer less ({frozen} -> {frozen - 1}); its gap to TF-IDF is {gap:+.4f}")
     return out
 
@@ -347,8 +371,14 @@ def diagnose(champ: Mapping[str, Any], releases: Sequence[Mapping[str, Any]], pr
                 if k.startswith("acc/") and isinstance(test.get(k), (int, float)) and isinstance(tfidf.get(k), (int, float))
                 and math.isfinite(float(test[k])) and math.isfinite(float(tfidf[k]))}
     n_q = train.get("n_questions")
+    recipe = recipe_to_dict(read_recipe(champ["checkpoint_dir"]))
+    own_steps = int(train.get("steps") or 0)
+    per_step = int(recipe.get("batch_size") or 0) * int(recipe.get("grad_accum") or 1)
+    cold = train.get("feature_pass") or {}
     return Diagnostics(
-        recipe=recipe_to_dict(read_recipe(champ["checkpoint_dir"])), checkpoint_sha256=str(champ.get("checkpoint_sha256")),
+        recipe=recipe, checkpoint_sha256=str(champ.get("checkpoint_sha256")), own_steps=own_steps,
+        epochs_seen=own_steps * per_step / n_q if n_q and per_step else None,
+        feature_seconds_per_question=(cold["seconds"] / cold["computed"] if cold.get("computed") else None),
         lineage_steps=lineage, seconds_per_step=train.get("seconds_per_step"),
         loss_quarters=tuple(train["loss_quarters"]) if train.get("loss_quarters") else None,
         lexical_weight=lexical.get("weight"), head_share=lexical.get("head_share"),
