@@ -6,7 +6,7 @@ A round tests one **lever**, a change the loop knows how to make and to price:
 lever           the change (``change`` of the registered hypothesis)        trains from
 ==============  ==========================================================  =====================
 data            examples synthesized for the champion's failure clusters    the champion
-budget          ``max_steps`` more optimizer steps                          the champion
+budget          4, 8 or 12.5 times the loop's steps more                    the champion
 lr              twice the adapter's learning rate                           the champion
 max_length      a longer input (384 tokens)                                 the champion
 lexical         the hybrid's lexical part switched on (or off)              the champion
@@ -20,7 +20,7 @@ still falling or not, the hybrid's lexical weight, its gap to TF-IDF + LR on tes
 from the ledger's record of the lever's earlier rounds (:class:`LeverRecord`: observed over predicted,
 shrunk towards the prior while the record is short). :func:`choose` takes the lever with the best predicted
 gain per CPU-second among those whose prediction clears the round's minimum detectable effect (else the
-largest predicted gain, registered as underpowered), and never a lever refuted before on the same champion
+best gain per CPU-second of all, registered as underpowered), and never a lever refuted before on the same champion
 with the same change. The registration (``register_hypothesis``), the gate and the ledger stay the loop's;
 the proposer only fills in what a person's hypothesis would say. A person's hypothesis takes precedence.
 
@@ -51,8 +51,8 @@ FROM_BASE = ("frozen_layers", "family_head")
 #: +0.0000 [-0.0029, +0.0031]; 150 steps +0.0102 [+0.0019, +0.0187]; 300 steps +0.0376 [+0.0244, +0.0511];
 #: 400 steps +0.036 [+0.020, +0.051] (no gain past 300).
 BUDGET_CURVE: tuple[tuple[int, float], ...] = ((0, 0.0), (24, 0.0), (150, 0.0102), (300, 0.0376), (400, 0.036))
-#: Extra steps the budget lever tries.
-BUDGET_STEPS = (100, 200, 300)
+#: The budget lever's extra steps, as multiples of the loop's step budget (the demo's 24: 96, 192 and 300 more).
+BUDGET_MULTIPLES = (4, 8, 12.5)
 #: Priors for the levers this project has no curve for (gain on the gate's metric; a person may edit them):
 #: the family head's measured +0.014 (+0.024 without, +0.038 with, 300 steps), one frozen layer less
 #: (5 -> 3 frozen gave +0.034 at 300 steps; 3 -> 2 is unmeasured: a tenth of it), a longer input where a tenth or
@@ -187,11 +187,12 @@ def _clip_range(point: float, basis: str) -> tuple[float, float]:
 
 
 def predict_levers(diag: Diagnostics, *, loop_steps: int, records: Mapping[str, LeverRecord] | None = None,
-                   n_clusters: int = 0, scratch_steps: int = 300, n_train: int = 0) -> list[Prediction]:
+                   n_clusters: int = 0, n_train: int = 0) -> list[Prediction]:
     """Every lever's concrete change for this champion, predicted (gain, range, training seconds).
 
-    ``loop_steps``: the loop's recipe's ``max_steps`` (what a data or a small recipe change trains for);
-    ``scratch_steps``: what a candidate from the base model trains for; ``n_clusters``: the failure clusters
+    ``loop_steps``: the loop's recipe's ``max_steps`` (what a data or a small recipe change trains for, and
+    the unit of the budget lever); a candidate from the base model trains for the champion's lineage of steps
+    (the change at an equal budget); ``n_clusters``: the failure clusters
     the round's synthesis targeted (no clusters: no data lever).
     """
     records = dict(records or {})
@@ -209,7 +210,7 @@ def predict_levers(diag: Diagnostics, *, loop_steps: int, records: Mapping[str, 
                               predicted_seconds=round(seconds, 1), basis=f"{basis}; {how}", rationale=why))
 
     # budget: the curve's gain from the champion's lineage to lineage + extra, scaled by how fast the loss still fell
-    for extra in BUDGET_STEPS:
+    for extra in sorted({max(1, round(loop_steps * m)) for m in BUDGET_MULTIPLES}):
         point = (budget_gain(diag.lineage_steps + extra) - budget_gain(diag.lineage_steps)) * scale
         if point > 0:
             add("budget", {"recipe_diff": {"max_steps": extra}, "data": "train"}, point, extra * sps, "measured",
@@ -234,13 +235,14 @@ def predict_levers(diag: Diagnostics, *, loop_steps: int, records: Mapping[str, 
             PRIORS["lexical"], loop_steps * sps, "prior", "the champion has no lexical part beside its head")
     # from the base model: the measured gap to TF-IDF is what a fresh candidate must beat first
     gap = diag.gap_to_tfidf or 0.0
+    scratch_steps = max(diag.lineage_steps, loop_steps)
     frozen = int(recipe.get("frozen_layers") or 0)
     if recipe.get("readout") == "decision_head" and not recipe.get("family_head"):
         point = budget_gain(scratch_steps) + PRIORS["family_head"] - gap
         add("family_head", {"recipe_diff": {"family_head": True, "max_steps": scratch_steps}, "data": "train",
                             "init": "base"}, point, scratch_steps * sps, "measured",
-            f"the champion has no family head (measured +{PRIORS['family_head']:.3f} at 300 steps); "
-            f"its gap to TF-IDF is {gap:+.4f}")
+            f"the champion has no family head (measured +{PRIORS['family_head']:.3f} at 300 steps), retrained for "
+            f"its {scratch_steps} steps; its gap to TF-IDF is {gap:+.4f}")
     if recipe.get("readout") == "decision_head" and frozen > 0:
         point = budget_gain(scratch_steps) + PRIORS["frozen_layers"] - gap
         # another frozen-layer count is another feature cache: every split's lower layers are computed again
@@ -248,7 +250,8 @@ def predict_levers(diag: Diagnostics, *, loop_steps: int, records: Mapping[str, 
         add("frozen_layers", {"recipe_diff": {"frozen_layers": frozen - 1, "max_steps": scratch_steps},
                               "data": "train", "init": "base"}, point,
             scratch_steps * sps * (6 - frozen + 1) / max(6 - frozen, 1) + cold, "prior",
-            f"one frozen layer less ({frozen} -> {frozen - 1}); its gap to TF-IDF is {gap:+.4f}")
+            f"one frozen layer less ({frozen} -> {frozen - 1}), retrained for its {scratch_steps} steps; its gap to "
+            f"TF-IDF is {gap:+.4f}")
     return out
 
 
@@ -284,7 +287,7 @@ class Choice:
                 f"~{self.chosen.predicted_seconds:.0f} s of training ({self.chosen.basis})")
         if self.mde is not None:
             head += (f"; MDE {self.mde:.4f}: " + ("clears it, best gain per CPU-second" if self.clears_mde
-                                                  else "no lever clears it: the largest predicted gain"))
+                                                  else "no lever clears it: the best gain per CPU-second"))
         others = "; ".join(f"{p.lever} {json.dumps(dict(p.change).get('recipe_diff', {}), sort_keys=True)} "
                            f"{p.predicted_delta:+.4f}/{p.predicted_seconds:.0f}s" for p in self.considered
                            if p is not self.chosen)
@@ -297,7 +300,8 @@ class Choice:
 
 def choose(predictions: Sequence[Prediction], mde: float | None, refuted: set[str] = frozenset()) -> Choice | None:
     """The best predicted gain per CPU-second among the predictions that clear ``mde`` and were not refuted
-    on this champion; when none clears it, the largest predicted gain. ``None``: nothing left to propose."""
+    on this champion; when none clears it, the best gain per CPU-second of all (the cheapest informative
+    round: its result still moves the lever's record). ``None``: nothing left to propose."""
     skipped = tuple(f"{p.lever} {json.dumps(dict(p.change).get('recipe_diff', {}), sort_keys=True)}"
                     for p in predictions if _canonical(p.change) in refuted)
     open_ = [p for p in predictions if _canonical(p.change) not in refuted and p.predicted_delta > 0]
@@ -307,7 +311,7 @@ def choose(predictions: Sequence[Prediction], mde: float | None, refuted: set[st
     if clearing:
         chosen = max(clearing, key=lambda p: (p.gain_per_second, p.predicted_delta))
     else:
-        chosen = max(open_, key=lambda p: (p.predicted_delta, -p.predicted_seconds))
+        chosen = max(open_, key=lambda p: (p.gain_per_second, p.predicted_delta))
     return Choice(chosen=chosen, considered=tuple(open_), mde=mde, skipped_refuted=skipped)
 
 
@@ -422,6 +426,6 @@ def refuted_on(ledger: Any, champion_sha256: str) -> set[str]:
     return refuted_changes(hyps, rejected, champion_sha256, parents)
 
 
-__all__ = ["BUDGET_CURVE", "FROM_BASE", "LEVERS", "PRIORS", "Choice", "Diagnostics", "LeverRecord", "Prediction",
+__all__ = ["BUDGET_CURVE", "BUDGET_MULTIPLES", "FROM_BASE", "LEVERS", "PRIORS", "Choice", "Diagnostics", "LeverRecord", "Prediction",
            "budget_gain", "calibration_rows", "choose", "diagnose", "lever_records", "predict_levers", "refuted_changes",
            "refuted_on"]
