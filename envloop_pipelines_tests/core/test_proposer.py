@@ -145,3 +145,24 @@ def test_the_ledger_keeps_score_of_the_loops_predictions_per_lever() -> None:
     assert lines[0].startswith("prediction calibration by lever")
     assert any(line.startswith("budget") and "-0.0060" in line and "1/1" in line for line in lines)
     assert calibration_lines([]) == []
+
+
+def test_a_recipe_lever_trains_on_the_snapshots_base_rows_alone(tmp_path) -> None:
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from envloop_pipelines.core.decision_loop.candidate import candidate_rows
+    from envloop_pipelines.core.decision_loop.step_records import TrainingSnapshot
+
+    path = tmp_path / "snap.parquet"
+    provenance = [json.dumps({"kind": "base", "snapshot": "s"})] * 3 + [json.dumps({"cluster": "c"})] * 2
+    pq.write_table(pa.table({"record_id": ["a", "b", "c", "x", "y"], "provenance": provenance}), path)
+    snap = TrainingSnapshot(round="r0001", sha256="f" * 64, path=str(path), n_rows=5, n_base=3, n_synthesized=2,
+                            n_removed=0, contamination={}, schema_ok=True, benchmark_version="v")
+    rows, digest = candidate_rows(snap, {"kind": "data", "lever": "data"})
+    assert rows.column("record_id").to_pylist() == ["a", "b", "c", "x", "y"] and digest == "f" * 64
+    rows, digest = candidate_rows(snap, {"kind": "recipe", "lever": "budget", "data": "train"})
+    assert rows.column("record_id").to_pylist() == ["a", "b", "c"] and "provenance" not in rows.column_names
+    assert len(digest) == 64 and digest != "f" * 64  # the rows trained on are hashed, not the snapshot

@@ -15,7 +15,7 @@ EXPECTED_DEPS = {
     "failure_mining": {"task_benchmark", "baseline_eval"},
     "environment_synthesis": {"task_benchmark", "failure_mining"},
     "registered_hypothesis": {"task_benchmark", "environment_synthesis"},
-    "training_dataset_snapshot": {"task_benchmark", "environment_synthesis", "registered_hypothesis"},
+    "training_dataset_snapshot": {"task_benchmark", "environment_synthesis"},
     "lora_checkpoint": {"task_benchmark", "training_dataset_snapshot", "registered_hypothesis"},
     # Typed values flow through the IO manager: an asset depends on every step whose value it reads.
     "independent_reeval": {"task_benchmark", "lora_checkpoint", "training_dataset_snapshot"},

@@ -429,12 +429,8 @@ def register_hypothesis(config: LoopConfig, task: TaskSnapshot, synthesis: Envir
     return RegisteredHypothesis(hypothesis=hypothesis, hash=digest, mlflow_run_id=run.run_id, mlflow_url=run.url)
 
 
-def build_training_snapshot(config: LoopConfig, task: TaskSnapshot, synthesis: EnvironmentSynthesis,
-                            hypothesis: RegisteredHypothesis | None = None) -> TrainingSnapshot:
+def build_training_snapshot(config: LoopConfig, task: TaskSnapshot, synthesis: EnvironmentSynthesis) -> TrainingSnapshot:
     """Base train + synthesized rows as content-addressed Parquet, checked for contamination.
-
-    A hypothesis whose change says ``"data": "train"`` (the proposer's recipe levers) trains on the task's
-    train rows alone: the round then measures its recipe change, not the change and new data together.
 
     Every row, base and synthesized, is checked against the test and holdout records (rule 7), both
     ways: the row's 13-grams found in them, and each hidden record's distinctive 13-grams found in the
@@ -444,10 +440,8 @@ def build_training_snapshot(config: LoopConfig, task: TaskSnapshot, synthesis: E
     13-grams with some test or holdout state. Under ``refuse`` they stay, and the snapshot's report
     blocks training. Rows are checked one by one, so the rows kept are exactly the clean ones.
     """
-    synth = pq.read_table(synthesis.path).cast(SNAPSHOT_SCHEMA)
-    if hypothesis is not None and hypothesis.hypothesis.change.get("data") == "train":
-        synth = synth.slice(0, 0)
-    return checked_training_snapshot(config, task, synth, round=synthesis.round)
+    return checked_training_snapshot(config, task, pq.read_table(synthesis.path).cast(SNAPSHOT_SCHEMA),
+                                     round=synthesis.round)
 
 
 def checked_training_snapshot(config: LoopConfig, task: TaskSnapshot, synth: pa.Table, *, round: str) -> TrainingSnapshot:

@@ -246,12 +246,9 @@ def registered_hypothesis(context: dg.AssetExecutionContext, config: HypothesisC
 
 @dg.asset(partitions_def=rounds, group_name=ROUND_GROUP)
 def training_dataset_snapshot(loop: LoopResource, task_benchmark: Benchmark,
-                              environment_synthesis: EnvironmentSynthesis,
-                              registered_hypothesis: RegisteredHypothesis) -> dg.Output[TrainingSnapshot]:
-    """Base train plus synthesized rows (train alone for a recipe lever) as content-addressed Parquet, with its
-    contamination report."""
-    result = steps.build_training_snapshot(loop.config(), loop.task_snapshot(task_benchmark), environment_synthesis,
-                                           registered_hypothesis)
+                              environment_synthesis: EnvironmentSynthesis) -> dg.Output[TrainingSnapshot]:
+    """Base train plus synthesized rows as content-addressed Parquet, with its contamination report."""
+    result = steps.build_training_snapshot(loop.config(), loop.task_snapshot(task_benchmark), environment_synthesis)
     return dg.Output(result, metadata={
         "sha256": result.sha256,
         "path": dg.MetadataValue.path(result.path),
