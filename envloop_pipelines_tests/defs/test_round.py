@@ -179,6 +179,31 @@ def test_metadata_a_person_wants(loop_env: dict[str, Any]) -> None:
     assert "mlflow_run_id" in events["lora_checkpoint"]
 
 
+def test_the_loop_proposes_its_own_experiment_and_the_ui_plots_its_numbers(loop_env: dict[str, Any]) -> None:
+    from envloop_pipelines.core.decision_loop.proposer import LEVERS
+
+    ledger = Ledger(TASK, loop_env["home"])
+    auto, person = ledger.hypothesis("r0001"), ledger.hypothesis("r0002")
+    # r0001 had no hypothesis: the proposer chose a lever, registered its prediction and every lever it weighed
+    assert auto.change["lever"] in LEVERS and auto.author == "auto"
+    prediction = auto.change["prediction"]
+    assert prediction["low"] <= auto.predicted_delta <= prediction["high"] and prediction["seconds"] > 0
+    assert auto.rationale.startswith(f"proposer: lever {auto.change['lever']} (") and "Weighed:" in auto.rationale
+    assert "lever" not in person.change  # a person's hypothesis is taken as given
+    decided = {e["round"]: e for e in ledger.events("round_decided")}
+    assert decided["r0001"]["lever"] == auto.change["lever"] and decided["r0002"]["lever"] == "recipe"
+    assert decided["r0001"]["train_s"] > 0 and len(decided["r0001"]["champion_checkpoint_sha256"]) == 64
+    assert decision(loop_env, "r0001")["lever"] == auto.change["lever"]
+    for key in ("r0001", "r0002"):
+        meta = {e.asset_key.to_user_string(): e.materialization.metadata
+                for e in loop_env["results"][key].get_asset_materialization_events()}["promotion_decision"]
+        for name in ("predicted_delta", "delta", "ci_low", "ci_high", "bar", "mde", "ci_half_width", "noise_floor",
+                     "champion_score", "candidate_score"):
+            assert isinstance(meta[name], dg.FloatMetadataValue), name
+            assert meta[name].value == round(meta[name].value, 6)  # no 0.0040000000000000036 in the plots
+        assert meta["predicted_delta"].value == ledger.hypothesis(key).predicted_delta
+
+
 def test_mlflow_records_hypothesis_before_training(loop_env: dict[str, Any]) -> None:
     tracker: MlflowTracker = loop_env["tracker"]
     for key in ("r0001", "r0002"):

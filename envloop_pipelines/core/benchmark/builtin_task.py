@@ -14,16 +14,20 @@ from envloop_pipelines.core.data.datasets import import_file
 from envloop_pipelines.core.storage import envloop_home
 
 
-def builtin_config(*, n_users: int | None = None, records_per_user: int | None = None, seed: int = 0) -> Any:
+def builtin_config(*, n_users: int | None = None, records_per_user: int | None = None, seed: int = 0,
+                   hidden_users: int | None = None) -> Any:
     """The built-in benchmark's config for the sizes chosen (``None``: the default).
 
     Without a chosen number of users it is the default benchmark, whose test and holdout are sized
     for a gate with power (``BUILTIN_HIDDEN_USERS`` users each; train, val and dev are those of the
-    default 240 users). A chosen number of users keeps every split at its fraction of them.
+    default 240 users). A chosen number of users keeps every split at its fraction of them, unless
+    ``hidden_users`` sets the users of test and holdout (unseen users added after ``n_users``).
     """
     from dataclasses import replace
 
-    config = BenchmarkConfig(seed=seed, hidden_users=BUILTIN_HIDDEN_USERS if n_users is None else None)
+    if hidden_users is None and n_users is None:
+        hidden_users = BUILTIN_HIDDEN_USERS
+    config = BenchmarkConfig(seed=seed, hidden_users=hidden_users)
     if n_users is not None:
         config = replace(config, n_users=n_users)
     if records_per_user is not None:
@@ -37,6 +41,7 @@ def generate_builtin_task(
     n_users: int | None = None,
     records_per_user: int | None = None,
     seed: int = 0,
+    hidden_users: int | None = None,
     out: str | Path | None = None,
     do_import: bool = True,
     home: str | Path | None = None,
@@ -46,7 +51,7 @@ def generate_builtin_task(
     Returns a dict with the JSONL path, its sha256, record count, timings and
     (when imported) the snapshot summary.
     """
-    config = builtin_config(n_users=n_users, records_per_user=records_per_user, seed=seed)
+    config = builtin_config(n_users=n_users, records_per_user=records_per_user, seed=seed, hidden_users=hidden_users)
     started = time.perf_counter()
     records = generate_benchmark(config)
     hidden = "" if config.hidden_users is None else f"-h{config.hidden_users}"

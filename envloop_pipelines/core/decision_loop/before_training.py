@@ -27,6 +27,16 @@ from envloop_pipelines.core.ledger.loop_config import LoopConfig, round_number
 from envloop_pipelines.core.data.contamination import ContaminationReport, check_contamination, record_texts, row_texts
 from envloop_pipelines.core.ledger.ledger import EVENT_ROUND_DECIDED, Gate, Hypothesis, Ledger, LedgerError
 from envloop_pipelines.core.decision_loop.mining import FailureCluster, mine_failures_with_fallback
+from envloop_pipelines.core.decision_loop.proposer import (
+    PRIORS,
+    Choice,
+    Prediction,
+    choose,
+    diagnose,
+    lever_records,
+    predict_levers,
+    refuted_on,
+)
 from envloop_pipelines.core.ledger.promotion import hypothesis_power
 from envloop_pipelines.core.release.publish import champion
 from envloop_pipelines.core.decision_loop.step_records import (
@@ -298,6 +308,35 @@ def _measured_power(config: LoopConfig, task: TaskSnapshot, key: str, gate: Gate
     return power
 
 
+def propose_change(config: LoopConfig, task: TaskSnapshot, key: str, gate: Gate, synthesis: EnvironmentSynthesis,
+                   sandbox: SandboxSettings | None) -> Choice:
+    """The proposer's experiment for round ``key``: every lever predicted from the champion's diagnostics and
+    the ledger's record, the best gain per CPU-second that clears the round's MDE (``core/decision_loop/proposer.py``).
+    Nothing is written: the caller registers the choice."""
+    ledger = Ledger(config.task, config.home)
+    champ = champion(config)
+    mde = _measured_power(config, task, key, gate, 0.0, sandbox).get("mde")
+    recipe = config.load_recipe()
+    diag = diagnose(champ, ledger.releases(), gate.primary_metric)
+    predictions = predict_levers(diag, loop_steps=int(recipe.max_steps or 0) or 24, records=lever_records(ledger.events()),
+                                 n_clusters=len(synthesis.clusters) if synthesis.n_rows else 0,
+                                 n_train=task.table("train").num_rows)
+    chosen = choose(predictions, mde, refuted_on(ledger, str(champ.get("checkpoint_sha256"))))
+    if chosen is None:  # every lever refuted on this champion: the failure clusters' data, as before the proposer
+        data = Prediction(lever="data", change={"kind": "data", "lever": "data"}, predicted_delta=PRIORS["data"],
+                          low=0.0, high=2 * PRIORS["data"], predicted_seconds=0.0, basis="prior",
+                          rationale="every lever is refuted on this champion")
+        chosen = choose([data], mde)
+    return chosen
+
+
+def proposed_change(choice: Choice) -> dict[str, Any]:
+    """The registered ``change`` of the proposer's choice: the lever's change and its prediction (range, seconds)."""
+    p = choice.chosen
+    return {**dict(p.change), "prediction": {"low": p.low, "high": p.high, "seconds": p.predicted_seconds,
+                                             "basis": p.basis}}
+
+
 def register_hypothesis(config: LoopConfig, task: TaskSnapshot, synthesis: EnvironmentSynthesis, tracker: Tracker, *,
                         proposal: Mapping[str, Any] | None = None,
                         run_tags: Mapping[str, str] | None = None,
@@ -308,8 +347,10 @@ def register_hypothesis(config: LoopConfig, task: TaskSnapshot, synthesis: Envir
     measured at that version's noise floor.
 
     ``proposal`` (from a person) may set ``change`` (with ``recipe_diff`` for a recipe change),
-    ``predicted_delta``, ``gate`` (``Gate`` fields), ``seeds`` and ``rationale``; anything not
-    given is derived from the mined failures and past rounds.
+    ``predicted_delta``, ``gate`` (``Gate`` fields), ``seeds`` and ``rationale``. Without a ``change`` the loop
+    proposes its own (:func:`propose_change`): the lever with the best predicted gain per CPU-second that clears
+    the round's MDE, its prediction (point, range, training seconds) and the diagnostics behind it in the
+    change and the rationale.
 
     The registration records the test's power (rule 2): the minimum detectable effect of the primary
     metric at 80% power and the measured noise (:func:`paired_noise`, :func:`~envloop_pipelines.core.ledger.promotion.hypothesis_power`)
@@ -332,27 +373,37 @@ def register_hypothesis(config: LoopConfig, task: TaskSnapshot, synthesis: Envir
         raise ValueError(f"round {key}: hypothesis proposal refused: " + "; ".join(errors))
     ledger = Ledger(config.task, config.home)
     recipe = config.load_recipe()
-    past = [e["observed_delta"] for e in ledger.events(EVENT_ROUND_DECIDED) if e.get("observed_delta") is not None]
-    # Predicted delta: the mean observed gain of past rounds, or a modest +0.01 for the first.
-    predicted = float(proposal.get("predicted_delta", np.mean(past) if past else 0.01))
     gate = Gate(**proposal.get("gate", {}))
     registered = ledger.hypothesis(key)
-    power = None if registered is not None else _measured_power(config, task, key, gate, predicted, sandbox)
+    data_change = {"kind": "data", "generator": synthesis.generator, "clusters": list(synthesis.clusters),
+                   "n_new_examples": synthesis.n_rows, "synthesis_sha256": synthesis.sha256,
+                   "recipe_overrides": dict(config.recipe_overrides)}
+    power = None
+    if registered is None and not proposal.get("change"):  # the loop proposes its own experiment
+        proposed = propose_change(config, task, key, gate, synthesis, sandbox)
+        change, rationale = {**(data_change if proposed.chosen.lever == "data" else {}), **proposed_change(proposed)}, \
+            proposed.rationale()
+        predicted = float(proposal.get("predicted_delta", proposed.chosen.predicted_delta))
+    else:
+        change = proposal.get("change") or data_change
+        rationale = proposal.get("rationale", f"target the top {len(synthesis.clusters)} failure clusters of the "
+                                              f"champion on dev")
+        past = [e["observed_delta"] for e in ledger.events(EVENT_ROUND_DECIDED) if e.get("observed_delta") is not None]
+        # A person's change without a prediction: the mean observed gain of past rounds, or +0.01 for the first.
+        predicted = float(proposal.get("predicted_delta", np.mean(past) if past else 0.01))
+    if registered is None:
+        power = _measured_power(config, task, key, gate, predicted, sandbox)
     hypothesis = registered or Hypothesis(  # immutable: a retry reuses what was registered
         task=config.task,
         round=key,
         benchmark_version=task.benchmark_version,
-        change=proposal.get("change") or {"kind": "data", "generator": synthesis.generator,
-                                          "clusters": list(synthesis.clusters), "n_new_examples": synthesis.n_rows,
-                                          "synthesis_sha256": synthesis.sha256,
-                                          "recipe_overrides": dict(config.recipe_overrides)},
+        change=change,
         predicted_delta=predicted,
         gate=gate,
         seeds=tuple(proposal.get("seeds") or (recipe.seed + 1000 + round_number(key),)),
         recipe_hash=config.recipe_hash(),
         author="person" if proposal else "auto",
-        rationale=proposal.get("rationale", f"target the top {len(synthesis.clusters)} failure clusters of the "
-                                            f"champion on dev"),
+        rationale=rationale,
         power=power,
     )
     digest = ledger.register_hypothesis(hypothesis)

@@ -65,9 +65,27 @@ def train_into_store(store: RoundStore, train: pa.Table, val: pa.Table, recipe: 
     return final
 
 
-def snapshot_rows(snapshot: TrainingSnapshot) -> pa.Table:
-    """The training rows of a round's snapshot (without their provenance column)."""
-    return pq.read_table(snapshot.path).drop_columns(["provenance"])
+def snapshot_rows(snapshot: TrainingSnapshot, *, base_only: bool = False) -> pa.Table:
+    """The training rows of a round's snapshot (without their provenance column); ``base_only``: the task's
+    train rows alone, without the synthesized ones (a hypothesis whose change says ``"data": "train"``)."""
+    table = pq.read_table(snapshot.path)
+    if base_only:
+        kinds = [json.loads(p).get("kind") == "base" for p in table.column("provenance").to_pylist()]
+        table = table.filter(pa.array(kinds, pa.bool_()))
+    return table.drop_columns(["provenance"])
+
+
+def candidate_rows(snapshot: TrainingSnapshot, change: Mapping[str, Any]) -> tuple[pa.Table, str]:
+    """The rows a round's candidate trains on and their hash: the whole snapshot, or for a change that says
+    ``"data": "train"`` (the proposer's recipe levers: the round measures the recipe change, not it and new data
+    together) the snapshot's base rows, hashed on their own. The snapshot is checked for contamination whole,
+    so its base rows are checked rows."""
+    if change.get("data") != "train":
+        return snapshot_rows(snapshot), snapshot.sha256
+    from envloop_pipelines.core.storage import parquet_bytes, sha256_bytes
+
+    rows = snapshot_rows(snapshot, base_only=True)
+    return rows, sha256_bytes(parquet_bytes(rows))
 
 
 def recipe_diff(change: Mapping[str, Any]) -> dict[str, Any]:
@@ -106,13 +124,17 @@ def train_candidate(config: LoopConfig, task: TaskSnapshot, hypothesis: Register
     # The hypothesis's seed, or after a gate amendment the fresh seed it requires (rule 3).
     seed = Ledger(config.task, config.home).candidate_seeds(key)[0]
     recipe = config.load_recipe().replace(**recipe_diff(registered.change), seed=seed)
+    # A lever that changes what a checkpoint is made of (frozen layers, the family head) starts from the base model.
+    init_from = None if registered.change.get("init") == "base" else Path(champ["checkpoint_dir"])
     run = child_run(tracker, config, key, KIND_TRAINING, {**(run_tags or {}), TAG_HYPOTHESIS: registered.hash})
     tracker.log_params(run.run_id, {**{f"recipe.{k}": v for k, v in recipe_to_dict(recipe).items()},
-                                    "snapshot_sha256": snapshot.sha256, "init_from": champ["checkpoint_sha256"],
+                                    "snapshot_sha256": snapshot.sha256,
+                                    "init_from": champ["checkpoint_sha256"] if init_from else "base",
                                     "hypothesis_hash": registered.hash})
     started = time.perf_counter()
-    ckpt = train_into_store(RoundStore(config.task, config.home), snapshot_rows(snapshot), task.table("val"), recipe,
-                            data_hash=snapshot.sha256, init_from=Path(champ["checkpoint_dir"]),
+    rows, data_hash = candidate_rows(snapshot, registered.change)
+    ckpt = train_into_store(RoundStore(config.task, config.home), rows, task.table("val"), recipe,
+                            data_hash=data_hash, init_from=init_from,
                             safety_families=config.safety_families, safety_fnr_target=config.safety_fnr_target)
     train_s = time.perf_counter() - started
     train_metrics = json.loads((ckpt / "metrics.json").read_text(encoding="utf-8"))
@@ -123,7 +145,8 @@ def train_candidate(config: LoopConfig, task: TaskSnapshot, hypothesis: Register
         EVENT_CHECKPOINT_TRAINED, {"round": key, "checkpoint_sha256": ckpt.name, "seed": recipe.seed,
                                    "hypothesis_hash": registered.hash}, key=f"arm:{key}:{ckpt.name}")
     return TrainedCheckpoint(round=key, checkpoint=str(ckpt), checkpoint_sha256=ckpt.name,
-                             init_from=champ["checkpoint_sha256"], snapshot_sha256=snapshot.sha256, seed=recipe.seed,
+                             init_from=champ["checkpoint_sha256"] if init_from else "base",
+                             snapshot_sha256=snapshot.sha256, seed=recipe.seed,
                              train_s=round(train_s, 2), metrics=train_metrics, mlflow_run_id=run.run_id,
                              mlflow_url=run.url, hypothesis_hash=registered.hash)
 
@@ -182,4 +205,4 @@ def reevaluate(config: LoopConfig, task: TaskSnapshot, candidate: TrainedCheckpo
     return result
 
 
-__all__ = ["RECIPE_DIFF", "recipe_diff", "reevaluate", "snapshot_rows", "train_candidate", "train_into_store"]
+__all__ = ["RECIPE_DIFF", "candidate_rows", "recipe_diff", "reevaluate", "snapshot_rows", "train_candidate", "train_into_store"]

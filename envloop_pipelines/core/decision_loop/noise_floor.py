@@ -62,7 +62,8 @@ def _open_or_generate(config: LoopConfig) -> TaskSnapshot:
     from envloop_pipelines.core.benchmark.builtin_task import generate_builtin_task
 
     generate_builtin_task(task=config.task, n_users=config.builtin_users,
-                          records_per_user=config.builtin_records_per_user, home=envloop_home(config.home))
+                          records_per_user=config.builtin_records_per_user, hidden_users=config.builtin_hidden_users,
+                          home=envloop_home(config.home))
     return open_task(config.task, home=envloop_home(config.home))
 
 

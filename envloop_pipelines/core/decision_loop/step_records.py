@@ -212,13 +212,16 @@ class RoundDecision(JsonRecord):
     gate: Mapping[str, Any]
     release: int | None = None
     model_version: str | None = None
+    #: The search-space lever the round tested (``change.lever``; the change's kind for a person's hypothesis).
+    lever: str | None = None
 
     @classmethod
     def of(cls, key: str, decision: PromotionDecision, *, delta: Mapping[str, Any], noise_floor: float,
            hypothesis: Hypothesis, gate: Gate) -> "RoundDecision":
         return cls(round=key, promote=decision.promote, reasons=tuple(decision.reasons), checks=dict(decision.checks),
                    delta=dict(delta), noise_floor=noise_floor, hypothesis_hash=hypothesis.hash,
-                   predicted_delta=hypothesis.predicted_delta, gate=dataclasses.asdict(gate))
+                   predicted_delta=hypothesis.predicted_delta, gate=dataclasses.asdict(gate),
+                   lever=hypothesis.change.get("lever") or hypothesis.change.get("kind"))
 
 
 #: The record type of each step's value, by step (asset) name: what the IO manager loads.

@@ -71,7 +71,10 @@ def decide_round(config: LoopConfig, task: TaskSnapshot, hypothesis: RegisteredH
     delta = reeval.delta(gate.primary_metric)
     verdict = decide_promotion(gate, delta, noise_floor.floor, reeval.candidate, reeval.champion,
                                config.safety_families, paired=reeval.paired)
-    verdict = PromotionDecision(verdict.promote, verdict.reasons, {**verdict.checks, **power_checks(registered, delta)})
+    scores = {"champion_score": reeval.champion.get(gate.primary_metric),
+              "candidate_score": reeval.candidate.get(gate.primary_metric)}
+    verdict = PromotionDecision(verdict.promote, verdict.reasons,
+                                {**verdict.checks, **power_checks(registered, delta), **scores})
     decision = RoundDecision.of(key, verdict, delta=delta, noise_floor=noise_floor.floor.floor, hypothesis=registered,
                                 gate=gate)
     if verdict.promote:
@@ -92,7 +95,10 @@ def decide_round(config: LoopConfig, task: TaskSnapshot, hypothesis: RegisteredH
                 "hypothesis_hash": registered.hash, "predicted_delta": registered.predicted_delta,
                 "power": registered.power,
                 "change": {"kind": registered.change.get("kind"), "clusters": registered.change.get("clusters"),
-                           "n_new_examples": registered.change.get("n_new_examples")},
+                           "n_new_examples": registered.change.get("n_new_examples"),
+                           **{k: registered.change[k] for k in ("lever", "recipe_diff", "init", "prediction")
+                              if k in registered.change}},
+                "observed_delta": delta["delta"], "train_s": candidate.train_s,
                 "limitations": limitations,
             }
 
@@ -109,7 +115,10 @@ def decide_round(config: LoopConfig, task: TaskSnapshot, hypothesis: RegisteredH
                       key=f"rejected:{key}")
         ledger.append(EVENT_HYPOTHESIS_REFUTED, {"round": key, "hash": registered.hash}, key=f"refuted:{key}")
     ledger.append(EVENT_ROUND_DECIDED, {"round": key, "promoted": verdict.promote, "observed_delta": delta["delta"],
-                                        "release": decision.release, "decision": decision.to_dict()},
+                                        "release": decision.release, "decision": decision.to_dict(),
+                                        "lever": registered.change.get("lever") or registered.change.get("kind"),
+                                        "train_s": candidate.train_s,
+                                        "champion_checkpoint_sha256": champ["checkpoint_sha256"]},
                   key=f"decided:{key}")
     return decision
 

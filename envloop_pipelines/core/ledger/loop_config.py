@@ -76,6 +76,9 @@ class LoopConfig:
         "remove: drop synthesized rows that overlap test/holdout; refuse: keep them so the check blocks training."))
     builtin_users: int | None = field(default=None, metadata=_help("Built-in benchmark size in users (when generated)."))
     builtin_records_per_user: int | None = field(default=None, metadata=_help("Built-in benchmark records per user."))
+    builtin_hidden_users: int | None = field(default=None, metadata=_help(
+        "Built-in benchmark users in each of test and holdout, added after builtin_users (default: their "
+        "fraction of builtin_users; without builtin_users, the powered 864)."))
     home: str | None = field(default=None, metadata=_help("The EnvLoop home (default $ENVLOOP_HOME or ./.envloop)."))
 
     def __post_init__(self) -> None:

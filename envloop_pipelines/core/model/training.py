@@ -411,6 +411,16 @@ def _epoch_losses(loss_log: Sequence[tuple[int, float, int]]) -> list[dict[str, 
     ]
 
 
+def _loss_quarters(loss_log: Sequence[tuple[int, float, int]]) -> list[float] | None:
+    """The mean training loss over each quarter of the micro-batches, in order: whether the loss was still
+    falling when training stopped (the proposer's under-training signal; the per-epoch means cannot say
+    it for a run shorter than an epoch). ``None`` below four micro-batches."""
+    if len(loss_log) < 4:
+        return None
+    quarters = np.array_split(np.arange(len(loss_log)), 4)
+    return [float(sum(loss_log[i][1] * loss_log[i][2] for i in q) / sum(loss_log[i][2] for i in q)) for q in quarters]
+
+
 @dataclass
 class TrainerRun:
     """What one ``Trainer.train()`` left behind, read before the trainer is dropped.
@@ -658,6 +668,7 @@ def train_checkpoint(
             "epochs": epochs,
             "first_epoch_loss": epochs[0]["mean_loss"] if epochs else None,
             "last_epoch_loss": epochs[-1]["mean_loss"] if epochs else None,
+            "loss_quarters": _loss_quarters(run.loss_log),
             "steps": n_steps,
             "seconds": run.seconds,
             "seconds_per_step": float(np.mean(run.step_seconds)) if run.step_seconds else None,

@@ -25,7 +25,15 @@ from envloop_pipelines.core.decision_loop.step_records import (
     TrainedCheckpoint,
     TrainingSnapshot,
 )
-from envloop_pipelines.defs.rounds.metadata import DECISION, PROMOTION_WARNING, ledger_metadata, metrics_table, mlflow_link, run_tags
+from envloop_pipelines.defs.rounds.metadata import (
+    DECISION,
+    PROMOTION_WARNING,
+    decision_numbers,
+    ledger_metadata,
+    metrics_table,
+    mlflow_link,
+    run_tags,
+)
 from envloop_pipelines.defs.rounds.partitions import rounds
 from envloop_pipelines.core.tracking import RUN_FAILED, RUN_FINISHED, close_round_runs
 from envloop_pipelines import names
@@ -321,8 +329,7 @@ def promotion_decision(context: dg.AssetExecutionContext, loop: LoopResource, ml
         "promoted": result.promote,
         "release": result.release,
         "reasons": dg.MetadataValue.md("\n".join(f"- {r}" for r in result.reasons)),
-        "delta": result.delta["delta"],
-        "noise_floor": result.noise_floor,
+        **decision_numbers(result),
         "release_chain": dg.MetadataValue.md(plot),
         # the typed decision, the round's ledger events and its release card, for clients (docs/http-api.md)
         DECISION: dg.MetadataValue.json(result.to_dict()),

@@ -56,6 +56,24 @@ def ledger_metadata(task: str, home: str | None, *, round_key: str | None = None
     return out
 
 
+#: Significant digits of a decision's numbers in the UI (a delta of 0.0040000000000000036 reads 0.004).
+DIGITS = 6
+
+
+def decision_numbers(decision: Any) -> dict[str, dg.MetadataValue]:
+    """The decision's numbers as numeric (float) metadata, so the Dagster UI's Plots tab draws them over rounds:
+    predicted and observed delta, its CI ends, the bar, the MDE and the CI's half-width, the noise floor, and the
+    gate's metric for champion and candidate on test. A number the decision lacks is left out, not zero."""
+    checks = decision.checks or {}
+    values = {"predicted_delta": decision.predicted_delta, "delta": decision.delta.get("delta"),
+              "ci_low": decision.delta.get("ci_low"), "ci_high": decision.delta.get("ci_high"),
+              "bar": checks.get("bar"), "mde": checks.get("mde"), "ci_half_width": checks.get("ci_half_width"),
+              "noise_floor": decision.noise_floor, "champion_score": checks.get("champion_score"),
+              "candidate_score": checks.get("candidate_score")}
+    return {k: dg.MetadataValue.float(round(float(v), DIGITS)) for k, v in values.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v}
+
+
 def mlflow_link(result: Any) -> dict[str, dg.MetadataValue]:
     """The MLflow run of a step's record (its ``mlflow_url`` and ``mlflow_run_id``), when it has one."""
     url, run_id = getattr(result, "mlflow_url", None), getattr(result, "mlflow_run_id", None)
