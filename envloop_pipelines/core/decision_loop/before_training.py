@@ -309,15 +309,21 @@ def _measured_power(config: LoopConfig, task: TaskSnapshot, key: str, gate: Gate
 
 
 def propose_change(config: LoopConfig, task: TaskSnapshot, key: str, gate: Gate, synthesis: EnvironmentSynthesis,
-                   sandbox: SandboxSettings | None) -> Choice:
+                   sandbox: SandboxSettings | None) -> Choice | None:
     """The proposer's experiment for round ``key``: every lever predicted from the champion's diagnostics and
     the ledger's record, the best gain per CPU-second that clears the round's MDE (``core/decision_loop/proposer.py``).
-    Nothing is written: the caller registers the choice."""
+    Nothing is written: the caller registers the choice. ``None`` without a champion (nothing to diagnose: a
+    loop always has one, release 1 is the floor's control arm)."""
+    from envloop_pipelines.core.model.recipe import recipe_to_dict
+
     ledger = Ledger(config.task, config.home)
-    champ = champion(config)
+    try:
+        champ = champion(config)
+    except LedgerError:
+        return None
     mde = _measured_power(config, task, key, gate, 0.0, sandbox).get("mde")
     recipe = config.load_recipe()
-    diag = diagnose(champ, ledger.releases(), gate.primary_metric)
+    diag = diagnose(champ, ledger.releases(), gate.primary_metric, recipe_to_dict(recipe))
     predictions = predict_levers(diag, loop_steps=int(recipe.max_steps or 0) or 24, records=lever_records(ledger.events()),
                                  n_clusters=len(synthesis.clusters) if synthesis.n_rows else 0,
                                  n_train=task.table("train").num_rows)
@@ -379,8 +385,9 @@ def register_hypothesis(config: LoopConfig, task: TaskSnapshot, synthesis: Envir
                    "n_new_examples": synthesis.n_rows, "synthesis_sha256": synthesis.sha256,
                    "recipe_overrides": dict(config.recipe_overrides)}
     power = None
-    if registered is None and not proposal.get("change"):  # the loop proposes its own experiment
-        proposed = propose_change(config, task, key, gate, synthesis, sandbox)
+    proposed = propose_change(config, task, key, gate, synthesis, sandbox) \
+        if registered is None and not proposal.get("change") else None  # the loop proposes its own experiment
+    if proposed is not None:
         change, rationale = {**(data_change if proposed.chosen.lever == "data" else {}), **proposed_change(proposed)}, \
             proposed.rationale()
         predicted = float(proposal.get("predicted_delta", proposed.chosen.predicted_delta))

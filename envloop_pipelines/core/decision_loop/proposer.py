@@ -345,9 +345,12 @@ def _mean(values: Iterable[Any]) -> float | None:
 # --------------------------------------------------------------------------- reading the champion and the ledger
 
 
-def diagnose(champ: Mapping[str, Any], releases: Sequence[Mapping[str, Any]], primary_metric: str) -> Diagnostics:
+def diagnose(champ: Mapping[str, Any], releases: Sequence[Mapping[str, Any]], primary_metric: str,
+             loop_recipe: Mapping[str, Any]) -> Diagnostics:
     """The champion's :class:`Diagnostics` from its release card (``champ``) and checkpoint, and its lineage of
-    optimizer steps through the release chain (``releases``: every card, by ``checkpoint_sha256``)."""
+    optimizer steps through the release chain (``releases``: every card, by ``checkpoint_sha256``). A checkpoint
+    whose recipe or metrics cannot be read leaves what they would say unknown (``loop_recipe`` stands for its
+    recipe): the proposer then predicts from its priors alone."""
     from pathlib import Path
 
     from envloop_pipelines.core.model.checkpoint import read_recipe
@@ -355,7 +358,10 @@ def diagnose(champ: Mapping[str, Any], releases: Sequence[Mapping[str, Any]], pr
 
     def metrics_of(card: Mapping[str, Any]) -> dict[str, Any]:
         path = Path(str(card.get("checkpoint_dir", ""))) / "metrics.json"
-        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
 
     by_sha = {c.get("checkpoint_sha256"): c for c in releases}
     lineage, card, seen = 0, champ, set()
@@ -375,7 +381,10 @@ def diagnose(champ: Mapping[str, Any], releases: Sequence[Mapping[str, Any]], pr
                 if k.startswith("acc/") and isinstance(test.get(k), (int, float)) and isinstance(tfidf.get(k), (int, float))
                 and math.isfinite(float(test[k])) and math.isfinite(float(tfidf[k]))}
     n_q = train.get("n_questions")
-    recipe = recipe_to_dict(read_recipe(champ["checkpoint_dir"]))
+    try:
+        recipe = recipe_to_dict(read_recipe(champ["checkpoint_dir"]))
+    except (OSError, ValueError, TypeError, KeyError):
+        recipe = dict(loop_recipe)
     own_steps = int(train.get("steps") or 0)
     per_step = int(recipe.get("batch_size") or 0) * int(recipe.get("grad_accum") or 1)
     cold = train.get("feature_pass") or {}
