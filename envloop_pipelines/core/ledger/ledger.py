@@ -32,7 +32,6 @@ import json
 import math
 import os
 import time
-import uuid
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
@@ -62,6 +61,9 @@ EVENT_KINDS = (EVENT_LOOP_STARTED, EVENT_LOOP_STOPPED, EVENT_NULL_ARM, EVENT_HYP
                EVENT_HYPOTHESIS_REFUTED, EVENT_GATE_AMENDED, EVENT_CHECKPOINT_TRAINED, EVENT_CANDIDATE_REJECTED,
                EVENT_ROUND_DECIDED, EVENT_ROUND_FAILED, EVENT_HOLDOUT_READ, EVENT_RELEASE_PROMOTED, EVENT_ERRATUM,
                EVENT_TEST_READ, EVENT_HOLDOUT_SLOT)
+#: Kinds only the holdout's one read writes (the release step's slot and the read itself): :meth:`Ledger.append`
+#: refuses them, so no caller opens a release's holdout slot for predictions of its own (issue 34).
+LEDGER_OWN_KINDS = (EVENT_HOLDOUT_SLOT, EVENT_HOLDOUT_READ)
 #: Kinds written by earlier versions, read under their current name (the line on disk is never rewritten).
 LEGACY_EVENT_KINDS = {"arm_trained": EVENT_CHECKPOINT_TRAINED}
 
@@ -440,6 +442,13 @@ class Ledger:
                 a field the ledger writes itself (``kind``, ``task``, ``event_id``): it would have replaced the
                 event's own (an event of one kind written as another). Nothing is written.
         """
+        if kind in LEDGER_OWN_KINDS:
+            raise LedgerError(f"{kind} events are written only by the release step's own read "
+                              f"(Ledger.read_holdout_once, core/release/publish.py), never appended by a caller")
+        return self._append(kind, payload, key=key)
+
+    def _append(self, kind: str, payload: Mapping[str, Any], *, key: str | None = None) -> dict[str, Any]:
+        """:meth:`append` without the refusal of :data:`LEDGER_OWN_KINDS` (the ledger's and the release step's own)."""
         if kind not in EVENT_KINDS:
             raise LedgerError(f"unknown ledger event kind {kind!r}; allowed: {', '.join(EVENT_KINDS)}")
         reserved = sorted(set(payload) & {"kind", "task", "event_id"})
@@ -716,26 +725,9 @@ class Ledger:
     def next_release_number(self) -> int:
         return len(list((self.root / "releases").glob("*/card.json"))) + 1
 
-    def open_holdout_slot(self, release: int, key: str, *, by: str) -> dict[str, Any]:
-        """Open the release's holdout slot for one read: the predictions (and baseline) that ``key`` names.
-
-        The release step calls this for the checkpoint it publishes, right before its read; the
-        verifier reads the holdout only through an open slot whose key is the read's
-        (``verify_task``), so a person's read (CLI, SDK, an environment) of the release being published
-        next finds no slot for its predictions and is refused before any label is read. Opening again
-        before the read replaces the slot (the latest open is the slot): an early opener cannot block
-        the real publish, which opens its own slot right before reading.
-
-        Raises:
-            HoldoutAlreadyReadError / HoldoutSlotError: as :meth:`read_holdout_once` (a published release,
-                or not the release being published now).
-        """
-        self.require_publishable(release)
-        return self.append(EVENT_HOLDOUT_SLOT, {"release": release, "read_key": key, "by": by},
-                           key=f"holdout_slot:{release}:{uuid.uuid4().hex}")
-
     def holdout_slot(self, release: int) -> dict[str, Any] | None:
-        """The release's open holdout slot (the latest :meth:`open_holdout_slot`), or None."""
+        """The release's open holdout slot (the latest one the release step opened,
+        ``core/release/publish.py``'s ``_open_holdout_slot``), or None."""
         slots = [e for e in self.events(EVENT_HOLDOUT_SLOT) if e.get("release") == release]
         return slots[-1] if slots else None
 
@@ -783,6 +775,7 @@ class Ledger:
         self.require_publishable(release)
         d = self.release_dir(release)
         marker = d / "holdout.json"
+        self.require_read_marker(release, marker)
         d.mkdir(parents=True, exist_ok=True)
         fd = os.open(d / "holdout.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
@@ -806,8 +799,24 @@ class Ledger:
                 marker.chmod(0o444)
         finally:
             os.close(fd)  # releases the lock
-        self.append(EVENT_HOLDOUT_READ, {"release": release}, key=f"holdout:{release}")
+        self._append(EVENT_HOLDOUT_READ, {"release": release, "read_key": key}, key=f"holdout:{release}")
         return result
+
+    def require_read_marker(self, release: int, marker: Path) -> None:
+        """Refuse a read of a release whose ``holdout_read`` event exists but whose stored read is gone.
+
+        The ledger's events are the record of the read, not the file beside them: deleting
+        ``holdout.json`` does not give a release its holdout read back.
+
+        Raises:
+            HoldoutAlreadyReadError: naming the event and the missing file.
+        """
+        event = next((e for e in self.events(EVENT_HOLDOUT_READ) if e.get("release") == release), None)
+        if event is not None and not marker.exists():
+            raise HoldoutAlreadyReadError(
+                f"release {release} already read the holdout (the {EVENT_HOLDOUT_READ} event {event.get('event_id')} "
+                f"in {self.events_path}), and its stored read {marker} is gone; the ledger's event is the record: "
+                f"each release reads the holdout once")
 
     def holdout_result(self, release: int) -> Any:
         """The stored result of the release's one holdout read, or None."""

@@ -370,7 +370,7 @@ def verify_task(
         if slot is None or slot.get("read_key") != read_key:
             raise HiddenSplitQueryError(
                 f"release {release}: no holdout slot is open for these predictions; the release step opens it "
-                f"(Ledger.open_holdout_slot) for the checkpoint it publishes, right before its one read, so the "
+                f"(core/release/publish.py) for the checkpoint it publishes, right before its one read, so the "
                 f"holdout is never read for anything else")
         kept: list[VerifierRun] = []
 

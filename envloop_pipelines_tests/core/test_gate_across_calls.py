@@ -1,0 +1,73 @@
+"""Issue 34, "the gate's promise across calls": no redraw on test, no split run, no silent edit.
+
+Each test is one door the issue's audit walked through on ebf721d, refused here with the field or file named and
+nothing written. The holdout's doors use the real verifier on an imported task (``test_verifier_doors``'s helpers).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+import pytest
+
+from envloop_pipelines.core.ledger.ledger import (
+    EVENT_HOLDOUT_READ,
+    EVENT_HOLDOUT_SLOT,
+    HoldoutAlreadyReadError,
+    Ledger,
+    LedgerError,
+)
+from envloop_pipelines.core.release.publish import _open_holdout_slot
+from envloop_pipelines.core.verify.labels import read_hidden_labels
+from envloop_pipelines.core.verify.protocol import write_predictions
+from envloop_pipelines.core.verify.runner import HiddenSplitQueryError, holdout_read_key, verify_task
+
+from .test_verifier_doors import LABEL_LOG, TASK, _home, label_reads, oracle
+
+
+# --------------------------------------------------------------------------- the holdout opens only in the release step
+
+def test_no_public_method_opens_a_releases_holdout_slot(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=LABEL_LOG)
+    home = _home(tmp_path)
+    ledger = Ledger(TASK, home)
+    path = write_predictions(tmp_path / "h.jsonl", oracle(read_hidden_labels(TASK, "holdout", home=home)))
+    caplog.clear()  # the test's own read of the labels to write its predictions
+    assert not hasattr(ledger, "open_holdout_slot")  # ebf721d: public, a person opened the next release's slot
+    before = ledger.events_path.read_bytes() if ledger.events_path.exists() else b""
+    for kind in (EVENT_HOLDOUT_SLOT, EVENT_HOLDOUT_READ):  # nor through the ledger's public append
+        with pytest.raises(LedgerError, match=f"{kind} events are written only by the release step"):
+            ledger.append(kind, {"release": 1, "read_key": holdout_read_key(path), "by": "a person"})
+    assert (ledger.events_path.read_bytes() if ledger.events_path.exists() else b"") == before
+    with pytest.raises(HiddenSplitQueryError, match="no holdout slot is open for these predictions"):
+        verify_task(TASK, "holdout", path, home=home, release=1)
+    assert label_reads(caplog) == 0 and ledger.holdout_result(1) is None
+
+
+def test_a_deleted_holdout_json_does_not_give_the_release_its_read_back(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=LABEL_LOG)
+    home = _home(tmp_path)
+    ledger = Ledger(TASK, home)
+    labels = read_hidden_labels(TASK, "holdout", home=home)
+    path = write_predictions(tmp_path / "h.jsonl", oracle(labels))
+    caplog.clear()
+    _open_holdout_slot(ledger, 1, holdout_read_key(path), by="release step")
+    assert verify_task(TASK, "holdout", path, home=home, holdout_slot=ledger, release=1).ok
+    assert label_reads(caplog) == 1
+    marker = ledger.release_dir(1) / "holdout.json"
+    marker.chmod(0o644)
+    marker.unlink()  # the home's owner deletes the stored read (ebf721d: two more reads were accepted)
+    rows = oracle(labels)
+    rows[0] = {**rows[0], "probs": list(reversed(rows[0]["probs"]))}
+    other = write_predictions(tmp_path / "other.jsonl", rows)
+    for predictions in (path, other):
+        with pytest.raises(HoldoutAlreadyReadError, match=r"release 1 already read the holdout \(the holdout_read "
+                                                          r"event .* and its stored read .*holdout.json is gone"):
+            _open_holdout_slot(ledger, 1, holdout_read_key(predictions), by="release step")
+    with pytest.raises(HoldoutAlreadyReadError, match="stored read .* is gone"):
+        ledger.read_holdout_once(1, lambda: {"taken": True}, key=holdout_read_key(path))
+    assert label_reads(caplog) == 1 and len(list(ledger.events(EVENT_HOLDOUT_SLOT))) == 1
+    assert len(list(ledger.events(EVENT_HOLDOUT_READ))) == 1 and not marker.exists()
