@@ -16,9 +16,11 @@ from envloop_pipelines.core.ledger.ledger import (
     EVENT_HOLDOUT_READ,
     EVENT_HOLDOUT_SLOT,
     HoldoutAlreadyReadError,
+    Gate,
     Ledger,
     LedgerError,
 )
+from envloop_pipelines.core.ledger.promotion import NoiseFloor, decide_promotion
 from envloop_pipelines.core.release.publish import _open_holdout_slot
 from envloop_pipelines.core.verify.labels import read_hidden_labels
 from envloop_pipelines.core.verify.protocol import write_predictions
@@ -71,3 +73,38 @@ def test_a_deleted_holdout_json_does_not_give_the_release_its_read_back(
         ledger.read_holdout_once(1, lambda: {"taken": True}, key=holdout_read_key(path))
     assert label_reads(caplog) == 1 and len(list(ledger.events(EVENT_HOLDOUT_SLOT))) == 1
     assert len(list(ledger.events(EVENT_HOLDOUT_READ))) == 1 and not marker.exists()
+
+
+# --------------------------------------------------------------------------- no guard skipped by a missing value
+
+def _floor(floor: float = 0.01, values: tuple[float, ...] = (0.60, 0.61), family: float = 0.02) -> NoiseFloor:
+    return NoiseFloor(key="k", metric="family_macro_accuracy", values=values, floor=floor,
+                      family_floors={"billing": family})
+
+
+CLEAR = {"delta": 0.20, "ci_low": 0.15, "ci_high": 0.25}
+CANDIDATE = {"family_macro_accuracy": 0.80, "ece": 0.02, "acc/billing": 0.8, "fnr/fraud": 0.05}
+CHAMPION = {"family_macro_accuracy": 0.60, "acc/billing": 0.6, "fnr/fraud": 0.05}
+
+
+def test_a_clear_candidate_with_every_value_promotes() -> None:  # the control of the refusals below
+    assert decide_promotion(Gate(), CLEAR, _floor(), CANDIDATE, CHAMPION, ("fraud",)).promote
+
+
+@pytest.mark.parametrize("floor, candidate, champion, paired, field", [
+    (_floor(floor=math.nan), CANDIDATE, CHAMPION, None, "noise_floor.floor"),  # ebf721d: a bar of 0
+    (_floor(values=(0.6, math.nan)), CANDIDATE, CHAMPION, None, "noise_floor.values"),
+    (_floor(family=math.nan), CANDIDATE, CHAMPION, None, "noise_floor.family_floors: billing"),
+    (_floor(), {k: v for k, v in CANDIDATE.items() if k != "ece"}, CHAMPION, None, "ece:"),  # guard skipped before
+    (_floor(), {**CANDIDATE, "ece": math.nan}, CHAMPION, None, "ece:"),
+    (_floor(), {k: v for k, v in CANDIDATE.items() if k != "fnr/fraud"}, CHAMPION, None, "safety guard: fnr/fraud"),
+    # a safety family missing from the paired CIs (ebf721d: "no positive of this family", guard skipped)
+    (_floor(), {**CANDIDATE, "fnr/fraud": math.nan}, {**CHAMPION, "fnr/fraud": math.nan}, {"safety": {}},
+     "safety guard: fnr/fraud"),
+])
+def test_a_missing_or_nan_value_refuses_the_decision_naming_its_field(floor: NoiseFloor, candidate: dict,
+                                                                      champion: dict, paired: dict | None,
+                                                                      field: str) -> None:
+    decision = decide_promotion(Gate(), CLEAR, floor, candidate, champion, ("fraud",), paired=paired)
+    assert not decision.promote
+    assert any(r.startswith(field) for r in decision.reasons), decision.reasons

@@ -79,7 +79,7 @@ def test_a_reversed_direction_never_promotes() -> None:
     assert any("gate.direction 'decrease' reverses family_macro_accuracy" in r for r in decision.reasons)
     better = {"delta": 0.20, "ci_low": 0.15, "ci_high": 0.25}
     assert not decide_promotion(Gate(**UPSIDE_DOWN), better, floor, {}, {}).promote
-    assert decide_promotion(Gate(), better, floor, {}, {}).promote
+    assert decide_promotion(Gate(), better, floor, {"ece": 0.02}, {}).promote
     # Its guards are applied at most at their defaults: an ECE of 0.5 trips the calibration guard.
     loose = Gate(max_ece=1.0)
     tripped = decide_promotion(loose, better, floor, {"ece": 0.5}, {})
