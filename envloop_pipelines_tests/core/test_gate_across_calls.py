@@ -19,6 +19,7 @@ from envloop_pipelines.core.ledger.ledger import (
     Gate,
     Ledger,
     LedgerError,
+    draw_seeds,
 )
 from envloop_pipelines.core.ledger.promotion import NoiseFloor, decide_promotion
 from envloop_pipelines.core.release.publish import _open_holdout_slot
@@ -108,3 +109,80 @@ def test_a_missing_or_nan_value_refuses_the_decision_naming_its_field(floor: Noi
     decision = decide_promotion(Gate(), CLEAR, floor, candidate, champion, ("fraud",), paired=paired)
     assert not decision.promote
     assert any(r.startswith(field) for r in decision.reasons), decision.reasons
+
+
+# --------------------------------------------------------------------------- no redraw on test
+
+def test_the_loop_draws_a_rounds_seeds_a_person_says_how_many() -> None:
+    from envloop_pipelines.core.decision_loop.before_training import proposal_errors
+
+    # ebf721d: {"seeds": [3004]} registered the one seed of four previewed on test whose CI was above zero.
+    assert proposal_errors({"seeds": [3004]}) == [
+        "seeds: a round's seeds are drawn by the loop after registration; give a count (how many, e.g. "
+        "\"seeds\": 1), not values (got [3004])"]
+    assert proposal_errors({"seeds": 3}) == []
+    drawn = draw_seeds(3, used={5, 6})
+    assert len(set(drawn)) == 3 and not set(drawn) & {5, 6} and all(1 <= s < 2**31 for s in drawn)
+
+
+def _registered(home: Path, key: str = "r0001") -> Ledger:
+    from .test_gate_leftovers_test_reads import trained_round
+
+    trained_round(home, key)
+    return Ledger(TASK, home)
+
+
+def test_an_amendment_identical_to_the_gate_in_force_is_refused(tmp_path: Path) -> None:
+    ledger = _registered(tmp_path)
+    before = ledger.events_path.read_bytes()
+    with pytest.raises(LedgerError, match=r"round r0001: gate amendment refused: gate: identical to the gate in force "
+                                          r"\(the registered hypothesis\)"):
+        ledger.amend_gate("r0001", Gate(), "once more")  # ebf721d: accepted 5x, each a fresh seed and a test read
+    assert ledger.events_path.read_bytes() == before and not (ledger.root / "amendments").exists()
+    ledger.amend_gate("r0001", Gate(min_delta=0.02), "a stricter bar")
+    with pytest.raises(LedgerError, match=r"identical to the gate in force \(amendment 1\)"):
+        ledger.amend_gate("r0001", Gate(min_delta=0.02), "the same again")
+    assert len(ledger.amendments("r0001")) == 1
+
+
+def test_a_persons_read_cannot_spend_a_rounds_budget(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from envloop_pipelines.core.ledger.ledger import TestReadBudgetError
+
+    home = _home(tmp_path)
+    path = write_predictions(tmp_path / "t.jsonl", oracle(read_hidden_labels(TASK, "test", home=home)))
+    caplog.set_level(logging.INFO, logger=LABEL_LOG)
+    caplog.clear()
+    ledger = Ledger(TASK, home)
+    # ebf721d: reader="round:r0002" spent a future round's budget; that round then failed at independent_reeval.
+    with pytest.raises(TestReadBudgetError, match=r"reader 'round:r0002': test read refused before any label is "
+                                                  r"read: a round's reads come from its own re-evaluation .* round "
+                                                  r"r0002 has no hypothesis_registered event"):
+        verify_task(TASK, "test", path, home=home, reader="round:r0002")
+    assert label_reads(caplog) == 0 and not ledger.events_path.exists()
+    _registered(home, "r0002")
+    assert verify_task(TASK, "test", path, home=home, reader="round:r0002").ok  # its own re-evaluation's read
+
+
+def test_predictions_read_on_test_outside_their_round_cannot_become_its_candidate(tmp_path: Path) -> None:
+    home = _home(tmp_path)
+    labels = read_hidden_labels(TASK, "test", home=home)
+    rows = oracle(labels)
+    champion = write_predictions(tmp_path / "champion.jsonl", [{**r, "probs": [1 / len(r["probs"])] * len(r["probs"])}
+                                                               for r in rows])
+    previewed = write_predictions(tmp_path / "previewed.jsonl", rows)
+    assert verify_task(TASK, "test", previewed, home=home).ok  # a person's preview, before any hypothesis
+    ledger = _registered(home)
+    # The round's own re-evaluation scores the same predictions (a byte-identical candidate) with its champion.
+    assert verify_task(TASK, "test", previewed, home=home, reader="round:r0001", baseline_predictions=champion).ok
+    before = ledger.events_path.read_bytes()
+    with pytest.raises(LedgerError, match=r"round r0001: no decision: the candidate's test predictions \(sha256 "
+                                          r"\w{12}\) were read on test before, by 'adhoc' \(test_read event "
+                                          r".*previewed.jsonl"):
+        ledger.require_unread_candidate("r0001")
+    assert ledger.events_path.read_bytes() == before
+    # The control: a candidate nobody else read is eligible.
+    fresh = write_predictions(tmp_path / "fresh.jsonl", [{**r, "probs": [round(p * 0.99 + 0.01 / len(r["probs"]), 6)
+                                                                         for p in r["probs"]]} for r in rows])
+    _registered(home, "r0002")
+    assert verify_task(TASK, "test", fresh, home=home, reader="round:r0002", baseline_predictions=champion).ok
+    ledger.require_unread_candidate("r0002")

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from envloop_pipelines.core.data.snapshots import TaskSnapshot, require_same_benchmark
 from envloop_pipelines.core.ledger.loop_config import LoopConfig, round_number
 from envloop_pipelines.core.data.contamination import ContaminationReport, check_contamination, record_texts, row_texts
-from envloop_pipelines.core.ledger.ledger import EVENT_ROUND_DECIDED, Gate, Hypothesis, Ledger, LedgerError
+from envloop_pipelines.core.ledger.ledger import EVENT_ROUND_DECIDED, Gate, Hypothesis, Ledger, LedgerError, draw_seeds
 from envloop_pipelines.core.decision_loop.mining import FailureCluster, mine_failures_with_fallback
 from envloop_pipelines.core.ledger.promotion import hypothesis_power
 from envloop_pipelines.core.release.publish import champion
@@ -154,7 +154,7 @@ def proposal_errors(proposal: Mapping[str, Any]) -> list[str]:
     any field looser than the default (:func:`~envloop_pipelines.core.ledger.ledger.gate_errors`), or on a
     metric the floor does not measure. Each message names the field. Fields left out are derived.
     """
-    from envloop_pipelines.core.ledger.ledger import PROPOSAL_CHANGE_KINDS, hypothesis_errors
+    from envloop_pipelines.core.ledger.ledger import PROPOSAL_CHANGE_KINDS, hypothesis_errors, seed_count_errors
 
     if not isinstance(proposal, Mapping):
         return ["hypothesis: must be a JSON object (change, predicted_delta, gate, seeds, rationale)"]
@@ -166,8 +166,8 @@ def proposal_errors(proposal: Mapping[str, Any]) -> list[str]:
     # What is left out is derived (a valid placeholder here); what is given is checked as registered.
     errors += hypothesis_errors(change=proposal.get("change", {"kind": "data"}),
                                 predicted_delta=proposal.get("predicted_delta", 0.0),
-                                seeds=proposal.get("seeds", [0]), gate=proposal.get("gate", {}),
-                                kinds=PROPOSAL_CHANGE_KINDS)
+                                seeds=[0], gate=proposal.get("gate", {}),
+                                kinds=PROPOSAL_CHANGE_KINDS) + seed_count_errors(proposal.get("seeds", 1))
     if "rationale" in proposal and not isinstance(proposal["rationale"], str):
         errors.append(f"rationale: must be text, got {json.dumps(proposal['rationale'], default=str)}")
     if "gate" in proposal:
@@ -331,7 +331,6 @@ def register_hypothesis(config: LoopConfig, task: TaskSnapshot, synthesis: Envir
     if errors:
         raise ValueError(f"round {key}: hypothesis proposal refused: " + "; ".join(errors))
     ledger = Ledger(config.task, config.home)
-    recipe = config.load_recipe()
     past = [e["observed_delta"] for e in ledger.events(EVENT_ROUND_DECIDED) if e.get("observed_delta") is not None]
     # Predicted delta: the mean observed gain of past rounds, or a modest +0.01 for the first.
     predicted = float(proposal.get("predicted_delta", np.mean(past) if past else 0.01))
@@ -348,7 +347,7 @@ def register_hypothesis(config: LoopConfig, task: TaskSnapshot, synthesis: Envir
                                           "recipe_overrides": dict(config.recipe_overrides)},
         predicted_delta=predicted,
         gate=gate,
-        seeds=tuple(proposal.get("seeds") or (recipe.seed + 1000 + round_number(key),)),
+        seeds=draw_seeds(proposal.get("seeds", 1)),  # drawn here, after the proposal is fixed (issue 34)
         recipe_hash=config.recipe_hash(),
         author="person" if proposal else "auto",
         rationale=proposal.get("rationale", f"target the top {len(synthesis.clusters)} failure clusters of the "

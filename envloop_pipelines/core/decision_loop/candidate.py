@@ -77,6 +77,20 @@ def recipe_diff(change: Mapping[str, Any]) -> dict[str, Any]:
     return dict(change.get(RECIPE_DIFF) or {})
 
 
+def loop_recipe_error(config: LoopConfig, registered: Any) -> str | None:
+    """Why this run's loop recipe is not the one the round's hypothesis registered, or ``None`` (issue 34).
+
+    A round runs under one recipe from registration to card: ``config.recipe_hash()`` (the recipe file with
+    the loop's ``recipe_overrides``) must be ``hypothesis.recipe_hash``; both are named.
+    """
+    loop_hash = config.recipe_hash()
+    if loop_hash == registered.recipe_hash:
+        return None
+    return (f"recipe_hash: this run's loop recipe (recipe, recipe_overrides) hashes to {loop_hash[:16]}, not the recipe "
+            f"the hypothesis registered (hypothesis.recipe_hash {str(registered.recipe_hash)[:16]}); a round runs under "
+            f"one recipe from registration to card: run it with the registration's recipe_overrides")
+
+
 def train_candidate(config: LoopConfig, task: TaskSnapshot, hypothesis: RegisteredHypothesis,
                     snapshot: TrainingSnapshot, tracker: Tracker, *,
                     run_tags: Mapping[str, str] | None = None) -> TrainedCheckpoint:
@@ -98,6 +112,9 @@ def train_candidate(config: LoopConfig, task: TaskSnapshot, hypothesis: Register
                           f"({registered.hash[:12]}); training refuses to start")
     if tracker.find_run(config.task, {TAG_ROUND: key, TAG_KIND: KIND_HYPOTHESIS}) is None:
         raise LedgerError(f"round {key}: the hypothesis is not in MLflow; training refuses to start")
+    split = loop_recipe_error(config, registered)  # a split run: refused before any compute (issue 34)
+    if split:
+        raise LedgerError(f"round {key}: training refuses to start: {split}")
     problems = snapshot.problems()
     if problems:
         raise LedgerError(f"round {key}: training snapshot {snapshot.sha256[:12]} refused: {'; '.join(problems)}")
@@ -182,4 +199,4 @@ def reevaluate(config: LoopConfig, task: TaskSnapshot, candidate: TrainedCheckpo
     return result
 
 
-__all__ = ["RECIPE_DIFF", "recipe_diff", "reevaluate", "snapshot_rows", "train_candidate", "train_into_store"]
+__all__ = ["RECIPE_DIFF", "loop_recipe_error", "recipe_diff", "reevaluate", "snapshot_rows", "train_candidate", "train_into_store"]

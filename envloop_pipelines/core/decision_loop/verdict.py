@@ -62,10 +62,12 @@ def decide_round(config: LoopConfig, task: TaskSnapshot, hypothesis: RegisteredH
     registered = ledger.require_hypothesis(key)
     gate = ledger.effective_gate(key)
     ledger.require_fresh_seed(key, candidate.seed)  # after an amendment: a candidate on fresh seeds only
+    ledger.require_unread_candidate(key)  # no redraw on test: a candidate someone else read is ineligible
     champ = champion(config)
     require_same_benchmark(reeval.benchmark_version, registered.benchmark_version, champ["benchmark_version"],
                            noise_floor.benchmark_version)
-    mismatch = floor_recipe_error(noise_floor, registered.recipe_hash, champ)
+    mismatch = floor_recipe_error(noise_floor, registered.recipe_hash, champ) or candidate_recipe_error(
+        config, registered, candidate)
     if mismatch:
         raise FloorRecipeError(f"round {key}: no decision: {mismatch}")  # before anything is written
     delta = reeval.delta(gate.primary_metric)
@@ -140,6 +142,32 @@ def floor_recipe_error(noise_floor: MeasuredNoiseFloor, round_recipe_hash: str,
     return None
 
 
+def candidate_recipe_error(config: LoopConfig, registered: Any, candidate: TrainedCheckpoint) -> str | None:
+    """Why the candidate was not trained with the round's registered recipe, or ``None`` when it was (issue 34).
+
+    One recipe from registration to card: the loop's recipe of this run (``config``: its recipe file and
+    ``recipe_overrides``) must be the one the hypothesis registered (``hypothesis.recipe_hash``, the floor's,
+    checked by :func:`floor_recipe_error`), and the recipe recorded in the checkpoint must be that recipe with
+    the hypothesis's ``recipe_diff`` and the candidate's seed. A split run (the hypothesis registered under
+    one recipe, the candidate trained or decided under other ``recipe_overrides``) is refused, naming both.
+    """
+    from envloop_pipelines.core.decision_loop.candidate import loop_recipe_error, recipe_diff
+    from envloop_pipelines.core.model.checkpoint import read_recipe
+    from envloop_pipelines.core.model.recipe import recipe_hash
+
+    split = loop_recipe_error(config, registered)
+    if split:
+        return split
+    expected = recipe_hash(config.load_recipe().replace(**recipe_diff(registered.change), seed=candidate.seed))
+    trained = recipe_hash(read_recipe(candidate.checkpoint))
+    if trained != expected:
+        return (f"recipe_hash: the candidate checkpoint {candidate.checkpoint_sha256[:12]} was trained with recipe_hash "
+                f"{trained[:16]}, not the hypothesis's recipe with its recipe_diff and seed {candidate.seed} "
+                f"({expected[:16]}; hypothesis.recipe_hash {str(registered.recipe_hash)[:16]}): train the candidate "
+                f"again under the registration's recipe")
+    return None
+
+
 def power_checks(registered: Any, delta: Mapping[str, Any]) -> dict[str, Any]:
     """The registered MDE beside the round's own CI half-width (printed on the round's line)."""
     power = registered.power or {}
@@ -154,4 +182,4 @@ def _with_release(decision: RoundDecision, release: int, model_version: str) -> 
     return replace(decision, release=release, model_version=model_version)
 
 
-__all__ = ["PROMOTION_DECISION", "FloorRecipeError", "decide_round", "floor_recipe_error", "power_checks"]
+__all__ = ["PROMOTION_DECISION", "FloorRecipeError", "candidate_recipe_error", "decide_round", "floor_recipe_error", "power_checks"]

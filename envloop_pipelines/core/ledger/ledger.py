@@ -352,6 +352,43 @@ def hypothesis_errors(*, change: Any, predicted_delta: Any, seeds: Any, gate: An
     return errors
 
 
+#: The most seeds a person may ask a round for (``"seeds": N``); the loop draws them after registration.
+MAX_SEED_COUNT = 8
+
+
+def seed_count_errors(seeds: Any) -> list[str]:
+    """What is wrong with a proposal's ``seeds``: a count (how many), never values (which) (issue 34).
+
+    A round's seeds are drawn by the loop when its hypothesis is registered (:func:`draw_seeds`), so no one
+    can preview a seed's candidate on test and then register the seed that happened to win (best-of-k on
+    test). A person may say how many: an integer from 1 to :data:`MAX_SEED_COUNT`.
+    """
+    if isinstance(seeds, int) and not isinstance(seeds, bool) and 1 <= seeds <= MAX_SEED_COUNT:
+        return []
+    if isinstance(seeds, (list, tuple)):
+        return [f"seeds: a round's seeds are drawn by the loop after registration; give a count (how many, e.g. "
+                f"\"seeds\": {max(len(seeds), 1)}), not values (got {json.dumps(list(seeds), default=str)})"]
+    return [f"seeds: must be a count of seeds, an integer from 1 to {MAX_SEED_COUNT} (the loop draws them after "
+            f"registration), got {json.dumps(seeds, default=str)}"]
+
+
+def draw_seeds(count: int = 1, used: Any = ()) -> tuple[int, ...]:
+    """``count`` distinct seeds the loop draws at registration (or amendment), none of ``used``.
+
+    Drawn from the OS's randomness (``secrets``) in [1, 2**31): unknown to anyone before the hypothesis
+    (or amendment) that carries them is written, so a seed cannot be chosen after seeing its candidate.
+    """
+    import secrets
+
+    taken = set(used)
+    out: list[int] = []
+    while len(out) < count:
+        seed = 1 + secrets.randbelow(2**31 - 1)
+        if seed not in taken and seed not in out:
+            out.append(seed)
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class Hypothesis:
     """A round's registered proposal: the change, the predicted effect, the gate, the seeds."""
@@ -572,37 +609,37 @@ class Ledger:
             )
         return hyp
 
-    def amend_gate(self, round_key: str, new_gate: Gate, reason: str, *,
-                   seeds: tuple[int, ...] | list[int] | None = None) -> dict[str, Any]:
+    def amend_gate(self, round_key: str, new_gate: Gate, reason: str, *, seeds: int = 1) -> dict[str, Any]:
         """Record a gate amendment (shown beside the original on the card), with the fresh seeds it requires.
 
-        The candidate must then pass on seeds not used before the amendment (rule 3): ``seeds`` (default:
-        one seed above every seed used so far) must not be any of the hypothesis's, an earlier amendment's
-        or a trained checkpoint's of this round; training then uses them (:meth:`candidate_seeds`) and the
-        decision refuses a candidate trained on another (:meth:`require_fresh_seed`). The file and a
-        ``gate_amended`` event carrying its sha256 are written; an amendment file without its event is
-        refused on every read (:meth:`amendments`).
+        The candidate must then pass on seeds not used before the amendment (rule 3): ``seeds`` says how
+        many, and the ledger draws them (:func:`draw_seeds`), none of the hypothesis's, an earlier
+        amendment's or a trained checkpoint's of this round; training then uses them (:meth:`candidate_seeds`)
+        and the decision refuses a candidate trained on another (:meth:`require_fresh_seed`). An amendment
+        identical to the gate in force is refused (each one grants a fresh seed and one more test read: a
+        recorded redraw with nothing amended). The file and a ``gate_amended`` event carrying its sha256 are
+        written; an amendment file without its event is refused on every read (:meth:`amendments`).
 
         Raises:
-            LedgerError: no reason, or seeds that were used before the amendment.
+            LedgerError: no reason, seed values instead of a count, or a gate identical to the one in force.
             GateTooLooseError: the amended gate is looser than the default in any field (rule 2).
         """
         if not isinstance(reason, str) or not reason.strip():
             raise LedgerError("reason: a gate amendment needs a reason")
-        errors = gate_errors(new_gate)
+        errors = gate_errors(new_gate) + seed_count_errors(seeds)
         if errors:
-            raise GateTooLooseError(f"round {round_key}: gate amendment refused: " + "; ".join(errors))
+            raise (GateTooLooseError if errors[0].startswith("gate") else LedgerError)(
+                f"round {round_key}: gate amendment refused: " + "; ".join(errors))
         original = self.require_hypothesis(round_key)
         existing = self.amendments(round_key)  # refuses a tampered folder before anything is added
+        in_force = self.effective_gate(round_key)
+        if asdict(in_force) == asdict(new_gate):
+            where = f"amendment {len(existing)}" if existing else "the registered hypothesis"
+            raise LedgerError(f"round {round_key}: gate amendment refused: gate: identical to the gate in force "
+                              f"({where}); an amendment changes the gate (a copy would only draw a fresh seed and "
+                              f"one more test read)")
         used = sorted(self.used_seeds(round_key))
-        fresh = list(seeds) if seeds is not None else [max(used, default=0) + 1]
-        if (not fresh or not all(isinstance(x, int) and not isinstance(x, bool) for x in fresh)
-                or len(set(fresh)) != len(fresh)):
-            raise LedgerError(f"seeds: must be a non-empty list of distinct integers, got {seeds!r}")
-        stale = sorted(set(fresh) & set(used))
-        if stale:
-            raise LedgerError(f"seeds: {stale} were used before this amendment (used: {used}); an amended gate is "
-                              f"passed on fresh seeds only")
+        fresh = list(draw_seeds(seeds, used))
         n = len(existing) + 1
         name = f"{round_key}-{n}.json"
         body = {"round": round_key, "original_gate": asdict(original.gate), "amended_gate": asdict(new_gate),
@@ -870,6 +907,8 @@ class Ledger:
             fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             kind, _, name = reader.partition(":")
+            if kind == "round":
+                self._require_round_reader(reader, name)
             amended = 0 if kind != "round" else sum(1 for e in self.events(EVENT_GATE_AMENDED) if e.get("round") == name)
             if budget is not None:
                 budget += amended
@@ -897,6 +936,60 @@ class Ledger:
         finally:
             if fd is not None:
                 os.close(fd)  # releases the lock
+
+    def _require_round_reader(self, reader: str, round_key: str) -> None:
+        """Refuse a ``round:<key>`` read that is not the round's own re-evaluation (issue 34).
+
+        A round's budget is spent only by its own run: after its hypothesis is registered and its candidate
+        trained (a ``lora_checkpoint_trained`` event of the round), before it is decided. A caller naming a
+        future round (or a decided one) as its reader is refused before any label is read, so a person's read
+        never spends a round's budget (theirs is ``adhoc``: logged, not limited).
+
+        Raises:
+            TestReadBudgetError: naming the reader and the event the round lacks (or its decision).
+        """
+        if self._registered_event(round_key) is None:
+            lacking = f"no {EVENT_HYPOTHESIS_REGISTERED} event"
+        elif not any(e.get("round") == round_key for e in self.events(EVENT_CHECKPOINT_TRAINED)):
+            lacking = f"no {EVENT_CHECKPOINT_TRAINED} event (its candidate is not trained)"
+        elif any(e.get("round") == round_key for e in self.events(EVENT_ROUND_DECIDED)):
+            lacking = f"a {EVENT_ROUND_DECIDED} event (it is decided)"
+        else:
+            return
+        raise TestReadBudgetError(
+            f"reader {reader!r}: test read refused before any label is read: a round's reads come from its own "
+            f"re-evaluation (independent_reeval), after its candidate is trained and before its decision, and round "
+            f"{round_key} has {lacking} in {self.events_path}; a person's read is {ADHOC_READER!r} (logged, not "
+            f"limited, and what it reads can no longer become a round's candidate)")
+
+    def require_unread_candidate(self, round_key: str) -> None:
+        """Refuse a round's candidate whose test predictions anyone else read on test (issue 34: no redraw on test).
+
+        The candidate's predictions are the ones the round's own paired read scored (``round:<key>``, with its
+        champion as the baseline; the latest, after an amendment). A ``test_read`` event of another reader
+        (a person's ``adhoc`` read, another round, the setup) of the same sha256 means someone saw this
+        candidate's test score outside the round: it may have been picked for it (best-of-k on test), so it
+        cannot be the round's candidate. Person reads stay possible; they make what they read ineligible.
+
+        Raises:
+            LedgerError: naming the earlier read (its event id, reader, file and time).
+        """
+        own = f"round:{round_key}"
+        mine = [e for e in self.events(EVENT_TEST_READ) if e.get("reader") == own and e.get("baseline_sha256")
+                and e.get("status", "ok") == "ok"]
+        if not mine:
+            return
+        candidate = mine[-1]["predictions_sha256"]
+        for event in self.events(EVENT_TEST_READ):
+            if event.get("reader", ADHOC_READER) == own:
+                continue
+            if candidate in (event.get("predictions_sha256"), event.get("baseline_sha256")):
+                at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(event.get("at") or 0)))
+                raise LedgerError(
+                    f"round {round_key}: no decision: the candidate's test predictions (sha256 {candidate[:12]}) were "
+                    f"read on test before, by {event.get('reader', ADHOC_READER)!r} (test_read event "
+                    f"{event.get('event_id')}, {event.get('predictions') or event.get('baseline')}, {at} UTC); "
+                    f"predictions seen on test outside their round cannot become its candidate")
 
     def write_release_card(self, release: int, card: Mapping[str, Any], markdown: str) -> Path:
         """Write a release card once; an identical retry is a no-op, any change is refused."""
