@@ -62,7 +62,6 @@ def decide_round(config: LoopConfig, task: TaskSnapshot, hypothesis: RegisteredH
     registered = ledger.require_hypothesis(key)
     gate = ledger.effective_gate(key)
     ledger.require_fresh_seed(key, candidate.seed)  # after an amendment: a candidate on fresh seeds only
-    ledger.require_unread_candidate(key)  # no redraw on test: a candidate someone else read is ineligible
     champ = champion(config)
     require_same_benchmark(reeval.benchmark_version, registered.benchmark_version, champ["benchmark_version"],
                            noise_floor.benchmark_version)
@@ -70,6 +69,10 @@ def decide_round(config: LoopConfig, task: TaskSnapshot, hypothesis: RegisteredH
         config, registered, candidate)
     if mismatch:
         raise FloorRecipeError(f"round {key}: no decision: {mismatch}")  # before anything is written
+    ledger.require_unread_candidate(key)  # no redraw on test: a candidate someone else read is ineligible
+    edited = reeval_result_error(ledger, reeval)
+    if edited:
+        raise LedgerError(f"round {key}: no decision: {edited}")  # before anything is written
     delta = reeval.delta(gate.primary_metric)
     verdict = decide_promotion(gate, delta, noise_floor.floor, reeval.candidate, reeval.champion,
                                config.safety_families, paired=reeval.paired)
@@ -165,6 +168,31 @@ def candidate_recipe_error(config: LoopConfig, registered: Any, candidate: Train
                 f"{trained[:16]}, not the hypothesis's recipe with its recipe_diff and seed {candidate.seed} "
                 f"({expected[:16]}; hypothesis.recipe_hash {str(registered.recipe_hash)[:16]}): train the candidate "
                 f"again under the registration's recipe")
+    return None
+
+
+def reeval_result_error(ledger: Ledger, reeval: Reevaluation) -> str | None:
+    """Why the re-evaluation handed to the decision is not what the verifier answered, or ``None`` (issue 34).
+
+    The verifier's paired read of the candidate records the sha256 of its aggregates on the round's own
+    ``test_read`` event (``result_sha256``); the decision recomputes it from the re-evaluation's candidate,
+    champion and paired numbers, so an edited ``independent_reeval.json`` is refused, not promoted. A read
+    recorded before the digest existed is not checked.
+    """
+    from envloop_pipelines.core.verify.runner import read_result_digest
+
+    read = ledger.round_candidate_read(reeval.round)
+    if read is None:
+        return (f"independent_reeval: the round has no paired test read of its candidate in {ledger.events_path}; "
+                f"its re-evaluation is not the verifier's")
+    recorded = read.get("result_sha256")
+    if recorded is None:
+        return None
+    got = read_result_digest(reeval.candidate, reeval.champion, reeval.paired)
+    if got != recorded:
+        return (f"independent_reeval: its numbers hash to {got[:16]}, not the verifier's recorded result "
+                f"(test_read event {read.get('event_id')}, result_sha256 {recorded[:16]}): the re-evaluation's "
+                f"record was edited; materialize independent_reeval again")
     return None
 
 

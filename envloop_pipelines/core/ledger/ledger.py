@@ -72,6 +72,61 @@ class LedgerError(RuntimeError):
     """A loop rule was about to be broken."""
 
 
+class LedgerChainError(LedgerError):
+    """The ledger's hash chain is broken: a line was edited, removed or inserted (the first broken link named)."""
+
+
+#: The field in which each event carries the digest of the ledger before it (sha256 of every byte of
+#: ``ledger.jsonl`` before its line): each event binds all the ones before it.
+CHAIN_FIELD = "prev"
+
+
+def chain_break(raw: bytes, path: Any = "ledger.jsonl") -> str | None:
+    """The first broken link of a ledger file's hash chain, as one message; ``None`` when every link holds.
+
+    Each event written since the chain exists carries ``prev``, the sha256 of every byte of the file
+    before its line. Lines before the first chained event were written before the chain existed (an
+    existing home): they are read as they are, and the first chained event's ``prev`` binds them all (the
+    chain starts there; nothing is migrated or rewritten). After it, every line must carry its ``prev`` and
+    match: an edited or removed line changes the digest every later event recorded, an inserted line has
+    none or a wrong one. A torn last line (a crash mid-write, no newline) is not an event. A truncated tail
+    (the last events deleted) leaves a chain that holds: the head anchored in MLflow (:func:`anchor_head`)
+    tells that.
+    """
+    import hashlib
+
+    digest = hashlib.sha256()
+    started = False
+    lines = raw.split(b"\n")
+    for n, line in enumerate(lines, 1):
+        last = n == len(lines)
+        if last:
+            break  # after the final newline: empty, or a torn line
+        text = line.decode("utf-8", errors="replace")
+        if text.strip():
+            try:
+                event = json.loads(text)
+            except json.JSONDecodeError:
+                event = None
+            what = (f"{path} line {n}" if not isinstance(event, dict) else
+                    f"{path} line {n} (event {event.get('event_id')}, {event.get('kind')})")
+            if not isinstance(event, dict):
+                if started:
+                    return f"ledger chain broken at {what}: not a JSON event; a line was edited by hand"
+            elif CHAIN_FIELD in event:
+                expected = digest.hexdigest()
+                if event[CHAIN_FIELD] != expected:
+                    return (f"ledger chain broken at {what}: it records prev {str(event[CHAIN_FIELD])[:16]}, but the "
+                            f"{n - 1} lines before it hash to {expected[:16]}: a line before it was edited, removed "
+                            f"or inserted")
+                started = True
+            elif started:
+                return (f"ledger chain broken at {what}: no {CHAIN_FIELD} digest after the chain started; the line "
+                        f"was inserted or rewritten by hand")
+        digest.update(line + b"\n")
+    return None
+
+
 class HypothesisImmutableError(LedgerError):
     """A registered hypothesis would change."""
 
@@ -488,41 +543,89 @@ class Ledger:
         """:meth:`append` without the refusal of :data:`LEDGER_OWN_KINDS` (the ledger's and the release step's own)."""
         if kind not in EVENT_KINDS:
             raise LedgerError(f"unknown ledger event kind {kind!r}; allowed: {', '.join(EVENT_KINDS)}")
-        reserved = sorted(set(payload) & {"kind", "task", "event_id"})
+        reserved = sorted(set(payload) & {"kind", "task", "event_id", CHAIN_FIELD})
         if reserved:
             raise LedgerError(f"{kind} event: payload field(s) {', '.join(reserved)} are the ledger's own "
-                              f"(kind, task, event_id); name them otherwise")
+                              f"(kind, task, event_id, {CHAIN_FIELD}); name them otherwise")
+        import fcntl
+
         body = {"kind": kind, "task": self.task, **payload}
         event_id = key or sha256_bytes(canonical_json(body))[:16]
-        for existing in self.events():
-            if existing.get("event_id") == event_id:
-                return existing
-        event = {"event_id": event_id, "at": time.time(), **body}
-        line = json.dumps(event, sort_keys=True, ensure_ascii=False, default=str) + "\n"
-        # One write() of one line with O_APPEND: concurrent appenders never interleave a line.
-        fd = os.open(self.events_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        # One appender at a time (an exclusive lock, released by the OS if its holder dies): each event's
+        # ``prev`` is the digest of every line before it, so two appenders must not write after the same head.
+        lock = os.open(self.root / "ledger.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            os.write(fd, line.encode("utf-8"))
-            os.fsync(fd)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            raw = self._verified_bytes()  # refuses to append to a broken chain
+            for existing in self._parsed(raw):
+                if existing.get("event_id") == event_id:
+                    return existing
+            committed = raw[:raw.rfind(b"\n") + 1]  # a torn last line (a crash mid-write) is not part of the chain
+            event = {"event_id": event_id, "at": time.time(), **body, CHAIN_FIELD: sha256_bytes(committed)}
+            line = json.dumps(event, sort_keys=True, ensure_ascii=False, default=str) + "\n"
+            fd = os.open(self.events_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                if committed != raw:
+                    os.ftruncate(fd, len(committed))
+                os.write(fd, line.encode("utf-8"))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         finally:
-            os.close(fd)
+            os.close(lock)
         return event
 
+    # -- the chain (issue 34: tamper evidence) ------------------------------------------------
+    def _verified_bytes(self) -> bytes:
+        """The ledger file's bytes, after :func:`chain_break` found no broken link.
+
+        Raises:
+            LedgerChainError: the first broken link, named (the same message for every reader).
+        """
+        raw = self.events_path.read_bytes() if self.events_path.exists() else b""
+        broken = chain_break(raw, self.events_path)
+        if broken:
+            raise LedgerChainError(broken)
+        return raw
+
+    def verify(self) -> dict[str, Any]:
+        """The chain's head when every link holds: ``{"events", "chained", "head"}``.
+
+        ``head`` is the sha256 of the whole file (what :func:`anchor_head` records in MLflow).
+
+        Raises:
+            LedgerChainError: the first broken link (:func:`chain_break`).
+        """
+        raw = self._verified_bytes()
+        events = self._parsed(raw)
+        return {"events": len(events), "chained": sum(1 for e in events if CHAIN_FIELD in e),
+                "head": sha256_bytes(raw)}
+
+    @staticmethod
+    def _parsed(raw: bytes) -> list[dict[str, Any]]:
+        out = []
+        for line in raw.decode("utf-8", errors="replace").splitlines():
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a torn last line from a crash mid-write is not an event
+        return out
+
     def events(self, kind: str | None = None) -> Iterator[dict[str, Any]]:
+        """The ledger's events, oldest first (of ``kind``), once its chain is verified.
+
+        Raises:
+            LedgerChainError: a broken link (:func:`chain_break`): an edited, removed or inserted line.
+        """
         if not self.events_path.exists():
             return
-        with open(self.events_path, encoding="utf-8") as fh:
-            for line in fh:
-                if not line.strip():
-                    continue
-                try:
-                    event = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a torn last line from a crash mid-write is not an event
-                if event.get("kind") in LEGACY_EVENT_KINDS:
-                    event["kind"] = LEGACY_EVENT_KINDS[event["kind"]]
-                if kind is None or event.get("kind") == kind:
-                    yield event
+        for event in self._parsed(self._verified_bytes()):
+            if event.get("kind") in LEGACY_EVENT_KINDS:
+                event["kind"] = LEGACY_EVENT_KINDS[event["kind"]]
+            if kind is None or event.get("kind") == kind:
+                yield event
 
     # -- hypotheses --------------------------------------------------------------------------
     def hypothesis_path(self, round_key: str) -> Path:
@@ -739,10 +842,32 @@ class Ledger:
         return self.root / "releases" / f"{release:04d}"
 
     def releases(self) -> list[dict[str, Any]]:
-        """Every release card, oldest first, with its errata."""
+        """Every release card, oldest first, with its errata; each bound to the ledger (issue 34).
+
+        A card is a release only with its ``release_promoted`` event, whose ``card_sha256`` (events written
+        before the digest was recorded: its release number) it must match; a card whose event is not written
+        yet is read only as the last card of a release that read its holdout (a crash between the card and
+        its event, which the release step's retry writes).
+
+        Raises:
+            LedgerChainError: the chain is broken, or a card was dropped in or edited (the file named).
+        """
+        promoted = {e.get("release"): e for e in self.events(EVENT_RELEASE_PROMOTED)}
+        read = {e.get("release") for e in self.events(EVENT_HOLDOUT_READ)}
+        cards = sorted((self.root / "releases").glob("*/card.json"))
         out = []
-        for card in sorted((self.root / "releases").glob("*/card.json")):
-            body = json.loads(card.read_text(encoding="utf-8"))
+        for i, card in enumerate(cards):
+            payload = card.read_bytes()
+            body = json.loads(payload)
+            event = promoted.get(body.get("release"))
+            if event is None and not (i == len(cards) - 1 and body.get("release") in read):
+                raise LedgerChainError(f"release card {card}: no {EVENT_RELEASE_PROMOTED} event in {self.events_path} "
+                                       f"and no holdout read of its release: it was not published by the release "
+                                       f"step (a card dropped in by hand) and is refused")
+            if event is not None and event.get("card_sha256") not in (None, sha256_bytes(payload)):
+                raise LedgerChainError(f"release card {card}: its sha256 {sha256_bytes(payload)[:16]} is not the one "
+                                       f"its {EVENT_RELEASE_PROMOTED} event recorded ({event['card_sha256'][:16]}): "
+                                       f"the card was edited")
             body["errata"] = [json.loads(p.read_text()) for p in sorted((card.parent / "errata").glob("*.json"))]
             out.append(body)
         return out
@@ -760,7 +885,7 @@ class Ledger:
         return None
 
     def next_release_number(self) -> int:
-        return len(list((self.root / "releases").glob("*/card.json"))) + 1
+        return len(self.releases()) + 1  # only cards bound to the ledger count
 
     def holdout_slot(self, release: int) -> dict[str, Any] | None:
         """The release's open holdout slot (the latest one the release step opened,
@@ -962,6 +1087,13 @@ class Ledger:
             f"{round_key} has {lacking} in {self.events_path}; a person's read is {ADHOC_READER!r} (logged, not "
             f"limited, and what it reads can no longer become a round's candidate)")
 
+    def round_candidate_read(self, round_key: str) -> dict[str, Any] | None:
+        """The round's own paired read of its candidate on test (its latest ``test_read`` event with a baseline)."""
+        own = f"round:{round_key}"
+        mine = [e for e in self.events(EVENT_TEST_READ) if e.get("reader") == own and e.get("baseline_sha256")
+                and e.get("status", "ok") == "ok"]
+        return mine[-1] if mine else None
+
     def require_unread_candidate(self, round_key: str) -> None:
         """Refuse a round's candidate whose test predictions anyone else read on test (issue 34: no redraw on test).
 
@@ -975,11 +1107,10 @@ class Ledger:
             LedgerError: naming the earlier read (its event id, reader, file and time).
         """
         own = f"round:{round_key}"
-        mine = [e for e in self.events(EVENT_TEST_READ) if e.get("reader") == own and e.get("baseline_sha256")
-                and e.get("status", "ok") == "ok"]
-        if not mine:
+        read = self.round_candidate_read(round_key)
+        if read is None:
             return
-        candidate = mine[-1]["predictions_sha256"]
+        candidate = read["predictions_sha256"]
         for event in self.events(EVENT_TEST_READ):
             if event.get("reader", ADHOC_READER) == own:
                 continue
@@ -1006,10 +1137,13 @@ class Ledger:
         return d
 
     def record_release_promoted(self, release: int, card: Mapping[str, Any]) -> dict[str, Any]:
-        """The ``release_promoted`` event of a written card, once (a retry after a crash between the card and
-        its event writes it; a second call returns the first)."""
+        """The ``release_promoted`` event of a written card, once, with the card file's sha256 (a retry after a
+        crash between the card and its event writes it; a second call returns the first)."""
+        path = self.release_dir(release) / "card.json"
+        digest = sha256_bytes(path.read_bytes()) if path.exists() else None
         return self.append(EVENT_RELEASE_PROMOTED, {"release": release, "round": card.get("round"),
-                                                    "checkpoint_sha256": card.get("checkpoint_sha256")},
+                                                    "checkpoint_sha256": card.get("checkpoint_sha256"),
+                                                    "card_sha256": digest},
                            key=f"release:{release}")
 
     def append_erratum(self, release: int, field_name: str, old: Any, new: Any, reason: str) -> dict[str, Any]:
