@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -186,3 +187,155 @@ def test_predictions_read_on_test_outside_their_round_cannot_become_its_candidat
     _registered(home, "r0002")
     assert verify_task(TASK, "test", fresh, home=home, reader="round:r0002", baseline_predictions=champion).ok
     ledger.require_unread_candidate("r0002")
+
+
+# --------------------------------------------------------------------------- tamper evidence: the hash chain
+
+def _lines(ledger: Ledger) -> list[bytes]:
+    return ledger.events_path.read_bytes().splitlines(keepends=True)
+
+
+def _write(ledger: Ledger, lines: list[bytes]) -> None:
+    ledger.events_path.write_bytes(b"".join(lines))
+
+
+def _verify_cli(home: Path) -> Any:
+    from click.testing import CliRunner
+
+    from envloop_pipelines.cli import main
+
+    return CliRunner().invoke(main, ["ledger", "verify", "--task", TASK], env={"ENVLOOP_HOME": str(home),
+                                                                                "MLFLOW_TRACKING_URI": ""})
+
+
+@pytest.fixture
+def chained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """A home whose ledger has a round (hypothesis, trained candidate, its read), release 1 and the head anchored."""
+    from envloop_pipelines.core.ledger.anchor import anchor_head
+    from envloop_pipelines.core.tracking import MlflowTracker
+
+    home = _home(tmp_path)
+    monkeypatch.setenv("ENVLOOP_HOME", str(home))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    ledger = _registered(home)
+    path = write_predictions(tmp_path / "t.jsonl", oracle(read_hidden_labels(TASK, "test", home=home)))
+    assert verify_task(TASK, "test", path, home=home, reader="round:r0001").ok
+    ledger.write_release_card(1, {"release": 1, "round": None, "checkpoint_sha256": "c0"}, "# release 1\n")
+    tracker = MlflowTracker(home=home)
+    anchor_head(ledger, tracker)
+    return {"home": home, "ledger": ledger, "tracker": tracker, "predictions": path}
+
+
+def _refused_everywhere(env: dict[str, Any], message: str) -> None:
+    """`envloop ledger verify`, the next round's check, the releases (CLI, serving, the SDK) refuse with ``message``."""
+    from envloop_pipelines.core.ledger.anchor import verify_ledger
+    from envloop_pipelines.core.ledger.ledger import LedgerChainError
+    from envloop_pipelines.sdk.local import LocalClient
+
+    result = _verify_cli(env["home"])
+    assert result.exit_code == 1 and message in result.output, result.output
+    ledger = Ledger(TASK, env["home"])
+    for read in (lambda: verify_ledger(ledger, env["tracker"]), ledger.releases,
+                 lambda: LocalClient(task=TASK).release_cards()):
+        with pytest.raises(LedgerChainError) as refused:
+            read()
+        assert message in str(refused.value)
+
+
+def test_ledger_verify_on_an_untouched_home_is_ok(chained: dict[str, Any]) -> None:
+    result = _verify_cli(chained["home"])
+    assert result.exit_code == 0, result.output
+    # The hypothesis, the trained candidate, its test read, release 1.
+    assert result.output.startswith("ledger ok: 4 events (4 chained), head ")
+    assert "the head anchored in MLflow" in result.output and "is its beginning" in result.output
+
+
+def test_a_hypothesis_rewritten_with_its_event_breaks_the_chain(chained: dict[str, Any]) -> None:
+    ledger = chained["ledger"]
+    lines = _lines(ledger)
+    n = next(i for i, line in enumerate(lines) if b'"hypothesis_registered"' in line)
+    lines[n] = lines[n].replace(b'"predicted_delta": 0.01', b'"predicted_delta": 0.9')  # ebf721d: accepted
+    _write(ledger, lines)
+    _refused_everywhere(chained, f"ledger chain broken at {ledger.events_path} line {n + 2} (event ")
+
+
+def test_deleted_test_read_lines_break_the_chain(chained: dict[str, Any]) -> None:
+    ledger = chained["ledger"]
+    lines = _lines(ledger)
+    kept = [line for line in lines if b'"test_read"' not in line]  # ebf721d: the round's budget restored
+    assert len(kept) == len(lines) - 1
+    _write(ledger, kept)
+    _refused_everywhere(chained, "a line before it was edited, removed or inserted")
+    with pytest.raises(LedgerError, match="ledger chain broken"):
+        verify_task(TASK, "test", chained["predictions"], home=chained["home"], reader="round:r0001")
+
+
+def test_a_deleted_last_event_is_told_by_the_head_anchored_in_mlflow(chained: dict[str, Any]) -> None:
+    ledger = chained["ledger"]
+    _write(ledger, _lines(ledger)[:-1])  # the chain that is left holds; the anchor does not
+    assert ledger.verify()["events"] == 3
+    result = _verify_cli(chained["home"])
+    assert result.exit_code == 1 and "the head anchored in MLflow (experiment 'tickets'" in result.output
+    assert "events were removed or rewritten after it was anchored" in result.output
+
+
+def test_a_card_dropped_into_releases_is_no_release(chained: dict[str, Any]) -> None:
+    ledger = chained["ledger"]
+    dropped = ledger.release_dir(2) / "card.json"
+    dropped.parent.mkdir(parents=True)
+    dropped.write_text('{"release": 2, "round": "r0001", "checkpoint_sha256": "rejected"}')  # ebf721d: the champion
+    _refused_everywhere(chained, f"release card {dropped}: no release_promoted event")
+    with pytest.raises(LedgerError, match="a card dropped in by hand"):
+        ledger.next_release_number()
+
+
+def test_an_edited_card_is_refused(chained: dict[str, Any]) -> None:
+    ledger = chained["ledger"]
+    card = ledger.release_dir(1) / "card.json"
+    card.chmod(0o644)
+    card.write_text(card.read_text().replace('"c0"', '"c9"'))
+    _refused_everywhere(chained, "the card was edited")
+
+
+def test_a_log_written_before_the_chain_is_read_and_bound_by_its_first_chained_event(tmp_path: Path) -> None:
+    ledger = Ledger(TASK, tmp_path)
+    legacy = [b'{"event_id": "a", "at": 0, "kind": "loop_started", "task": "tickets"}\n',
+              b'{"event_id": "b", "at": 1, "kind": "null_arm", "task": "tickets", "seed": 1}\n']
+    _write(ledger, legacy)
+    assert [e["event_id"] for e in ledger.events()] == ["a", "b"]  # an existing home reads as before
+    ledger.append("loop_stopped", {"reason": "budget"})
+    assert ledger.verify() == {**ledger.verify(), "events": 3, "chained": 1}
+    lines = _lines(ledger)
+    lines[1] = lines[1].replace(b'"seed": 1', b'"seed": 2')  # an edit of a line written before the chain
+    _write(ledger, lines)
+    with pytest.raises(LedgerError, match=f"ledger chain broken at {ledger.events_path} line 3"):
+        list(ledger.events())
+    _write(ledger, [*legacy, lines[2], b'{"event_id": "x", "at": 2, "kind": "erratum", "task": "tickets"}\n'])
+    with pytest.raises(LedgerError, match="line 4 .*no prev digest after the chain started"):
+        ledger.verify()
+
+
+def test_the_decision_checks_the_reevaluation_against_the_verifiers_recorded_result(tmp_path: Path) -> None:
+    import json
+
+    from envloop_pipelines.core.decision_loop.step_records import Reevaluation
+    from envloop_pipelines.core.decision_loop.verdict import reeval_result_error
+
+    home = _home(tmp_path)
+    rows = oracle(read_hidden_labels(TASK, "test", home=home))
+    champion = write_predictions(tmp_path / "champion.jsonl", [{**r, "probs": [1 / len(r["probs"])] * len(r["probs"])}
+                                                               for r in rows])
+    candidate = write_predictions(tmp_path / "candidate.jsonl", rows)
+    ledger = _registered(home)
+    run = verify_task(TASK, "test", candidate, home=home, reader="round:r0001", baseline_predictions=champion)
+    reeval = Reevaluation(round="r0001", benchmark_version="b", candidate=dict(run.report.metrics),
+                          champion=dict(run.baseline_report.metrics), tfidf_baseline={}, paired=run.paired,
+                          complete=True, verifier_pid=None, verifier={}, candidate_checkpoint_sha256="c",
+                          champion_checkpoint_sha256="c0")
+    stored = Reevaluation.from_dict(json.loads(json.dumps(reeval.to_dict())))  # as the IO manager stores it
+    assert reeval_result_error(ledger, stored) is None
+    edited = json.loads(json.dumps(reeval.to_dict()))
+    edited["paired"]["deltas"]["family_macro_accuracy"]["delta"] = 0.9  # ebf721d: promoted as release 2
+    message = reeval_result_error(ledger, Reevaluation.from_dict(edited))
+    assert message is not None and message.startswith("independent_reeval: its numbers hash to ")
+    assert "not the verifier's recorded result (test_read event" in message and "was edited" in message

@@ -27,6 +27,7 @@ from envloop_pipelines.core.ledger.loop_config import LoopConfig, round_number
 from envloop_pipelines.core.data.contamination import ContaminationReport, check_contamination, record_texts, row_texts
 from envloop_pipelines.core.ledger.ledger import EVENT_ROUND_DECIDED, Gate, Hypothesis, Ledger, LedgerError, draw_seeds
 from envloop_pipelines.core.decision_loop.mining import FailureCluster, mine_failures_with_fallback
+from envloop_pipelines.core.ledger.anchor import anchor_head, verify_ledger
 from envloop_pipelines.core.ledger.promotion import hypothesis_power
 from envloop_pipelines.core.release.publish import champion
 from envloop_pipelines.core.decision_loop.step_records import (
@@ -331,6 +332,7 @@ def register_hypothesis(config: LoopConfig, task: TaskSnapshot, synthesis: Envir
     if errors:
         raise ValueError(f"round {key}: hypothesis proposal refused: " + "; ".join(errors))
     ledger = Ledger(config.task, config.home)
+    verify_ledger(ledger, tracker)  # a broken chain or a removed tail refuses the next round (issue 34)
     past = [e["observed_delta"] for e in ledger.events(EVENT_ROUND_DECIDED) if e.get("observed_delta") is not None]
     # Predicted delta: the mean observed gain of past rounds, or a modest +0.01 for the first.
     predicted = float(proposal.get("predicted_delta", np.mean(past) if past else 0.01))
@@ -355,6 +357,7 @@ def register_hypothesis(config: LoopConfig, task: TaskSnapshot, synthesis: Envir
         power=power,
     )
     digest = ledger.register_hypothesis(hypothesis)
+    anchor_head(ledger, tracker)
     if hypothesis.underpowered:
         log.warning("round %s: hypothesis underpowered: predicted %+.4f on %s, below the test's minimum detectable "
                     "effect %.4f (80%% power); the gate is unchanged", key, hypothesis.predicted_delta,

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from envloop_pipelines.core.data.snapshots import TaskSnapshot, require_same_benchmark
 from envloop_pipelines.core.ledger.loop_config import LoopConfig, round_number
+from envloop_pipelines.core.ledger.anchor import anchor_head, verify_ledger
 from envloop_pipelines.core.ledger.ledger import EVENT_CHECKPOINT_TRAINED, Ledger, LedgerError
 from envloop_pipelines.core.release.publish import champion, tfidf_baseline
 from envloop_pipelines.core.decision_loop.step_records import Reevaluation, RegisteredHypothesis, TrainedCheckpoint, TrainingSnapshot
@@ -106,6 +107,7 @@ def train_candidate(config: LoopConfig, task: TaskSnapshot, hypothesis: Register
     from envloop_pipelines.core.model.recipe import recipe_to_dict
 
     key = snapshot.round
+    verify_ledger(Ledger(config.task, config.home), tracker)  # a broken chain or a removed tail: no training
     registered = Ledger(config.task, config.home).require_hypothesis(key)  # rule 1: no hypothesis, no training
     if registered.hash != hypothesis.hash or hypothesis.round != key:
         raise LedgerError(f"round {key}: hypothesis {hypothesis.hash[:12]} is not the one registered "
@@ -174,6 +176,7 @@ def reevaluate(config: LoopConfig, task: TaskSnapshot, candidate: TrainedCheckpo
     tfidf_preds = atomic_write_parquet(d / "tfidf_test_predictions.parquet", tfidf.predict_table(test), overwrite=True)
     tfidf_run = verify_predictions(config, "test", tfidf_preds, safety_thresholds=tfidf.calibration.safety_thresholds,
                                    reader=reader, sandbox=sandbox)
+    anchor_head(Ledger(config.task, config.home), tracker)  # the round's test reads, anchored in MLflow
     mrun = child_run(tracker, config, key, KIND_REEVAL, run_tags)
     result = Reevaluation(
         round=key, benchmark_version=task.benchmark_version, candidate=dict(run.report.metrics),

@@ -22,6 +22,7 @@ from envloop_pipelines.core.ledger.ledger import (
     Ledger,
     LedgerError,
 )
+from envloop_pipelines.core.ledger.anchor import anchor_head, verify_ledger
 from envloop_pipelines.core.ledger.loop_config import LoopConfig
 from envloop_pipelines.core.ledger.promotion import PromotionDecision, decide_promotion
 from envloop_pipelines.core.release.publish import champion, publish_release, tfidf_baseline
@@ -53,6 +54,7 @@ def decide_round(config: LoopConfig, task: TaskSnapshot, hypothesis: RegisteredH
     key = reeval.round
     store = RoundStore(config.task, config.home)
     ledger = Ledger(config.task, config.home)
+    verify_ledger(ledger, tracker)  # a broken chain or a removed tail: no decision (issue 34)
     decided = ledger.round_decision(key)
     if decided is not None:
         return RoundDecision.from_dict(decided)  # decided once; a retry reports the same decision
@@ -116,6 +118,7 @@ def decide_round(config: LoopConfig, task: TaskSnapshot, hypothesis: RegisteredH
     ledger.append(EVENT_ROUND_DECIDED, {"round": key, "promoted": verdict.promote, "observed_delta": delta["delta"],
                                         "release": decision.release, "decision": decision.to_dict()},
                   key=f"decided:{key}")
+    anchor_head(ledger, tracker)
     return decision
 
 

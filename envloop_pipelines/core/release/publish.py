@@ -20,6 +20,7 @@ from typing import Any
 from envloop_pipelines.core.data.snapshots import TaskSnapshot
 from envloop_pipelines.core.release.card import render_card
 from envloop_pipelines.core.ledger.loop_config import LoopConfig
+from envloop_pipelines.core.ledger.anchor import anchor_head
 from envloop_pipelines.core.ledger.ledger import Ledger, LedgerError
 from envloop_pipelines.core.release.tracked_runs import child_run, flat_metrics, verify_predictions, write_predictions
 from envloop_pipelines.core.sandbox import SandboxSettings
@@ -209,6 +210,7 @@ def release_checkpoint(config: LoopConfig, tracker: Tracker, *, checkpoint: Path
     body = {**card(release, read), "release": release, "holdout": holdout, **baseline, "model_version": version,
             "mlflow_run_id": mrun.run_id}
     ledger.write_release_card(release, body, render(body))
+    anchor_head(ledger, tracker)  # the release's read and card, anchored in MLflow (issue 34)
     return Release(release=release, model_version=version, card=body)
 
 
