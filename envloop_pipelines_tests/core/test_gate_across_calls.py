@@ -339,3 +339,46 @@ def test_the_decision_checks_the_reevaluation_against_the_verifiers_recorded_res
     message = reeval_result_error(ledger, Reevaluation.from_dict(edited))
     assert message is not None and message.startswith("independent_reeval: its numbers hash to ")
     assert "not the verifier's recorded result (test_read event" in message and "was edited" in message
+
+
+# --------------------------------------------------------------------------- one source of truth for the champion
+
+def test_a_champion_alias_moved_by_hand_is_refused_naming_both_versions(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from envloop_pipelines.core.ledger.anchor import verify_ledger
+    from envloop_pipelines.core.ledger.projection import ChampionMismatchError
+    from envloop_pipelines.core.tracking import TAG_RELEASE, MlflowTracker
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("ENVLOOP_HOME", str(home))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    tracker = MlflowTracker(home=home)
+    name = f"envloop-{TASK}"
+    versions = []
+    for release in (1, 2):  # release 1 published; version 2 a rejected candidate registered by hand
+        run = tracker.start_run(TASK, f"release {release}")
+        versions.append(tracker.register_version(name, f"{tracker.artifact_uri(run.run_id)}/checkpoint", run.run_id,
+                                                 tags={TAG_RELEASE: str(release)}))
+    tracker.set_champion(name, versions[0])
+    ledger = Ledger(TASK, home)
+    ledger.write_release_card(1, {"release": 1, "round": None, "model_version": versions[0]}, "# release 1\n")
+    assert verify_ledger(ledger, tracker)["events"] == 1  # the alias on the ledger's champion: ok
+    tracker.set_champion(name, versions[1])  # ebf721d: Client.releases() reported version 2 as champion
+    with pytest.raises(ChampionMismatchError, match=f"the MLflow 'champion' alias of {name} points at model version "
+                                                    f"{versions[1]}, but the ledger's champion is release 1, model "
+                                                    f"version {versions[0]}"):
+        verify_ledger(ledger, tracker)
+    result = _verify_cli(home)
+    assert result.exit_code == 1 and "release chain refused: the MLflow 'champion' alias" in result.output
+
+
+def test_a_release_tag_the_ledger_does_not_have_is_refused() -> None:
+    from envloop_pipelines.core.ledger.projection import projection_error
+
+    cards = [{"release": 1, "model_version": "1"}]
+    assert projection_error(cards, [("1", {"envloop.release": "1"})], "1", "m") is None
+    assert projection_error(cards, [("1", {"envloop.release": "1"}), ("2", {"envloop.release": "2"})], "1", "m") == (
+        "MLflow model version 2 of m is tagged envloop.release=2, but the ledger has no release 2: the registry is "
+        "not the ledger's projection")
+    assert "the ledger's release 1 is model version 1" in projection_error(cards, [("3", {"envloop.release": "1"})],
+                                                                           "1", "m")

@@ -13,6 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from envloop_pipelines.core.ledger.ledger import Ledger, LedgerChainError
+from envloop_pipelines.core.ledger.loop_config import model_name
+from envloop_pipelines.core.ledger.projection import ChampionMismatchError, projection_error
 from envloop_pipelines.core.storage import sha256_bytes
 from envloop_pipelines.core.tracking import TAG_LEDGER_HEAD, Tracker
 
@@ -45,7 +47,11 @@ def verify_ledger(ledger: Ledger, tracker: Tracker | None = None) -> dict[str, A
                 f"ledger chain broken: the head anchored in MLflow (experiment {ledger.task!r}, tag {TAG_LEDGER_HEAD}: "
                 f"the first {size} bytes hash to {digest[:16]}) is not the beginning of {ledger.events_path} "
                 f"({len(raw)} bytes): events were removed or rewritten after it was anchored")
-    ledger.releases()  # every card bound to its release_promoted event
+    cards = ledger.releases()  # every card bound to its release_promoted event
+    name = model_name(ledger.task)
+    mismatch = projection_error(cards, (), tracker.champion_version(name), name)
+    if mismatch:
+        raise ChampionMismatchError(f"release chain refused: {mismatch}")
     return state
 
 
