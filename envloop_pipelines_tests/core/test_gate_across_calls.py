@@ -382,3 +382,27 @@ def test_a_release_tag_the_ledger_does_not_have_is_refused() -> None:
         "not the ledger's projection")
     assert "the ledger's release 1 is model version 1" in projection_error(cards, [("3", {"envloop.release": "1"})],
                                                                            "1", "m")
+
+
+# --------------------------------------------------------------------------- contamination by near-duplicates
+
+def test_a_test_state_with_every_12th_word_replaced_is_caught_and_train_states_are_not() -> None:
+    import re
+
+    from envloop_pipelines.core.benchmark.generator import BenchmarkConfig, generate_benchmark
+    from envloop_pipelines.core.data.contamination import check_contamination
+
+    records = generate_benchmark(BenchmarkConfig())  # the built-in benchmark, 240 users
+    hidden = [(f"{r['meta']['split']}/{r['id']}", r["state"]) for r in records if r["meta"]["split"] in ("test", "holdout")]
+    tests = [r for r in records if r["meta"]["split"] == "test"][:20]
+    replaced = []
+    for r in tests:
+        words = re.findall(r"\S+", r["state"])
+        replaced.append((r["id"], " ".join(f"other{i}" if i % 12 == 11 else w for i, w in enumerate(words))))
+    report = check_contamination(replaced, hidden)
+    assert report.flagged_rows == set(range(20))  # ebf721d: 0 of 20 flagged
+    assert all(f["found_by"] == "minhash_lsh" and f["jaccard"] >= 0.5 for f in report.near_duplicate)
+    assert {f["matches"] for f in report.near_duplicate} == {f"test/{r['id']}" for r in tests}
+    # The control the threshold was measured on: no train state of the built-in benchmark is flagged by it.
+    train = [(r["id"], r["state"]) for r in records if r["meta"]["split"] == "train"]
+    assert check_contamination(train, hidden).near_duplicate == []
