@@ -20,10 +20,8 @@ from envloop_pipelines.core.ledger.ledger import (
     Gate,
     Ledger,
     LedgerError,
-    draw_seeds,
 )
 from envloop_pipelines.core.ledger.promotion import NoiseFloor, decide_promotion
-from envloop_pipelines.core.release.publish import _open_holdout_slot
 from envloop_pipelines.core.verify.labels import read_hidden_labels
 from envloop_pipelines.core.verify.protocol import write_predictions
 from envloop_pipelines.core.verify.runner import HiddenSplitQueryError, holdout_read_key, verify_task
@@ -52,6 +50,8 @@ def test_no_public_method_opens_a_releases_holdout_slot(tmp_path: Path, caplog: 
 
 def test_a_deleted_holdout_json_does_not_give_the_release_its_read_back(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from envloop_pipelines.core.release.publish import _open_holdout_slot  # the release step's own
+
     caplog.set_level(logging.INFO, logger=LABEL_LOG)
     home = _home(tmp_path)
     ledger = Ledger(TASK, home)
@@ -116,6 +116,7 @@ def test_a_missing_or_nan_value_refuses_the_decision_naming_its_field(floor: Noi
 
 def test_the_loop_draws_a_rounds_seeds_a_person_says_how_many() -> None:
     from envloop_pipelines.core.decision_loop.before_training import proposal_errors
+    from envloop_pipelines.core.ledger.ledger import draw_seeds
 
     # ebf721d: {"seeds": [3004]} registered the one seed of four previewed on test whose CI was above zero.
     assert proposal_errors({"seeds": [3004]}) == [
