@@ -85,12 +85,15 @@ def _floor(floor: float = 0.01, values: tuple[float, ...] = (0.60, 0.61), family
 
 
 CLEAR = {"delta": 0.20, "ci_low": 0.15, "ci_high": 0.25}
-CANDIDATE = {"family_macro_accuracy": 0.80, "ece": 0.02, "acc/billing": 0.8, "fnr/fraud": 0.05}
-CHAMPION = {"family_macro_accuracy": 0.60, "acc/billing": 0.6, "fnr/fraud": 0.05}
+CANDIDATE = {"family_macro_accuracy": 0.80, "ece": 0.02, "acc/billing": 0.8, "acc/fraud": 0.9, "fnr/fraud": 0.05}
+CHAMPION = {"family_macro_accuracy": 0.60, "acc/billing": 0.6, "acc/fraud": 0.9, "fnr/fraud": 0.05}
 
 
 def test_a_clear_candidate_with_every_value_promotes() -> None:  # the control of the refusals below
     assert decide_promotion(Gate(), CLEAR, _floor(), CANDIDATE, CHAMPION, ("fraud",)).promote
+    # A declared safety family with no question on test at all (no acc/<family>) has nothing to guard there.
+    assert decide_promotion(Gate(), CLEAR, _floor(), {**CANDIDATE, "fnr/approval": None}, CHAMPION,
+                            ("fraud", "approval"), paired={"safety": {}}).promote
 
 
 @pytest.mark.parametrize("floor, candidate, champion, paired, field", [

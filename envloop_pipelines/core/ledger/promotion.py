@@ -383,8 +383,9 @@ def missing_value_reasons(floor: NoiseFloor, candidate: Mapping[str, Any], champ
 
     No guard is skipped by a missing value: the noise floor (``noise_floor.floor``, its arms' values and
     its per-family floors) must be finite numbers (a NaN floor gave a bar of 0: ``max`` drops a NaN), the
-    candidate's ECE must be a finite number, and each declared safety family needs its paired CI or both
-    point FNRs (a family with no positive among the test questions cannot be guarded, so nothing promotes).
+    candidate's ECE must be a finite number, and each declared safety family with questions on test needs its
+    paired CI or both point FNRs (a family with questions but no positive among them cannot be guarded, so
+    nothing promotes; a family with no question on test at all, no ``acc/<family>``, has nothing to guard there).
     """
     reasons = []
     if not _finite(floor.floor):
@@ -406,6 +407,8 @@ def missing_value_reasons(floor: NoiseFloor, candidate: Mapping[str, Any], champ
         ci = (safety_cis or {}).get(fam)
         if ci is not None and _finite(ci.get("ci_low")):
             continue
+        if f"acc/{fam}" not in candidate and f"acc/{fam}" not in champion:
+            continue  # the family has no question on test at all (the verifier's metrics, bound by result_sha256)
         new, old = candidate.get(key), champion.get(key)
         if not (_finite(new) and _finite(old)):
             reasons.append(f"safety guard: {key}: no paired CI for this family and no point FNR for both "
