@@ -2,6 +2,15 @@
 
     .venv/bin/python bench/bench_aa.py                          # pool of 24, the demo's recipe and benchmark
     .venv/bin/python bench/bench_aa.py --pool 5 --steps 2 --users 40 --records-per-user 3 --draws 20   # a smoke run
+    nice -n 10 .venv/bin/python bench/bench_aa.py --cheap --replicates 72   # the rate's bound: 72 disjoint replicates
+
+``--cheap`` is a few optimizer steps on a small benchmark (2 steps, 40 users x 3 records): the gate's
+statistics (the floor, the bar, the paired CI) do not depend on what the recipe costs, only on the
+checkpoints being exchangeable, so the bound on the false-promotion rate needs many disjoint replicates, not
+an expensive recipe. With no promotion in n independent replicates the 95% Clopper-Pearson upper end is
+``1 - 0.025^(1/n)``: 0.46 at n = 6, 0.0499 at n = 72, so ``--replicates 72`` (a pool of 72 x (K + 1)
+checkpoints) is the least that can show a rate of at most 1 in 20. The demo recipe's replicates run as they
+fit (the default, ``--pool 24``).
 
 The default is what ``make run`` gates with: the demo's recipe overrides
 (``cli.round.DEMO_OVERRIDES``: 24 steps, 256 tokens, the hybrid readout) and
@@ -203,6 +212,11 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pool", type=int, default=24, help="seed-only checkpoints trained once (default 24)")
+    parser.add_argument("--replicates", type=int, default=None,
+                        help="disjoint replicates wanted: the pool is this many times K + 1 checkpoints (overrides --pool)")
+    parser.add_argument("--cheap", action="store_true",
+                        help="a cheap recipe on a small benchmark: --steps 2 --users 40 --records-per-user 3, no "
+                             "resampled draws (the gate's statistics do not depend on the recipe's cost)")
     parser.add_argument("--draws", type=int, default=200, help="resampled replicates (default 200)")
     parser.add_argument("--users", type=int, default=DEMO_BUILTIN_USERS,
                         help=f"built-in benchmark users (default: the demo's {DEMO_BUILTIN_USERS}); 0: the powered "
@@ -219,6 +233,10 @@ def main() -> None:
                         help="EnvLoop home (default: a fresh temporary one); a pool trained there before is reused")
     parser.add_argument("--seed", type=int, default=0, help="seed of the replicate draws")
     args = parser.parse_args()
+    if args.cheap:
+        args.steps, args.users, args.records_per_user, args.draws = 2, 40, args.records_per_user or 3, 0
+    if args.replicates is not None:
+        args.pool = args.replicates * replicate_size(args.noise_arms, args.separate_champion)
     configure_command_line()  # progress: a bar on a terminal, lines elsewhere (ENVLOOP_PROGRESS)
     size = replicate_size(args.noise_arms, args.separate_champion)
     if args.noise_arms < 2:
@@ -264,6 +282,12 @@ def main() -> None:
         ci = stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
         print(f"disjoint, {label}: {k} / {n} = {k / n:.3f}, 95% Clopper-Pearson CI [{ci.low:.3f}, {ci.high:.3f}] "
               f"(independent replicates: the binomial interval holds)")
+        if key == "promote":
+            print(f"false promotions k/n = {k}/{n}; 95% Clopper-Pearson upper end {ci.high:.4f} "
+                  f"{'<=' if ci.high <= TARGET_RATE else '>'} {TARGET_RATE:.2f}", flush=True)
+    if args.draws <= 0:
+        print(f"home: {home}; {time.perf_counter() - t0:.0f}s in all")
+        return
 
     draws = resampled_replicates(args.pool, args.noise_arms, args.draws, separate_champion=args.separate_champion,
                                  seed=args.seed + 1)

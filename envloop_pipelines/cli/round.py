@@ -519,19 +519,41 @@ def calibration_lines(events: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-@click.command("ledger")
+@click.group("ledger", invoke_without_command=True)
 @click.option("--task", default=None, help="The task (default personal_agent; with --remote, the deployment's).")
 @click.option("--kind", default=None, help="Only events of this kind (hypothesis_registered, candidate_rejected, ...).")
 @click.option("--json", "as_json", is_flag=True)
 @remote_options
-def ledger(task: str | None, kind: str | None, as_json: bool, remote: str | None, mlflow_uri: str | None) -> None:
-    """Every hypothesis, arm, rejected candidate and release of the task's loop."""
+@click.pass_context
+def ledger(ctx: click.Context, task: str | None, kind: str | None, as_json: bool, remote: str | None,
+           mlflow_uri: str | None) -> None:
+    """Every hypothesis, arm, rejected candidate and release of the task's loop (`envloop ledger verify`: its chain)."""
     from envloop_pipelines.core.ledger.ledger import EVENT_KINDS
 
+    if ctx.invoked_subcommand is not None:
+        return
     if kind is not None and kind not in EVENT_KINDS:
         raise click.BadParameter(f"{kind!r} is not a ledger event kind; allowed: {', '.join(EVENT_KINDS)}",
                                  param_hint="--kind")
     echo_ledger(_sdk_call(any_client(remote, mlflow_uri, task).ledger, kind), as_json, calibration=kind is None)
+
+
+@ledger.command("verify")
+@click.option("--task", default="personal_agent", show_default=True, help="The task whose ledger is verified.")
+def ledger_verify(task: str) -> None:
+    """Verify the ledger's hash chain and its head anchored in MLflow; name the first broken link (exit 1)."""
+    from envloop_pipelines.core.ledger.anchor import verify_ledger
+    from envloop_pipelines.core.ledger.ledger import Ledger, LedgerError
+    from envloop_pipelines.core.tracking import MlflowTracker
+
+    try:
+        state = verify_ledger(Ledger(task), MlflowTracker())
+    except LedgerError as exc:
+        raise click.ClickException(str(exc)) from None
+    anchored = (f"the head anchored in MLflow ({state['anchored'].split(':')[0]} bytes) is its beginning"
+                if state["anchored"] else "no head anchored in MLflow yet")
+    click.echo(f"ledger ok: {state['events']} events ({state['chained']} chained), head {state['head'][:16]}; "
+               f"{anchored}")
 
 
 @click.command("ui")

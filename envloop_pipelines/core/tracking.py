@@ -33,6 +33,8 @@ TAG_NOISE_KEY = "envloop.noise_key"
 TAG_SUPERSEDED = "envloop.superseded"
 #: ``"true"`` on a hypothesis run whose predicted effect is below the test's minimum detectable effect.
 TAG_UNDERPOWERED = "envloop.underpowered"
+#: Experiment tag: the ledger's chain head anchored outside the home (``<bytes>:<sha256>``, core/ledger/anchor.py).
+TAG_LEDGER_HEAD = "envloop.ledger_head"
 
 #: Values of ``envloop.kind``: a round step's run is named for its Dagster asset.
 KIND_ROUND = "round"
@@ -87,6 +89,8 @@ class Tracker(Protocol):
     def log_params(self, run_id: str, params: Mapping[str, Any]) -> None: ...
     def log_metrics(self, run_id: str, metrics: Mapping[str, float], step: int | None = None) -> None: ...
     def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None: ...
+    def set_experiment_tag(self, experiment: str, key: str, value: str) -> None: ...
+    def experiment_tag(self, experiment: str, key: str) -> str | None: ...
     def log_artifact(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None: ...
     def end_run(self, run_id: str, status: str = "FINISHED") -> None: ...
     def artifact_uri(self, run_id: str) -> str: ...
@@ -202,6 +206,14 @@ class MlflowTracker:
     def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
         for k, v in tags.items():
             self.client.set_tag(run_id, k, str(v))
+
+    def set_experiment_tag(self, experiment: str, key: str, value: str) -> None:
+        self.client.set_experiment_tag(self.experiment_id(experiment), key, str(value))
+
+    def experiment_tag(self, experiment: str, key: str) -> str | None:
+        """The experiment's tag ``key`` (``None`` when the experiment or the tag does not exist; nothing is created)."""
+        exp = self.client.get_experiment_by_name(experiment)
+        return None if exp is None else exp.tags.get(key)
 
     def log_artifact(self, run_id: str, path: str | Path, artifact_path: str | None = None) -> None:
         path = Path(path)

@@ -40,6 +40,7 @@ from typing import Any
 from envloop_pipelines.core.ledger.loop_config import LoopConfig, round_key, round_number
 from envloop_pipelines.core.decision_loop.step_records import RoundDecision
 from envloop_pipelines.core.progress import Progress, ensure_shown
+from envloop_pipelines.core.ledger.projection import projection_error
 from envloop_pipelines.core.tracking import CHAMPION_ALIAS, HOLDOUT_PREFIX, TAG_CHECKPOINT, TAG_RELEASE, TAG_ROUND
 from envloop_pipelines.defs.rounds.metadata import DECISION as DECISION_LABEL
 from envloop_pipelines.defs.rounds.metadata import LEDGER_EVENTS as LEDGER_EVENTS_LABEL
@@ -840,7 +841,13 @@ class Client:
             champion = str(self.mlflow.get_model_version_by_alias(self.model_name, CHAMPION_ALIAS).version)
         except MlflowException:
             champion = None
-        cards = self.cards() if with_cards else {}
+        cards = self.cards()  # the ledger's, as the steps that published them recorded them
+        mismatch = projection_error([cards[k] for k in sorted(cards)],
+                                    [(str(v.version), v.tags or {}) for v in versions], champion, self.model_name)
+        if mismatch:  # the registry is the ledger's projection (issue 34): a moved alias or a forged tag is refused
+            raise ClientError(f"release chain refused: {mismatch}")
+        if not with_cards:
+            cards = {}
         out = []
         for v in versions:
             if TAG_RELEASE not in (v.tags or {}):

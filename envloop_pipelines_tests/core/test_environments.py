@@ -149,6 +149,7 @@ def _predictions_key(env: DecisionEnvironment, answers: dict) -> str:
 def test_a_second_holdout_read_through_an_environment_is_refused(tmp_path: Path) -> None:
     """Rule 4 through an environment: the holdout is read as a release's one read, in the task home's own ledger."""
     from envloop_pipelines.core.ledger.ledger import EVENT_HOLDOUT_READ, HoldoutAlreadyReadError, Ledger
+    from envloop_pipelines.core.release.publish import _open_holdout_slot
     from envloop_pipelines.core.verify.runner import HiddenSplitQueryError
 
     home = tmp_path / "home"  # a home of its own: this test spends its releases' holdout reads
@@ -166,10 +167,10 @@ def test_a_second_holdout_read_through_an_environment_is_refused(tmp_path: Path)
     assert ledger.holdout_result(1) is None
     # With the release step's slot open for exactly these predictions (the environment writes them
     # deterministically), the read is the release's one read.
-    ledger.open_holdout_slot(1, _predictions_key(env, dict(list(oracle.items())[:1])), by="release step")
+    _open_holdout_slot(ledger, 1, _predictions_key(env, dict(list(oracle.items())[:1])), by="release step")
     failed = env.evaluate(dict(list(oracle.items())[:1]), holdout_slot=ledger, release=1)
     assert not failed.ok and ledger.holdout_result(1) is None  # a refused or failed read does not consume it
-    ledger.open_holdout_slot(1, _predictions_key(env, oracle), by="release step")
+    _open_holdout_slot(ledger, 1, _predictions_key(env, oracle), by="release step")
     first = env.evaluate(oracle, release=1)  # the verifier opens the home's ledger itself
     assert first.ok and first.report.accuracy_all == 1.0 and first.report.items == ()
     assert ledger.holdout_result(1)["metrics"] == dict(first.report.metrics)

@@ -24,7 +24,17 @@ from envloop_pipelines.core import metrics
 from envloop_pipelines.core.data.datasets import import_file
 from envloop_pipelines.core.ledger.loop_config import LoopConfig
 from envloop_pipelines.core.decision_loop.verdict import FloorRecipeError, decide_round
-from envloop_pipelines.core.ledger.ledger import EVENT_ROUND_DECIDED, Gate, Hypothesis, Ledger
+from envloop_pipelines.core.ledger.ledger import (
+    EVENT_CHECKPOINT_TRAINED,
+    EVENT_ROUND_DECIDED,
+    ROUND_TEST_READ_BUDGET,
+    Gate,
+    Hypothesis,
+    Ledger,
+)
+from envloop_pipelines.core.model.checkpoint import RECIPE_FILE
+from envloop_pipelines.core.model.recipe import dump_recipe
+from envloop_pipelines.core.verify.runner import read_result_digest
 from envloop_pipelines.core.ledger.promotion import gate_bar, noise_floor_from_arms
 from envloop_pipelines.core.decision_loop.step_records import (
     EnvironmentSynthesis,
@@ -186,15 +196,26 @@ def _round(loop: dict[str, Any], *, recipe_hash: str, gain: float) -> tuple[Any,
     snapshot = TrainingSnapshot(round="r0001", sha256="d", path="/d", n_rows=1, n_base=1, n_synthesized=0,
                                 n_removed=0, contamination={"clean": True}, schema_ok=True,
                                 benchmark_version=loop["benchmark"])
-    candidate = TrainedCheckpoint(round="r0001", checkpoint="/c1", checkpoint_sha256="c1", init_from="c0",
+    # The candidate's checkpoint as training records it: the loop's recipe with the hypothesis's seed.
+    ckpt = Path(config.home) / "c1"
+    ckpt.mkdir(exist_ok=True)
+    (ckpt / RECIPE_FILE).write_text(dump_recipe(config.load_recipe().replace(seed=1)), encoding="utf-8")
+    candidate = TrainedCheckpoint(round="r0001", checkpoint=str(ckpt), checkpoint_sha256="c1", init_from="c0",
                                   snapshot_sha256="d", seed=1, train_s=1.0, metrics={}, mlflow_run_id="m",
                                   mlflow_url="u", hypothesis_hash=digest)
-    reeval = Reevaluation(round="r0001", benchmark_version=loop["benchmark"], candidate={METRIC: 0.5 + gain},
+    reeval = Reevaluation(round="r0001", benchmark_version=loop["benchmark"], candidate={METRIC: 0.5 + gain, "ece": 0.0},
                           champion={METRIC: 0.50}, tfidf_baseline={},
                           paired={"deltas": {METRIC: {"delta": gain, "ci_low": gain - 0.033, "ci_high": gain + 0.033,
                                                       "se": 0.017}}},
                           complete=True, verifier_pid=None, verifier={}, candidate_checkpoint_sha256="c1",
                           champion_checkpoint_sha256="c0")
+    # The round's own paired read of its candidate, as the verifier records it (its result's digest).
+    ledger = Ledger(config.task, config.home)
+    ledger.append(EVENT_CHECKPOINT_TRAINED, {"round": "r0001", "checkpoint_sha256": "c1", "seed": 1},
+                  key="arm:r0001:c1")
+    if ledger.round_candidate_read("r0001") is None:
+        with ledger.reading_test("round:r0001", "p" * 64, "b" * 64, budget=ROUND_TEST_READ_BUDGET) as record:
+            record("ok", result_sha256=read_result_digest(reeval.candidate, reeval.champion, reeval.paired))
     return registered, snapshot, candidate, reeval
 
 

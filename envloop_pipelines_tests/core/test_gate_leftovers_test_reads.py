@@ -45,6 +45,20 @@ def _variants(tmp_path: Path, home: Path, n: int) -> list[Path]:
     return out
 
 
+def trained_round(home: Path, key: str = "r0001") -> None:
+    """Round ``key`` registered and its candidate trained: its own re-evaluation may read test (issue 34)."""
+    from envloop_pipelines.core.ledger.ledger import EVENT_CHECKPOINT_TRAINED, Gate, Hypothesis
+
+    from .measured_power import measured_power
+
+    ledger = Ledger(TASK, home)
+    ledger.register_hypothesis(Hypothesis(task=TASK, round=key, benchmark_version="b", change={"kind": "data"},
+                                          predicted_delta=0.01, gate=Gate(), seeds=(1,), recipe_hash="h",
+                                          power=measured_power(0.01)))
+    ledger.append(EVENT_CHECKPOINT_TRAINED, {"round": key, "checkpoint_sha256": f"c-{key}", "seed": 1},
+                  key=f"arm:{key}:c-{key}")
+
+
 def _events(home: Path) -> list[dict[str, Any]]:
     return list(Ledger(TASK, home).events(EVENT_TEST_READ))
 
@@ -53,6 +67,7 @@ def test_a_round_reads_three_files_and_a_fourth_is_refused_before_any_label_is_r
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     home = _home(tmp_path)
     candidate, champion, tfidf, fourth = _variants(tmp_path, home, 4)
+    trained_round(home)
     reader = "round:r0001"
     # The round's own reads: the candidate paired with its champion, then the TF-IDF baseline.
     assert verify_task(TASK, "test", candidate, home=home, reader=reader, baseline_predictions=champion).ok
@@ -85,6 +100,7 @@ def test_a_round_reads_three_files_and_a_fourth_is_refused_before_any_label_is_r
     assert Ledger(TASK, home).events_path.read_bytes() == ledger_bytes
 
     # Another round has its own budget; a person's read is not limited, and logged as adhoc.
+    trained_round(home, "r0002")
     assert verify_task(TASK, "test", fourth, home=home, reader="round:r0002").ok
     for _ in range(2):
         assert verify_task(TASK, "test", fourth, home=home).ok
@@ -104,6 +120,7 @@ def test_a_gate_amendment_gives_the_round_one_more_read_for_its_fresh_seed_candi
     ledger.register_hypothesis(Hypothesis(task=TASK, round="r0001", benchmark_version="b", change={"kind": "data"},
                                           predicted_delta=0.01, gate=Gate(), seeds=(1,), recipe_hash="h",
                                           power=measured_power(0.01)))
+    trained_round(home)
     reader = "round:r0001"
     assert verify_task(TASK, "test", candidate, home=home, reader=reader, baseline_predictions=champion).ok
     assert verify_task(TASK, "test", tfidf, home=home, reader=reader).ok
@@ -203,6 +220,7 @@ def test_the_loops_own_setup_and_round_read_test_within_their_budgets(tmp_path: 
     candidate = TrainedCheckpoint(round="r0001", checkpoint=str(ckpt), checkpoint_sha256=ckpt.name,
                                   init_from=control.name, snapshot_sha256=snapshot.sha256, seed=1001, train_s=0.0,
                                   metrics={}, mlflow_run_id="", mlflow_url="", hypothesis_hash="h")
+    trained_round(home)
     reevaluate(config, task, candidate, snapshot, tracker)
     read = ledger.test_files_read("round:r0001")
     assert len(read) == ROUND_TEST_READ_BUDGET  # its candidate, its champion, the TF-IDF baseline

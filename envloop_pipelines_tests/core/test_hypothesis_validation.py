@@ -22,10 +22,14 @@ BAD = [
     ({"predicted_delta": "big"}, "predicted_delta", 'must be a finite number, got "big"'),
     ({"predicted_delta": float("nan")}, "predicted_delta", "must be a finite number, got NaN"),
     ({"predicted_delta": True}, "predicted_delta", "must be a finite number, got true"),
-    ({"seeds": "abc"}, "seeds", 'must be a non-empty list of integers, got "abc"'),
-    ({"seeds": 5}, "seeds", "must be a non-empty list of integers, got 5"),
-    ({"seeds": [1.5]}, "seeds", "must be a non-empty list of integers"),
-    ({"seeds": [3, 3]}, "seeds", "must be distinct"),
+    ({"seeds": "abc"}, "seeds", 'must be a count of seeds, an integer from 1 to 8 (the loop draws them after '
+                                'registration), got "abc"'),
+    ({"seeds": 0}, "seeds", "must be a count of seeds, an integer from 1 to 8"),
+    ({"seeds": True}, "seeds", "must be a count of seeds"),
+    # issue 34: a person says how many seeds, never which (a preview on test, then the winner registered)
+    ({"seeds": [3004]}, "seeds", "a round's seeds are drawn by the loop after registration; give a count (how many, "
+                                 "e.g. \"seeds\": 1), not values (got [3004])"),
+    ({"seeds": [3, 3]}, "seeds", "give a count"),
     ({"change": {"kind": "banana"}}, "change.kind", 'must be one of data, recipe, got "banana"'),
     ({"change": {}}, "change", "must not be empty"),
     ({"change": "more data"}, "change", "must be an object"),
@@ -52,7 +56,7 @@ def test_each_bad_field_is_refused_by_every_door_and_named(tmp_path: Path, propo
 
 def test_a_good_proposal_passes() -> None:
     good = {"change": {"kind": "recipe", "recipe_diff": {"max_steps": 80, "lora": {"r": 4}}}, "predicted_delta": 0.02,
-            "gate": {"min_delta": 0.01}, "seeds": [1001, 1002], "rationale": "under-trained"}
+            "gate": {"min_delta": 0.01}, "seeds": 2, "rationale": "under-trained"}
     assert proposal_errors(good) == []
     assert proposal_errors({}) == []  # everything derived
 

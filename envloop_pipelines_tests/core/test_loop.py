@@ -184,27 +184,27 @@ def test_seed_bound_refuses_a_null_candidate_that_clears_the_spread_over_a_low_c
     # +0.08 clears the spread (0.06) with a CI above zero: the old gate promoted this, but a fresh seed of the
     # champion's own recipe reaches 0.68 often; the bar is the bound minus the champion.
     lucky = decide_promotion(gate, {"delta": 0.08, "ci_low": 0.02, "ci_high": 0.14}, floor,
-                             {"family_macro_accuracy": 0.68}, low_champion)
+                             {"family_macro_accuracy": 0.68, "ece": 0.03}, low_champion)
     assert not lucky.promote
     assert lucky.checks["bar"] == pytest.approx(floor.seed_bound() - 0.60) and lucky.checks["noise_floor"] == pytest.approx(0.06)
     assert "seed bound 0.7312 minus the champion's 0.6000" in lucky.reasons[0]
     real = decide_promotion(gate, {"delta": 0.15, "ci_low": 0.09, "ci_high": 0.21}, floor,
-                            {"family_macro_accuracy": 0.75}, low_champion)
+                            {"family_macro_accuracy": 0.75, "ece": 0.03}, low_champion)
     assert real.promote, real.reasons
     # A champion already above the bound (a real promotion): the bound adds nothing, the spread decides.
     high = decide_promotion(gate, {"delta": 0.07, "ci_low": 0.02, "ci_high": 0.12}, floor,
-                            {"family_macro_accuracy": 0.87}, {"family_macro_accuracy": 0.80})
+                            {"family_macro_accuracy": 0.87, "ece": 0.03}, {"family_macro_accuracy": 0.80})
     assert high.promote and high.checks["bar"] == pytest.approx(0.06) and high.checks["seed_gap"] < 0
     # No hypothesis loosens it: a stricter multiplier only raises the larger of the two.
     assert decide_promotion(Gate(floor_multiplier=3.0), {"delta": 0.15, "ci_low": 0.09, "ci_high": 0.21}, floor,
-                            {}, low_champion).checks["bar"] == pytest.approx(0.18)
+                            {"ece": 0.03}, low_champion).checks["bar"] == pytest.approx(0.18)
     # A floor of the candidate's own seeds (the RL round's): no bound, the spread is the bar.
-    assert decide_promotion(gate, {"delta": 0.08, "ci_low": 0.02, "ci_high": 0.14}, floor, {}, low_champion,
+    assert decide_promotion(gate, {"delta": 0.08, "ci_low": 0.02, "ci_high": 0.14}, floor, {"ece": 0.03}, low_champion,
                             apply_seed_bound=False).promote
     # A gate on a metric the arms did not measure has no floor in its units: never promoted, and refused at
     # registration with the field named.
     other = decide_promotion(Gate(primary_metric="nll", direction="decrease"),
-                             {"delta": -0.5, "ci_low": -0.7, "ci_high": -0.3}, floor, {}, {"nll": 1.2})
+                             {"delta": -0.5, "ci_low": -0.7, "ci_high": -0.3}, floor, {"ece": 0.03}, {"nll": 1.2})
     assert not other.promote and other.checks["seed_bound"] is None
     assert other.reasons == ("no noise floor on nll: the null arms measured family_macro_accuracy",)
     from envloop_pipelines.core.decision_loop.before_training import proposal_errors

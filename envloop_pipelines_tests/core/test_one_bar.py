@@ -32,7 +32,7 @@ CASES = [
 @pytest.mark.parametrize(("gate", "floor", "champion", "seed_bound"), CASES)
 def test_the_decision_applies_gate_bars_bar(gate: Gate, floor: NoiseFloor, champion: float, seed_bound: bool) -> None:
     delta = {"delta": 0.03, "ci_low": 0.01, "ci_high": 0.05}
-    decision = decide_promotion(gate, delta, floor, {METRIC: champion + 0.03}, {METRIC: champion},
+    decision = decide_promotion(gate, delta, floor, {METRIC: champion + 0.03, "ece": 0.0}, {METRIC: champion},
                                 apply_seed_bound=seed_bound)
     expected = gate_bar(gate, floor, champion if seed_bound else None)
     assert decision.checks["bar"] == expected["bar"]

@@ -102,9 +102,19 @@ def hypothesis_config(proposal: dict[str, Any] | None) -> dict[str, Any]:
 def loop_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch_module: pytest.MonkeyPatch) -> dict[str, Any]:
     from envloop_pipelines.core.data.datasets import import_file
 
+    import itertools
+
+    from envloop_pipelines.core.decision_loop import before_training
+
     root = tmp_path_factory.mktemp("loop")
     home = root / "home"
     monkeypatch_module.setenv("ENVLOOP_HOME", str(home))
+    # The loop draws a round's seed at random when it registers the hypothesis (issue 34); this module's figures
+    # (round 2's promotion, its ECE of 0.0) were measured on the seeds it used before, the recipe's seed + 1000 +
+    # the round's number (rounds 1 and 2 register in that order), so the draws are pinned to them here.
+    seeds = itertools.count(1001)
+    monkeypatch_module.setattr(before_training, "draw_seeds",
+                               lambda count=1, used=(): tuple(next(seeds) for _ in range(count)))
     monkeypatch_module.delenv("MLFLOW_TRACKING_URI", raising=False)
     data = root / "tickets.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in learnable_tickets(N_USERS)), encoding="utf-8")

@@ -18,7 +18,7 @@ ISSUE = [
     ({"change": {"kind": "recipe", "recipe_diff": {"max_stepz": 3}}}, "change.recipe_diff"),
     ({"predicted_delta": "big"}, "predicted_delta"),
     ({"seeds": "abc"}, "seeds"),
-    ({"seeds": 5}, "seeds"),
+    ({"seeds": [5]}, "seeds"),  # values, not a count (issue 34)
     ({"change": {"kind": "banana"}}, "change.kind"),
     ({"change": {}}, "change"),
 ]

@@ -20,7 +20,7 @@ from envloop_pipelines.sdk.local import LocalClient
 from envloop_pipelines.sdk.protocol import LOOP_CLIENT_METHODS, LoopClient
 
 PACKAGE = Path(envloop_pipelines.__file__).resolve().parent
-VALID = {"change": {"kind": "data"}, "predicted_delta": 0.01, "seeds": [0, 1]}
+VALID = {"change": {"kind": "data"}, "predicted_delta": 0.01, "seeds": 2}
 
 
 # --------------------------------------------------------------------------- one protocol
@@ -137,7 +137,7 @@ def test_parse_proposal_names_file_line_and_field(tmp_path: Path) -> None:
     with pytest.raises(ProposalError) as refused:
         parse_proposal({**VALID, "seed": 1, "seeds": [1, 1]})
     assert any("unknown field 'seed'" in e for e in refused.value.errors)
-    assert any(e.startswith("seeds: must be distinct") for e in refused.value.errors)
+    assert any(e.startswith("seeds: a round's seeds are drawn by the loop") for e in refused.value.errors)
 
 
 def test_every_door_uses_the_one_parser() -> None:

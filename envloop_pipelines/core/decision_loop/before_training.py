@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from envloop_pipelines.core.data.snapshots import TaskSnapshot, require_same_benchmark
 from envloop_pipelines.core.ledger.loop_config import LoopConfig, round_number
 from envloop_pipelines.core.data.contamination import ContaminationReport, check_contamination, record_texts, row_texts
-from envloop_pipelines.core.ledger.ledger import EVENT_ROUND_DECIDED, Gate, Hypothesis, Ledger, LedgerError
+from envloop_pipelines.core.ledger.ledger import EVENT_ROUND_DECIDED, Gate, Hypothesis, Ledger, LedgerError, draw_seeds
 from envloop_pipelines.core.decision_loop.mining import FailureCluster, mine_failures_with_fallback
 from envloop_pipelines.core.decision_loop.proposer import (
     PRIORS,
@@ -37,6 +37,7 @@ from envloop_pipelines.core.decision_loop.proposer import (
     predict_levers,
     refuted_on,
 )
+from envloop_pipelines.core.ledger.anchor import anchor_head, verify_ledger
 from envloop_pipelines.core.ledger.promotion import hypothesis_power
 from envloop_pipelines.core.release.publish import champion
 from envloop_pipelines.core.decision_loop.step_records import (
@@ -164,7 +165,7 @@ def proposal_errors(proposal: Mapping[str, Any]) -> list[str]:
     any field looser than the default (:func:`~envloop_pipelines.core.ledger.ledger.gate_errors`), or on a
     metric the floor does not measure. Each message names the field. Fields left out are derived.
     """
-    from envloop_pipelines.core.ledger.ledger import PROPOSAL_CHANGE_KINDS, hypothesis_errors
+    from envloop_pipelines.core.ledger.ledger import PROPOSAL_CHANGE_KINDS, hypothesis_errors, seed_count_errors
 
     if not isinstance(proposal, Mapping):
         return ["hypothesis: must be a JSON object (change, predicted_delta, gate, seeds, rationale)"]
@@ -176,8 +177,8 @@ def proposal_errors(proposal: Mapping[str, Any]) -> list[str]:
     # What is left out is derived (a valid placeholder here); what is given is checked as registered.
     errors += hypothesis_errors(change=proposal.get("change", {"kind": "data"}),
                                 predicted_delta=proposal.get("predicted_delta", 0.0),
-                                seeds=proposal.get("seeds", [0]), gate=proposal.get("gate", {}),
-                                kinds=PROPOSAL_CHANGE_KINDS)
+                                seeds=[0], gate=proposal.get("gate", {}),
+                                kinds=PROPOSAL_CHANGE_KINDS) + seed_count_errors(proposal.get("seeds", 1))
     if "rationale" in proposal and not isinstance(proposal["rationale"], str):
         errors.append(f"rationale: must be text, got {json.dumps(proposal['rationale'], default=str)}")
     if "gate" in proposal:
@@ -378,7 +379,7 @@ def register_hypothesis(config: LoopConfig, task: TaskSnapshot, synthesis: Envir
     if errors:
         raise ValueError(f"round {key}: hypothesis proposal refused: " + "; ".join(errors))
     ledger = Ledger(config.task, config.home)
-    recipe = config.load_recipe()
+    verify_ledger(ledger, tracker)  # a broken chain or a removed tail refuses the next round (issue 34)
     gate = Gate(**proposal.get("gate", {}))
     registered = ledger.hypothesis(key)
     data_change = {"kind": "data", "generator": synthesis.generator, "clusters": list(synthesis.clusters),
@@ -407,13 +408,14 @@ def register_hypothesis(config: LoopConfig, task: TaskSnapshot, synthesis: Envir
         change=change,
         predicted_delta=predicted,
         gate=gate,
-        seeds=tuple(proposal.get("seeds") or (recipe.seed + 1000 + round_number(key),)),
+        seeds=draw_seeds(proposal.get("seeds", 1)),  # drawn here, after the proposal is fixed (issue 34)
         recipe_hash=config.recipe_hash(),
         author="person" if proposal else "auto",
         rationale=rationale,
         power=power,
     )
     digest = ledger.register_hypothesis(hypothesis)
+    anchor_head(ledger, tracker)
     if hypothesis.underpowered:
         log.warning("round %s: hypothesis underpowered: predicted %+.4f on %s, below the test's minimum detectable "
                     "effect %.4f (80%% power); the gate is unchanged", key, hypothesis.predicted_delta,

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from envloop_pipelines.core.data.snapshots import TaskSnapshot, require_same_benchmark
 from envloop_pipelines.core.ledger.loop_config import LoopConfig, round_number
+from envloop_pipelines.core.ledger.anchor import anchor_head, verify_ledger
 from envloop_pipelines.core.ledger.ledger import EVENT_CHECKPOINT_TRAINED, Ledger, LedgerError
 from envloop_pipelines.core.release.publish import champion, tfidf_baseline
 from envloop_pipelines.core.decision_loop.step_records import Reevaluation, RegisteredHypothesis, TrainedCheckpoint, TrainingSnapshot
@@ -95,6 +96,20 @@ def recipe_diff(change: Mapping[str, Any]) -> dict[str, Any]:
     return dict(change.get(RECIPE_DIFF) or {})
 
 
+def loop_recipe_error(config: LoopConfig, registered: Any) -> str | None:
+    """Why this run's loop recipe is not the one the round's hypothesis registered, or ``None`` (issue 34).
+
+    A round runs under one recipe from registration to card: ``config.recipe_hash()`` (the recipe file with
+    the loop's ``recipe_overrides``) must be ``hypothesis.recipe_hash``; both are named.
+    """
+    loop_hash = config.recipe_hash()
+    if loop_hash == registered.recipe_hash:
+        return None
+    return (f"recipe_hash: this run's loop recipe (recipe, recipe_overrides) hashes to {loop_hash[:16]}, not the recipe "
+            f"the hypothesis registered (hypothesis.recipe_hash {str(registered.recipe_hash)[:16]}); a round runs under "
+            f"one recipe from registration to card: run it with the registration's recipe_overrides")
+
+
 def train_candidate(config: LoopConfig, task: TaskSnapshot, hypothesis: RegisteredHypothesis,
                     snapshot: TrainingSnapshot, tracker: Tracker, *,
                     run_tags: Mapping[str, str] | None = None) -> TrainedCheckpoint:
@@ -110,12 +125,16 @@ def train_candidate(config: LoopConfig, task: TaskSnapshot, hypothesis: Register
     from envloop_pipelines.core.model.recipe import recipe_to_dict
 
     key = snapshot.round
+    verify_ledger(Ledger(config.task, config.home), tracker)  # a broken chain or a removed tail: no training
     registered = Ledger(config.task, config.home).require_hypothesis(key)  # rule 1: no hypothesis, no training
     if registered.hash != hypothesis.hash or hypothesis.round != key:
         raise LedgerError(f"round {key}: hypothesis {hypothesis.hash[:12]} is not the one registered "
                           f"({registered.hash[:12]}); training refuses to start")
     if tracker.find_run(config.task, {TAG_ROUND: key, TAG_KIND: KIND_HYPOTHESIS}) is None:
         raise LedgerError(f"round {key}: the hypothesis is not in MLflow; training refuses to start")
+    split = loop_recipe_error(config, registered)  # a split run: refused before any compute (issue 34)
+    if split:
+        raise LedgerError(f"round {key}: training refuses to start: {split}")
     problems = snapshot.problems()
     if problems:
         raise LedgerError(f"round {key}: training snapshot {snapshot.sha256[:12]} refused: {'; '.join(problems)}")
@@ -180,6 +199,7 @@ def reevaluate(config: LoopConfig, task: TaskSnapshot, candidate: TrainedCheckpo
     tfidf_preds = atomic_write_parquet(d / "tfidf_test_predictions.parquet", tfidf.predict_table(test), overwrite=True)
     tfidf_run = verify_predictions(config, "test", tfidf_preds, safety_thresholds=tfidf.calibration.safety_thresholds,
                                    reader=reader, sandbox=sandbox)
+    anchor_head(Ledger(config.task, config.home), tracker)  # the round's test reads, anchored in MLflow
     mrun = child_run(tracker, config, key, KIND_REEVAL, run_tags)
     result = Reevaluation(
         round=key, benchmark_version=task.benchmark_version, candidate=dict(run.report.metrics),
@@ -205,4 +225,5 @@ def reevaluate(config: LoopConfig, task: TaskSnapshot, candidate: TrainedCheckpo
     return result
 
 
-__all__ = ["RECIPE_DIFF", "candidate_rows", "recipe_diff", "reevaluate", "snapshot_rows", "train_candidate", "train_into_store"]
+__all__ = ["RECIPE_DIFF", "candidate_rows", "loop_recipe_error", "recipe_diff", "reevaluate", "snapshot_rows",
+           "train_candidate", "train_into_store"]

@@ -22,6 +22,7 @@ from envloop_pipelines.core.ledger.ledger import (
     Ledger,
     LedgerError,
 )
+from envloop_pipelines.core.ledger.anchor import anchor_head, verify_ledger
 from envloop_pipelines.core.ledger.loop_config import LoopConfig
 from envloop_pipelines.core.ledger.promotion import PromotionDecision, decide_promotion
 from envloop_pipelines.core.release.publish import champion, publish_release, tfidf_baseline
@@ -53,6 +54,7 @@ def decide_round(config: LoopConfig, task: TaskSnapshot, hypothesis: RegisteredH
     key = reeval.round
     store = RoundStore(config.task, config.home)
     ledger = Ledger(config.task, config.home)
+    verify_ledger(ledger, tracker)  # a broken chain or a removed tail: no decision (issue 34)
     decided = ledger.round_decision(key)
     if decided is not None:
         return RoundDecision.from_dict(decided)  # decided once; a retry reports the same decision
@@ -65,9 +67,14 @@ def decide_round(config: LoopConfig, task: TaskSnapshot, hypothesis: RegisteredH
     champ = champion(config)
     require_same_benchmark(reeval.benchmark_version, registered.benchmark_version, champ["benchmark_version"],
                            noise_floor.benchmark_version)
-    mismatch = floor_recipe_error(noise_floor, registered.recipe_hash, champ)
+    mismatch = floor_recipe_error(noise_floor, registered.recipe_hash, champ) or candidate_recipe_error(
+        config, registered, candidate)
     if mismatch:
         raise FloorRecipeError(f"round {key}: no decision: {mismatch}")  # before anything is written
+    ledger.require_unread_candidate(key)  # no redraw on test: a candidate someone else read is ineligible
+    edited = reeval_result_error(ledger, reeval)
+    if edited:
+        raise LedgerError(f"round {key}: no decision: {edited}")  # before anything is written
     delta = reeval.delta(gate.primary_metric)
     verdict = decide_promotion(gate, delta, noise_floor.floor, reeval.candidate, reeval.champion,
                                config.safety_families, paired=reeval.paired)
@@ -120,6 +127,7 @@ def decide_round(config: LoopConfig, task: TaskSnapshot, hypothesis: RegisteredH
                                         "train_s": candidate.train_s,
                                         "champion_checkpoint_sha256": champ["checkpoint_sha256"]},
                   key=f"decided:{key}")
+    anchor_head(ledger, tracker)
     return decision
 
 
@@ -149,6 +157,57 @@ def floor_recipe_error(noise_floor: MeasuredNoiseFloor, round_recipe_hash: str,
     return None
 
 
+def candidate_recipe_error(config: LoopConfig, registered: Any, candidate: TrainedCheckpoint) -> str | None:
+    """Why the candidate was not trained with the round's registered recipe, or ``None`` when it was (issue 34).
+
+    One recipe from registration to card: the loop's recipe of this run (``config``: its recipe file and
+    ``recipe_overrides``) must be the one the hypothesis registered (``hypothesis.recipe_hash``, the floor's,
+    checked by :func:`floor_recipe_error`), and the recipe recorded in the checkpoint must be that recipe with
+    the hypothesis's ``recipe_diff`` and the candidate's seed. A split run (the hypothesis registered under
+    one recipe, the candidate trained or decided under other ``recipe_overrides``) is refused, naming both.
+    """
+    from envloop_pipelines.core.decision_loop.candidate import loop_recipe_error, recipe_diff
+    from envloop_pipelines.core.model.checkpoint import read_recipe
+    from envloop_pipelines.core.model.recipe import recipe_hash
+
+    split = loop_recipe_error(config, registered)
+    if split:
+        return split
+    expected = recipe_hash(config.load_recipe().replace(**recipe_diff(registered.change), seed=candidate.seed))
+    trained = recipe_hash(read_recipe(candidate.checkpoint))
+    if trained != expected:
+        return (f"recipe_hash: the candidate checkpoint {candidate.checkpoint_sha256[:12]} was trained with recipe_hash "
+                f"{trained[:16]}, not the hypothesis's recipe with its recipe_diff and seed {candidate.seed} "
+                f"({expected[:16]}; hypothesis.recipe_hash {str(registered.recipe_hash)[:16]}): train the candidate "
+                f"again under the registration's recipe")
+    return None
+
+
+def reeval_result_error(ledger: Ledger, reeval: Reevaluation) -> str | None:
+    """Why the re-evaluation handed to the decision is not what the verifier answered, or ``None`` (issue 34).
+
+    The verifier's paired read of the candidate records the sha256 of its aggregates on the round's own
+    ``test_read`` event (``result_sha256``); the decision recomputes it from the re-evaluation's candidate,
+    champion and paired numbers, so an edited ``independent_reeval.json`` is refused, not promoted. A read
+    recorded before the digest existed is not checked.
+    """
+    from envloop_pipelines.core.verify.runner import read_result_digest
+
+    read = ledger.round_candidate_read(reeval.round)
+    if read is None:
+        return (f"independent_reeval: the round has no paired test read of its candidate in {ledger.events_path}; "
+                f"its re-evaluation is not the verifier's")
+    recorded = read.get("result_sha256")
+    if recorded is None:
+        return None
+    got = read_result_digest(reeval.candidate, reeval.champion, reeval.paired)
+    if got != recorded:
+        return (f"independent_reeval: its numbers hash to {got[:16]}, not the verifier's recorded result "
+                f"(test_read event {read.get('event_id')}, result_sha256 {recorded[:16]}): the re-evaluation's "
+                f"record was edited; materialize independent_reeval again")
+    return None
+
+
 def power_checks(registered: Any, delta: Mapping[str, Any]) -> dict[str, Any]:
     """The registered MDE beside the round's own CI half-width (printed on the round's line)."""
     power = registered.power or {}
@@ -163,4 +222,4 @@ def _with_release(decision: RoundDecision, release: int, model_version: str) -> 
     return replace(decision, release=release, model_version=model_version)
 
 
-__all__ = ["PROMOTION_DECISION", "FloorRecipeError", "decide_round", "floor_recipe_error", "power_checks"]
+__all__ = ["PROMOTION_DECISION", "FloorRecipeError", "candidate_recipe_error", "decide_round", "floor_recipe_error", "power_checks"]

@@ -32,7 +32,6 @@ import json
 import math
 import os
 import time
-import uuid
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
@@ -62,12 +61,70 @@ EVENT_KINDS = (EVENT_LOOP_STARTED, EVENT_LOOP_STOPPED, EVENT_NULL_ARM, EVENT_HYP
                EVENT_HYPOTHESIS_REFUTED, EVENT_GATE_AMENDED, EVENT_CHECKPOINT_TRAINED, EVENT_CANDIDATE_REJECTED,
                EVENT_ROUND_DECIDED, EVENT_ROUND_FAILED, EVENT_HOLDOUT_READ, EVENT_RELEASE_PROMOTED, EVENT_ERRATUM,
                EVENT_TEST_READ, EVENT_HOLDOUT_SLOT)
+#: Kinds only the holdout's one read writes (the release step's slot and the read itself): :meth:`Ledger.append`
+#: refuses them, so no caller opens a release's holdout slot for predictions of its own (issue 34).
+LEDGER_OWN_KINDS = (EVENT_HOLDOUT_SLOT, EVENT_HOLDOUT_READ)
 #: Kinds written by earlier versions, read under their current name (the line on disk is never rewritten).
 LEGACY_EVENT_KINDS = {"arm_trained": EVENT_CHECKPOINT_TRAINED}
 
 
 class LedgerError(RuntimeError):
     """A loop rule was about to be broken."""
+
+
+class LedgerChainError(LedgerError):
+    """The ledger's hash chain is broken: a line was edited, removed or inserted (the first broken link named)."""
+
+
+#: The field in which each event carries the digest of the ledger before it (sha256 of every byte of
+#: ``ledger.jsonl`` before its line): each event binds all the ones before it.
+CHAIN_FIELD = "prev"
+
+
+def chain_break(raw: bytes, path: Any = "ledger.jsonl") -> str | None:
+    """The first broken link of a ledger file's hash chain, as one message; ``None`` when every link holds.
+
+    Each event written since the chain exists carries ``prev``, the sha256 of every byte of the file
+    before its line. Lines before the first chained event were written before the chain existed (an
+    existing home): they are read as they are, and the first chained event's ``prev`` binds them all (the
+    chain starts there; nothing is migrated or rewritten). After it, every line must carry its ``prev`` and
+    match: an edited or removed line changes the digest every later event recorded, an inserted line has
+    none or a wrong one. A torn last line (a crash mid-write, no newline) is not an event. A truncated tail
+    (the last events deleted) leaves a chain that holds: the head anchored in MLflow (:func:`anchor_head`)
+    tells that.
+    """
+    import hashlib
+
+    digest = hashlib.sha256()
+    started = False
+    lines = raw.split(b"\n")
+    for n, line in enumerate(lines, 1):
+        last = n == len(lines)
+        if last:
+            break  # after the final newline: empty, or a torn line
+        text = line.decode("utf-8", errors="replace")
+        if text.strip():
+            try:
+                event = json.loads(text)
+            except json.JSONDecodeError:
+                event = None
+            what = (f"{path} line {n}" if not isinstance(event, dict) else
+                    f"{path} line {n} (event {event.get('event_id')}, {event.get('kind')})")
+            if not isinstance(event, dict):
+                if started:
+                    return f"ledger chain broken at {what}: not a JSON event; a line was edited by hand"
+            elif CHAIN_FIELD in event:
+                expected = digest.hexdigest()
+                if event[CHAIN_FIELD] != expected:
+                    return (f"ledger chain broken at {what}: it records prev {str(event[CHAIN_FIELD])[:16]}, but the "
+                            f"{n - 1} lines before it hash to {expected[:16]}: a line before it was edited, removed "
+                            f"or inserted")
+                started = True
+            elif started:
+                return (f"ledger chain broken at {what}: no {CHAIN_FIELD} digest after the chain started; the line "
+                        f"was inserted or rewritten by hand")
+        digest.update(line + b"\n")
+    return None
 
 
 class HypothesisImmutableError(LedgerError):
@@ -350,6 +407,43 @@ def hypothesis_errors(*, change: Any, predicted_delta: Any, seeds: Any, gate: An
     return errors
 
 
+#: The most seeds a person may ask a round for (``"seeds": N``); the loop draws them after registration.
+MAX_SEED_COUNT = 8
+
+
+def seed_count_errors(seeds: Any) -> list[str]:
+    """What is wrong with a proposal's ``seeds``: a count (how many), never values (which) (issue 34).
+
+    A round's seeds are drawn by the loop when its hypothesis is registered (:func:`draw_seeds`), so no one
+    can preview a seed's candidate on test and then register the seed that happened to win (best-of-k on
+    test). A person may say how many: an integer from 1 to :data:`MAX_SEED_COUNT`.
+    """
+    if isinstance(seeds, int) and not isinstance(seeds, bool) and 1 <= seeds <= MAX_SEED_COUNT:
+        return []
+    if isinstance(seeds, (list, tuple)):
+        return [f"seeds: a round's seeds are drawn by the loop after registration; give a count (how many, e.g. "
+                f"\"seeds\": {max(len(seeds), 1)}), not values (got {json.dumps(list(seeds), default=str)})"]
+    return [f"seeds: must be a count of seeds, an integer from 1 to {MAX_SEED_COUNT} (the loop draws them after "
+            f"registration), got {json.dumps(seeds, default=str)}"]
+
+
+def draw_seeds(count: int = 1, used: Any = ()) -> tuple[int, ...]:
+    """``count`` distinct seeds the loop draws at registration (or amendment), none of ``used``.
+
+    Drawn from the OS's randomness (``secrets``) in [1, 2**31): unknown to anyone before the hypothesis
+    (or amendment) that carries them is written, so a seed cannot be chosen after seeing its candidate.
+    """
+    import secrets
+
+    taken = set(used)
+    out: list[int] = []
+    while len(out) < count:
+        seed = 1 + secrets.randbelow(2**31 - 1)
+        if seed not in taken and seed not in out:
+            out.append(seed)
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class Hypothesis:
     """A round's registered proposal: the change, the predicted effect, the gate, the seeds."""
@@ -440,43 +534,98 @@ class Ledger:
                 a field the ledger writes itself (``kind``, ``task``, ``event_id``): it would have replaced the
                 event's own (an event of one kind written as another). Nothing is written.
         """
+        if kind in LEDGER_OWN_KINDS:
+            raise LedgerError(f"{kind} events are written only by the release step's own read "
+                              f"(Ledger.read_holdout_once, core/release/publish.py), never appended by a caller")
+        return self._append(kind, payload, key=key)
+
+    def _append(self, kind: str, payload: Mapping[str, Any], *, key: str | None = None) -> dict[str, Any]:
+        """:meth:`append` without the refusal of :data:`LEDGER_OWN_KINDS` (the ledger's and the release step's own)."""
         if kind not in EVENT_KINDS:
             raise LedgerError(f"unknown ledger event kind {kind!r}; allowed: {', '.join(EVENT_KINDS)}")
-        reserved = sorted(set(payload) & {"kind", "task", "event_id"})
+        reserved = sorted(set(payload) & {"kind", "task", "event_id", CHAIN_FIELD})
         if reserved:
             raise LedgerError(f"{kind} event: payload field(s) {', '.join(reserved)} are the ledger's own "
-                              f"(kind, task, event_id); name them otherwise")
+                              f"(kind, task, event_id, {CHAIN_FIELD}); name them otherwise")
+        import fcntl
+
         body = {"kind": kind, "task": self.task, **payload}
         event_id = key or sha256_bytes(canonical_json(body))[:16]
-        for existing in self.events():
-            if existing.get("event_id") == event_id:
-                return existing
-        event = {"event_id": event_id, "at": time.time(), **body}
-        line = json.dumps(event, sort_keys=True, ensure_ascii=False, default=str) + "\n"
-        # One write() of one line with O_APPEND: concurrent appenders never interleave a line.
-        fd = os.open(self.events_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        # One appender at a time (an exclusive lock, released by the OS if its holder dies): each event's
+        # ``prev`` is the digest of every line before it, so two appenders must not write after the same head.
+        lock = os.open(self.root / "ledger.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            os.write(fd, line.encode("utf-8"))
-            os.fsync(fd)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            raw = self._verified_bytes()  # refuses to append to a broken chain
+            for existing in self._parsed(raw):
+                if existing.get("event_id") == event_id:
+                    return existing
+            committed = raw[:raw.rfind(b"\n") + 1]  # a torn last line (a crash mid-write) is not part of the chain
+            event = {"event_id": event_id, "at": time.time(), **body, CHAIN_FIELD: sha256_bytes(committed)}
+            line = json.dumps(event, sort_keys=True, ensure_ascii=False, default=str) + "\n"
+            fd = os.open(self.events_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                if committed != raw:
+                    os.ftruncate(fd, len(committed))
+                os.write(fd, line.encode("utf-8"))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         finally:
-            os.close(fd)
+            os.close(lock)
         return event
 
+    # -- the chain (issue 34: tamper evidence) ------------------------------------------------
+    def _verified_bytes(self) -> bytes:
+        """The ledger file's bytes, after :func:`chain_break` found no broken link.
+
+        Raises:
+            LedgerChainError: the first broken link, named (the same message for every reader).
+        """
+        raw = self.events_path.read_bytes() if self.events_path.exists() else b""
+        broken = chain_break(raw, self.events_path)
+        if broken:
+            raise LedgerChainError(broken)
+        return raw
+
+    def verify(self) -> dict[str, Any]:
+        """The chain's head when every link holds: ``{"events", "chained", "head"}``.
+
+        ``head`` is the sha256 of the whole file (what :func:`anchor_head` records in MLflow).
+
+        Raises:
+            LedgerChainError: the first broken link (:func:`chain_break`).
+        """
+        raw = self._verified_bytes()
+        events = self._parsed(raw)
+        return {"events": len(events), "chained": sum(1 for e in events if CHAIN_FIELD in e),
+                "head": sha256_bytes(raw)}
+
+    @staticmethod
+    def _parsed(raw: bytes) -> list[dict[str, Any]]:
+        out = []
+        for line in raw.decode("utf-8", errors="replace").splitlines():
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a torn last line from a crash mid-write is not an event
+        return out
+
     def events(self, kind: str | None = None) -> Iterator[dict[str, Any]]:
+        """The ledger's events, oldest first (of ``kind``), once its chain is verified.
+
+        Raises:
+            LedgerChainError: a broken link (:func:`chain_break`): an edited, removed or inserted line.
+        """
         if not self.events_path.exists():
             return
-        with open(self.events_path, encoding="utf-8") as fh:
-            for line in fh:
-                if not line.strip():
-                    continue
-                try:
-                    event = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a torn last line from a crash mid-write is not an event
-                if event.get("kind") in LEGACY_EVENT_KINDS:
-                    event["kind"] = LEGACY_EVENT_KINDS[event["kind"]]
-                if kind is None or event.get("kind") == kind:
-                    yield event
+        for event in self._parsed(self._verified_bytes()):
+            if event.get("kind") in LEGACY_EVENT_KINDS:
+                event["kind"] = LEGACY_EVENT_KINDS[event["kind"]]
+            if kind is None or event.get("kind") == kind:
+                yield event
 
     # -- hypotheses --------------------------------------------------------------------------
     def hypothesis_path(self, round_key: str) -> Path:
@@ -563,37 +712,37 @@ class Ledger:
             )
         return hyp
 
-    def amend_gate(self, round_key: str, new_gate: Gate, reason: str, *,
-                   seeds: tuple[int, ...] | list[int] | None = None) -> dict[str, Any]:
+    def amend_gate(self, round_key: str, new_gate: Gate, reason: str, *, seeds: int = 1) -> dict[str, Any]:
         """Record a gate amendment (shown beside the original on the card), with the fresh seeds it requires.
 
-        The candidate must then pass on seeds not used before the amendment (rule 3): ``seeds`` (default:
-        one seed above every seed used so far) must not be any of the hypothesis's, an earlier amendment's
-        or a trained checkpoint's of this round; training then uses them (:meth:`candidate_seeds`) and the
-        decision refuses a candidate trained on another (:meth:`require_fresh_seed`). The file and a
-        ``gate_amended`` event carrying its sha256 are written; an amendment file without its event is
-        refused on every read (:meth:`amendments`).
+        The candidate must then pass on seeds not used before the amendment (rule 3): ``seeds`` says how
+        many, and the ledger draws them (:func:`draw_seeds`), none of the hypothesis's, an earlier
+        amendment's or a trained checkpoint's of this round; training then uses them (:meth:`candidate_seeds`)
+        and the decision refuses a candidate trained on another (:meth:`require_fresh_seed`). An amendment
+        identical to the gate in force is refused (each one grants a fresh seed and one more test read: a
+        recorded redraw with nothing amended). The file and a ``gate_amended`` event carrying its sha256 are
+        written; an amendment file without its event is refused on every read (:meth:`amendments`).
 
         Raises:
-            LedgerError: no reason, or seeds that were used before the amendment.
+            LedgerError: no reason, seed values instead of a count, or a gate identical to the one in force.
             GateTooLooseError: the amended gate is looser than the default in any field (rule 2).
         """
         if not isinstance(reason, str) or not reason.strip():
             raise LedgerError("reason: a gate amendment needs a reason")
-        errors = gate_errors(new_gate)
+        errors = gate_errors(new_gate) + seed_count_errors(seeds)
         if errors:
-            raise GateTooLooseError(f"round {round_key}: gate amendment refused: " + "; ".join(errors))
+            raise (GateTooLooseError if errors[0].startswith("gate") else LedgerError)(
+                f"round {round_key}: gate amendment refused: " + "; ".join(errors))
         original = self.require_hypothesis(round_key)
         existing = self.amendments(round_key)  # refuses a tampered folder before anything is added
+        in_force = self.effective_gate(round_key)
+        if asdict(in_force) == asdict(new_gate):
+            where = f"amendment {len(existing)}" if existing else "the registered hypothesis"
+            raise LedgerError(f"round {round_key}: gate amendment refused: gate: identical to the gate in force "
+                              f"({where}); an amendment changes the gate (a copy would only draw a fresh seed and "
+                              f"one more test read)")
         used = sorted(self.used_seeds(round_key))
-        fresh = list(seeds) if seeds is not None else [max(used, default=0) + 1]
-        if (not fresh or not all(isinstance(x, int) and not isinstance(x, bool) for x in fresh)
-                or len(set(fresh)) != len(fresh)):
-            raise LedgerError(f"seeds: must be a non-empty list of distinct integers, got {seeds!r}")
-        stale = sorted(set(fresh) & set(used))
-        if stale:
-            raise LedgerError(f"seeds: {stale} were used before this amendment (used: {used}); an amended gate is "
-                              f"passed on fresh seeds only")
+        fresh = list(draw_seeds(seeds, used))
         n = len(existing) + 1
         name = f"{round_key}-{n}.json"
         body = {"round": round_key, "original_gate": asdict(original.gate), "amended_gate": asdict(new_gate),
@@ -693,10 +842,32 @@ class Ledger:
         return self.root / "releases" / f"{release:04d}"
 
     def releases(self) -> list[dict[str, Any]]:
-        """Every release card, oldest first, with its errata."""
+        """Every release card, oldest first, with its errata; each bound to the ledger (issue 34).
+
+        A card is a release only with its ``release_promoted`` event, whose ``card_sha256`` (events written
+        before the digest was recorded: its release number) it must match; a card whose event is not written
+        yet is read only as the last card of a release that read its holdout (a crash between the card and
+        its event, which the release step's retry writes).
+
+        Raises:
+            LedgerChainError: the chain is broken, or a card was dropped in or edited (the file named).
+        """
+        promoted = {e.get("release"): e for e in self.events(EVENT_RELEASE_PROMOTED)}
+        read = {e.get("release") for e in self.events(EVENT_HOLDOUT_READ)}
+        cards = sorted((self.root / "releases").glob("*/card.json"))
         out = []
-        for card in sorted((self.root / "releases").glob("*/card.json")):
-            body = json.loads(card.read_text(encoding="utf-8"))
+        for i, card in enumerate(cards):
+            payload = card.read_bytes()
+            body = json.loads(payload)
+            event = promoted.get(body.get("release"))
+            if event is None and not (i == len(cards) - 1 and body.get("release") in read):
+                raise LedgerChainError(f"release card {card}: no {EVENT_RELEASE_PROMOTED} event in {self.events_path} "
+                                       f"and no holdout read of its release: it was not published by the release "
+                                       f"step (a card dropped in by hand) and is refused")
+            if event is not None and event.get("card_sha256") not in (None, sha256_bytes(payload)):
+                raise LedgerChainError(f"release card {card}: its sha256 {sha256_bytes(payload)[:16]} is not the one "
+                                       f"its {EVENT_RELEASE_PROMOTED} event recorded ({event['card_sha256'][:16]}): "
+                                       f"the card was edited")
             body["errata"] = [json.loads(p.read_text()) for p in sorted((card.parent / "errata").glob("*.json"))]
             out.append(body)
         return out
@@ -714,28 +885,11 @@ class Ledger:
         return None
 
     def next_release_number(self) -> int:
-        return len(list((self.root / "releases").glob("*/card.json"))) + 1
-
-    def open_holdout_slot(self, release: int, key: str, *, by: str) -> dict[str, Any]:
-        """Open the release's holdout slot for one read: the predictions (and baseline) that ``key`` names.
-
-        The release step calls this for the checkpoint it publishes, right before its read; the
-        verifier reads the holdout only through an open slot whose key is the read's
-        (``verify_task``), so a person's read (CLI, SDK, an environment) of the release being published
-        next finds no slot for its predictions and is refused before any label is read. Opening again
-        before the read replaces the slot (the latest open is the slot): an early opener cannot block
-        the real publish, which opens its own slot right before reading.
-
-        Raises:
-            HoldoutAlreadyReadError / HoldoutSlotError: as :meth:`read_holdout_once` (a published release,
-                or not the release being published now).
-        """
-        self.require_publishable(release)
-        return self.append(EVENT_HOLDOUT_SLOT, {"release": release, "read_key": key, "by": by},
-                           key=f"holdout_slot:{release}:{uuid.uuid4().hex}")
+        return len(self.releases()) + 1  # only cards bound to the ledger count
 
     def holdout_slot(self, release: int) -> dict[str, Any] | None:
-        """The release's open holdout slot (the latest :meth:`open_holdout_slot`), or None."""
+        """The release's open holdout slot (the latest one the release step opened,
+        ``core/release/publish.py``'s ``_open_holdout_slot``), or None."""
         slots = [e for e in self.events(EVENT_HOLDOUT_SLOT) if e.get("release") == release]
         return slots[-1] if slots else None
 
@@ -783,6 +937,7 @@ class Ledger:
         self.require_publishable(release)
         d = self.release_dir(release)
         marker = d / "holdout.json"
+        self.require_read_marker(release, marker)
         d.mkdir(parents=True, exist_ok=True)
         fd = os.open(d / "holdout.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
@@ -806,8 +961,24 @@ class Ledger:
                 marker.chmod(0o444)
         finally:
             os.close(fd)  # releases the lock
-        self.append(EVENT_HOLDOUT_READ, {"release": release}, key=f"holdout:{release}")
+        self._append(EVENT_HOLDOUT_READ, {"release": release, "read_key": key}, key=f"holdout:{release}")
         return result
+
+    def require_read_marker(self, release: int, marker: Path) -> None:
+        """Refuse a read of a release whose ``holdout_read`` event exists but whose stored read is gone.
+
+        The ledger's events are the record of the read, not the file beside them: deleting
+        ``holdout.json`` does not give a release its holdout read back.
+
+        Raises:
+            HoldoutAlreadyReadError: naming the event and the missing file.
+        """
+        event = next((e for e in self.events(EVENT_HOLDOUT_READ) if e.get("release") == release), None)
+        if event is not None and not marker.exists():
+            raise HoldoutAlreadyReadError(
+                f"release {release} already read the holdout (the {EVENT_HOLDOUT_READ} event {event.get('event_id')} "
+                f"in {self.events_path}), and its stored read {marker} is gone; the ledger's event is the record: "
+                f"each release reads the holdout once")
 
     def holdout_result(self, release: int) -> Any:
         """The stored result of the release's one holdout read, or None."""
@@ -861,6 +1032,8 @@ class Ledger:
             fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             kind, _, name = reader.partition(":")
+            if kind == "round":
+                self._require_round_reader(reader, name)
             amended = 0 if kind != "round" else sum(1 for e in self.events(EVENT_GATE_AMENDED) if e.get("round") == name)
             if budget is not None:
                 budget += amended
@@ -889,6 +1062,66 @@ class Ledger:
             if fd is not None:
                 os.close(fd)  # releases the lock
 
+    def _require_round_reader(self, reader: str, round_key: str) -> None:
+        """Refuse a ``round:<key>`` read that is not the round's own re-evaluation (issue 34).
+
+        A round's budget is spent only by its own run: after its hypothesis is registered and its candidate
+        trained (a ``lora_checkpoint_trained`` event of the round), before it is decided. A caller naming a
+        future round (or a decided one) as its reader is refused before any label is read, so a person's read
+        never spends a round's budget (theirs is ``adhoc``: logged, not limited).
+
+        Raises:
+            TestReadBudgetError: naming the reader and the event the round lacks (or its decision).
+        """
+        if self._registered_event(round_key) is None:
+            lacking = f"no {EVENT_HYPOTHESIS_REGISTERED} event"
+        elif not any(e.get("round") == round_key for e in self.events(EVENT_CHECKPOINT_TRAINED)):
+            lacking = f"no {EVENT_CHECKPOINT_TRAINED} event (its candidate is not trained)"
+        elif any(e.get("round") == round_key for e in self.events(EVENT_ROUND_DECIDED)):
+            lacking = f"a {EVENT_ROUND_DECIDED} event (it is decided)"
+        else:
+            return
+        raise TestReadBudgetError(
+            f"reader {reader!r}: test read refused before any label is read: a round's reads come from its own "
+            f"re-evaluation (independent_reeval), after its candidate is trained and before its decision, and round "
+            f"{round_key} has {lacking} in {self.events_path}; a person's read is {ADHOC_READER!r} (logged, not "
+            f"limited, and what it reads can no longer become a round's candidate)")
+
+    def round_candidate_read(self, round_key: str) -> dict[str, Any] | None:
+        """The round's own paired read of its candidate on test (its latest ``test_read`` event with a baseline)."""
+        own = f"round:{round_key}"
+        mine = [e for e in self.events(EVENT_TEST_READ) if e.get("reader") == own and e.get("baseline_sha256")
+                and e.get("status", "ok") == "ok"]
+        return mine[-1] if mine else None
+
+    def require_unread_candidate(self, round_key: str) -> None:
+        """Refuse a round's candidate whose test predictions anyone else read on test (issue 34: no redraw on test).
+
+        The candidate's predictions are the ones the round's own paired read scored (``round:<key>``, with its
+        champion as the baseline; the latest, after an amendment). A ``test_read`` event of another reader
+        (a person's ``adhoc`` read, another round, the setup) of the same sha256 means someone saw this
+        candidate's test score outside the round: it may have been picked for it (best-of-k on test), so it
+        cannot be the round's candidate. Person reads stay possible; they make what they read ineligible.
+
+        Raises:
+            LedgerError: naming the earlier read (its event id, reader, file and time).
+        """
+        own = f"round:{round_key}"
+        read = self.round_candidate_read(round_key)
+        if read is None:
+            return
+        candidate = read["predictions_sha256"]
+        for event in self.events(EVENT_TEST_READ):
+            if event.get("reader", ADHOC_READER) == own:
+                continue
+            if candidate in (event.get("predictions_sha256"), event.get("baseline_sha256")):
+                at = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(event.get("at") or 0)))
+                raise LedgerError(
+                    f"round {round_key}: no decision: the candidate's test predictions (sha256 {candidate[:12]}) were "
+                    f"read on test before, by {event.get('reader', ADHOC_READER)!r} (test_read event "
+                    f"{event.get('event_id')}, {event.get('predictions') or event.get('baseline')}, {at} UTC); "
+                    f"predictions seen on test outside their round cannot become its candidate")
+
     def write_release_card(self, release: int, card: Mapping[str, Any], markdown: str) -> Path:
         """Write a release card once; an identical retry is a no-op, any change is refused."""
         d = self.release_dir(release)
@@ -904,10 +1137,13 @@ class Ledger:
         return d
 
     def record_release_promoted(self, release: int, card: Mapping[str, Any]) -> dict[str, Any]:
-        """The ``release_promoted`` event of a written card, once (a retry after a crash between the card and
-        its event writes it; a second call returns the first)."""
+        """The ``release_promoted`` event of a written card, once, with the card file's sha256 (a retry after a
+        crash between the card and its event writes it; a second call returns the first)."""
+        path = self.release_dir(release) / "card.json"
+        digest = sha256_bytes(path.read_bytes()) if path.exists() else None
         return self.append(EVENT_RELEASE_PROMOTED, {"release": release, "round": card.get("round"),
-                                                    "checkpoint_sha256": card.get("checkpoint_sha256")},
+                                                    "checkpoint_sha256": card.get("checkpoint_sha256"),
+                                                    "card_sha256": digest},
                            key=f"release:{release}")
 
     def append_erratum(self, release: int, field_name: str, old: Any, new: Any, reason: str) -> dict[str, Any]:

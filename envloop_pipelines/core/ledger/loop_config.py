@@ -48,6 +48,11 @@ def _help(text: str) -> dict[str, str]:
     return {"help": text}
 
 
+def model_name(task: str) -> str:
+    """The MLflow registered model of a task's releases."""
+    return f"envloop-{task}"
+
+
 @dataclass(frozen=True)
 class LoopConfig:
     """What a person chooses for a loop; everything else comes from the recipe file."""
@@ -118,7 +123,7 @@ class LoopConfig:
     @property
     def model_name(self) -> str:
         """The MLflow registered model of the task's releases."""
-        return f"envloop-{self.task}"
+        return model_name(self.task)
 
     # -- one source for the resource, the CLI and the environment ---------------------------
     def to_settings(self) -> dict[str, Any]:

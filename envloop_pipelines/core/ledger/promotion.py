@@ -34,6 +34,7 @@ back to the stricter point comparison, and says so.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping, Sequence
@@ -251,6 +252,7 @@ def decide_promotion(
     paired: Mapping[str, Any] | None = None,
     *,
     apply_seed_bound: bool = True,
+    calibrated: bool = True,
 ) -> PromotionDecision:
     """Apply the registered gate, the noise floor and the guards.
 
@@ -272,11 +274,17 @@ def decide_promotion(
             descends from (the loop's floor: release 1 is its control arm); a floor whose arms are
             seeds of the *candidate's* recipe (the RL round's) passes ``False``: a bound on the
             candidate's own seeds says nothing about where the parent sits.
+        calibrated: the candidate answers with probabilities, so its ECE is guarded and a missing or NaN
+            ECE refuses the decision (:func:`missing_value_reasons`); the RL round's pass@1 passes ``False``.
 
     The metric decides the direction, not the gate: a gate whose ``direction`` reverses its metric's
     own (one registered before every door refused it) is never promoted, and every guard is applied at
     most at its default (:func:`applied_gate`).
     """
+    unmeasured = missing_value_reasons(floor, candidate if calibrated else {**candidate, "ece": 0.0}, champion,
+                                       safety_families, (paired or {}).get("safety"))
+    if any(r.startswith("noise_floor.") for r in unmeasured):  # no bar can be computed from it
+        return PromotionDecision(promote=False, reasons=tuple(unmeasured), checks={"noise_floor": floor.floor})
     registered_direction = gate.direction
     gate = applied_gate(gate)
     sign = 1.0 if gate.direction == "increase" else -1.0
@@ -293,7 +301,7 @@ def decide_promotion(
     checks: dict[str, Any] = {"gain": gain, "bar": bar, "noise_floor": floor.floor, "min_delta": gate.min_delta,
                               "floor_multiplier": multiplier, "seed_bound": seed_bound, "seed_gap": seed_gap,
                               "seed_bound_level": SEED_BOUND_LEVEL, "ci_low": ci_low}
-    reasons: list[str] = []
+    reasons: list[str] = unmeasured
     if registered_direction != gate.direction:
         reasons.append(f"gate.direction {registered_direction!r} reverses {gate.primary_metric}'s own direction "
                        f"({gate.direction}); the gain is measured in the metric's direction and no reversed gate "
@@ -311,7 +319,7 @@ def decide_promotion(
         reasons.append(f"the {gate.primary_metric} CI lower end {ci_low:+.4f} is not above zero")
     ece = candidate.get("ece")
     checks["ece"] = ece
-    if ece is not None and ece > gate.max_ece:
+    if _finite(ece) and ece > gate.max_ece:
         reasons.append(f"calibration guard: ECE {ece:.4f} > {gate.max_ece:.4f}")
     family_cis = (paired or {}).get("families")
     safety_cis = (paired or {}).get("safety")
@@ -328,8 +336,8 @@ def decide_promotion(
                 reasons.append(f"safety guard: {key} rose {ci['delta']:+.4f} ({_fmt(old)} -> {_fmt(new)}); its "
                                f"one-sided {_one_sided(ci)} lower bound {ci['ci_low']:+.4f} is above the limit "
                                f"+{limit:.4f}")
-        elif safety_cis is not None and fam not in safety_cis:
-            check["test"] = "none: no positive of this family among the paired questions"
+        elif not (_finite(new) and _finite(old)):
+            check["test"] = "none: refused (missing_value_reasons)"
         else:
             check["test"] = "point: no paired CI for this family"
             if new is not None and old is not None and new - old > limit:
@@ -363,6 +371,50 @@ def decide_promotion(
     checks["family_guards"] = family_checks
     return PromotionDecision(promote=not reasons, reasons=tuple(reasons) or ("cleared the gate, the floor and every guard",),
                              checks=checks)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def missing_value_reasons(floor: NoiseFloor, candidate: Mapping[str, Any], champion: Mapping[str, Any],
+                          safety_families: Sequence[str], safety_cis: Mapping[str, Any] | None) -> list[str]:
+    """Why a missing or NaN value would have skipped a part of the gate, one refusal per field (issue 34).
+
+    No guard is skipped by a missing value: the noise floor (``noise_floor.floor``, its arms' values and
+    its per-family floors) must be finite numbers (a NaN floor gave a bar of 0: ``max`` drops a NaN), the
+    candidate's ECE must be a finite number, and each declared safety family with questions on test needs its
+    paired CI or both point FNRs (a family with questions but no positive among them cannot be guarded, so
+    nothing promotes; a family with no question on test at all, no ``acc/<family>``, has nothing to guard there).
+    """
+    reasons = []
+    if not _finite(floor.floor):
+        reasons.append(f"noise_floor.floor: must be a finite number (the null arms' spread), got {floor.floor!r}; "
+                       f"no bar is measured, so nothing clears it")
+    bad_values = [v for v in floor.values if not _finite(v)]
+    if bad_values:
+        reasons.append(f"noise_floor.values: every null arm's {floor.metric} must be a finite number, got "
+                       f"{list(floor.values)!r}")
+    bad_families = sorted(f for f, v in floor.family_floors.items() if not _finite(v))
+    if bad_families:
+        reasons.append(f"noise_floor.family_floors: {', '.join(bad_families)} must be finite numbers; their family "
+                       f"guard would be skipped")
+    ece = candidate.get("ece")
+    if not _finite(ece):
+        reasons.append(f"ece: the candidate's calibration guard needs its ECE, a finite number, got {ece!r}")
+    for fam in safety_families:
+        key = f"fnr/{fam}"
+        ci = (safety_cis or {}).get(fam)
+        if ci is not None and _finite(ci.get("ci_low")):
+            continue
+        if f"acc/{fam}" not in candidate and f"acc/{fam}" not in champion:
+            continue  # the family has no question on test at all (the verifier's metrics, bound by result_sha256)
+        new, old = candidate.get(key), champion.get(key)
+        if not (_finite(new) and _finite(old)):
+            reasons.append(f"safety guard: {key}: no paired CI for this family and no point FNR for both "
+                           f"(candidate {new!r}, champion {old!r}; no positive of {fam} among the test questions?); "
+                           f"a declared safety family is never skipped")
+    return reasons
 
 
 def _fmt(value: Any) -> str:

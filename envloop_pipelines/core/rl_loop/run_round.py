@@ -170,7 +170,7 @@ def decide_rl_round(config: RlRoundConfig, tracker: Tracker, hypothesis: RlHypot
     # the seed bound (arms' prediction bound minus the parent) does not apply.
     verdict = decide_promotion(ledger.effective_gate(key), comparison.delta, floor.floor,
                                {RL_METRIC: comparison.candidate.pass_at_1}, {RL_METRIC: comparison.parent.pass_at_1},
-                               apply_seed_bound=False)
+                               apply_seed_bound=False, calibrated=False)  # pass@1: no probabilities, no ECE
     result = replace(result, promoted=verdict.promote, reasons=tuple(verdict.reasons), comparison=comparison.to_dict(),
                      noise_floor=floor.floor.to_dict(), checks=dict(verdict.checks),
                      candidate={"checkpoint_sha256": candidate.checkpoint_sha256, "path": candidate.path,

@@ -52,7 +52,7 @@ import pyarrow as pa
 from envloop_pipelines.core.data.splits import HIDDEN_SPLITS
 from envloop_pipelines.core.sandbox import Sandbox, SandboxLimits, SandboxResult, SandboxSettings, make_sandbox
 from envloop_pipelines.core.sandbox.launch import DEFAULT_WORKER_LIMITS, WORKER_ENV, local_worker_env, verifier_worker_argv
-from envloop_pipelines.core.storage import envloop_home, sha256_bytes, sha256_file
+from envloop_pipelines.core.storage import canonical_json, envloop_home, sha256_bytes, sha256_file
 from envloop_pipelines.core.verify.grader import BUILTIN_SCORERS
 from envloop_pipelines.core.verify.labels import split_labels
 from envloop_pipelines.core.verify.protocol import VerifierReport, labels_to_bytes, prediction_format
@@ -372,7 +372,7 @@ def verify_task(
         if slot is None or slot.get("read_key") != read_key:
             raise HiddenSplitQueryError(
                 f"release {release}: no holdout slot is open for these predictions; the release step opens it "
-                f"(Ledger.open_holdout_slot) for the checkpoint it publishes, right before its one read, so the "
+                f"(core/release/publish.py) for the checkpoint it publishes, right before its one read, so the "
                 f"holdout is never read for anything else")
         kept: list[VerifierRun] = []
 
@@ -396,13 +396,27 @@ def verify_task(
                                  predictions=str(predictions), baseline=None if baseline is None else str(baseline)
                                  ) as record:  # refused here, before any label is read, beyond the budget
             run = score()
-            record(run.status, verifier=kind)
+            record(run.status, verifier=kind, **({"result_sha256": read_result_digest(
+                run.report.metrics, None if run.baseline_report is None else run.baseline_report.metrics,
+                run.paired)} if run.ok else {}))
     else:
         run = score()
     log.info("verifier run %s", json.dumps({"task": task, "split": split, "status": run.status, "release": release,
                                              "reader": reader if split == "test" else None,
                                              "n_items": run.report.n_items if run.report else None}))
     return run
+
+
+def read_result_digest(metrics: Mapping[str, Any], baseline: Mapping[str, Any] | None,
+                       paired: Mapping[str, Any] | None) -> str:
+    """sha256 of a test read's aggregates as the verifier answered them (its ``test_read`` event records it).
+
+    The decision checks the re-evaluation it is handed against it (issue 34: an edited
+    ``independent_reeval.json`` is refused, not promoted).
+    """
+    body = {"metrics": dict(metrics), "baseline": None if baseline is None else dict(baseline),
+            "paired": None if paired is None else json.loads(json.dumps(paired, default=str))}
+    return sha256_bytes(canonical_json(body))
 
 
 def _task_ledger(task: str, home: str | Path | None, slot: Any) -> Any:
