@@ -173,3 +173,14 @@ def test_a_recipe_lever_trains_on_the_snapshots_base_rows_alone(tmp_path) -> Non
     rows, digest = candidate_rows(snap, {"kind": "recipe", "lever": "budget", "data": "train"})
     assert rows.column("record_id").to_pylist() == ["a", "b", "c"] and "provenance" not in rows.column_names
     assert len(digest) == 64 and digest != "f" * 64  # the rows trained on are hashed, not the snapshot
+
+
+def test_a_misspelled_switch_of_a_change_is_refused_naming_its_field() -> None:
+    from envloop_pipelines.core.decision_loop.before_training import proposal_errors
+
+    good = {"change": {"kind": "recipe", "recipe_diff": {"max_steps": 80}, "init": "base", "data": "train"}}
+    assert proposal_errors(good) == []
+    errors = proposal_errors({"change": {"kind": "recipe", "recipe_diff": {"max_steps": 80}, "init": "scratch",
+                                         "data": "all"}})
+    assert 'change.init: must be "base" or left out, got "scratch"' in errors
+    assert 'change.data: must be "train" or left out, got "all"' in errors

@@ -350,6 +350,11 @@ PROPOSAL_CHANGE_KINDS = ("data", "recipe")
 CHANGE_KINDS = (*PROPOSAL_CHANGE_KINDS, "rl_from_verified_attempts")
 
 
+#: A change's switches and their one value: ``init`` ("base": the candidate starts from the base model, not the
+#: champion) and ``data`` ("train": it trains on the snapshot's base rows alone, not the synthesized ones).
+CHANGE_SWITCHES = {"init": "base", "data": "train"}
+
+
 def recipe_diff_errors(diff: Any) -> list[str]:
     """What is wrong with a hypothesis's ``change.recipe_diff``: keys against the recipe's fields, values
     validated on the default recipe (the loop's recipe validates them again when the candidate trains)."""
@@ -396,6 +401,12 @@ def hypothesis_errors(*, change: Any, predicted_delta: Any, seeds: Any, gate: An
             errors += recipe_diff_errors(change["recipe_diff"])
         elif kind == "recipe" and "recipe_overrides" not in change:
             errors.append("change.recipe_diff: a change of kind 'recipe' needs recipe_diff (an object of recipe fields)")
+        # What the candidate starts from and trains on (the proposer's levers write them; a person may too):
+        # a misspelled value would silently train from the champion on every row.
+        for name, allowed in CHANGE_SWITCHES.items():
+            if name in change and change[name] != allowed:
+                errors.append(f"change.{name}: must be {json.dumps(allowed)} or left out, "
+                              f"got {json.dumps(change[name], default=str)}")
     if not _is_number(predicted_delta) or not math.isfinite(predicted_delta):
         errors.append(f"predicted_delta: must be a finite number, got {json.dumps(predicted_delta, default=str)}")
     if (not isinstance(seeds, (list, tuple)) or not seeds
