@@ -616,14 +616,12 @@ def run_process_group(argv: list[str], *, grace_s: float = 20.0) -> int:
 #: 0.5288, paired +0.0000 [-0.0029, +0.0031]: val gives the lexical part the weight, so the demo's release is no
 #: longer worse than the baseline it prints.
 DEMO_OVERRIDES = ("max_steps=24", "max_length=256", "lexical=true")
-#: The demo's benchmark: the 240 default users with every split at its fraction (test 314, holdout 306
-#: questions), not the powered default (test and holdout of 864 users, ~11,200 questions each). Every
-#: checkpoint the demo scores answers its test split once (two null arms, two candidates) and each release
-#: its holdout: at the ~25 questions/s prediction runs at on 2 cores, the powered splits alone cost ~45 min
-#: of the demo. The price is power: a candidate's paired CI on the 314 questions is about ±0.03 wide
-#: (issue 15 asks for the powered test and 10 minutes; they do not fit together here).
+#: The demo's benchmark: train, val and dev of the 240 default users, not the powered default's test and holdout
+#: (864 users, ~11,200 questions each): every checkpoint the demo scores answers its test split once (null arms,
+#: continuation arm, candidates) and each release its holdout, and at the 35-46 questions/s prediction runs at
+#: on 2 cores (lower layers cached) the powered splits alone would cost most of the demo's budget ...
 DEMO_BUILTIN_USERS = 240
-#: ... but test and holdout of 170 unseen users each (~2,200 questions, the wide test's size): a paired CI about
+#: ... so test and holdout of 170 unseen users each (~2,200 questions, the wide test's size): a paired CI about
 #: +-0.013 wide where the 314 questions gave +-0.03, so a gain the loop can find (more training: +0.038 at 300 steps
 #: on the wide test) clears the round's MDE. Scoring them is paid once per input: the lower layers' features of a
 #: split are cached on disk (core/model/features.py), each checkpoint runs only its top layers.

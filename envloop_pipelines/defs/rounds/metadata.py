@@ -56,7 +56,7 @@ def ledger_metadata(task: str, home: str | None, *, round_key: str | None = None
     return out
 
 
-#: Significant digits of a decision's numbers in the UI (a delta of 0.0040000000000000036 reads 0.004).
+#: Decimal places of a decision's numbers in the UI (a delta of 0.0040000000000000036 reads 0.004).
 DIGITS = 6
 
 
