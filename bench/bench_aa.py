@@ -3,6 +3,8 @@
     .venv/bin/python bench/bench_aa.py                          # pool of 24, the demo's recipe and benchmark
     .venv/bin/python bench/bench_aa.py --pool 5 --steps 2 --users 40 --records-per-user 3 --draws 20   # a smoke run
     nice -n 10 .venv/bin/python bench/bench_aa.py --cheap --replicates 72   # the rate's bound: 72 disjoint replicates
+    nice -n 10 .venv/bin/python bench/bench_aa.py --cheap --replicates 72 --home H --null-lever eval_batch_size=16 \
+        --null-replicates 20   # a null lever's A/A on the same pool (issue 33): 20 candidates retrained with it
 
 ``--cheap`` is a few optimizer steps on a small benchmark (2 steps, 40 users x 3 records): the gate's
 statistics (the floor, the bar, the paired CI) do not depend on what the recipe costs, only on the
@@ -14,8 +16,9 @@ fit (the default, ``--pool 24``).
 
 The default is what ``make run`` gates with: the demo's recipe overrides
 (``cli.round.DEMO_OVERRIDES``: 24 steps, 256 tokens, the hybrid readout) and
-its benchmark (``DEMO_BUILTIN_USERS`` = 240 users, test 314 questions), with
-K = 3 null arms (the loop's default; ``--noise-arms``).
+its benchmark (``DEMO_BUILTIN_USERS`` = 240 users, test and holdout of
+``DEMO_HIDDEN_USERS`` = 170 unseen users each, ~2,200 questions), with
+K = 3 null arms (the loop's default; ``--noise-arms``; the demo's floor has 2).
 
 Design. A **pool** of ``--pool`` (default 24) checkpoints is trained once,
 each exactly as a null arm is (the loop's recipe from the base model on the
@@ -69,6 +72,8 @@ from scipy import stats  # noqa: E402
 
 #: Seeds of the pool start here: far from the loop's null arms (the recipe's seed, +1, ...) and candidates.
 SEED_OFFSET = 10_000
+#: The null lever's candidates (``--null-lever``) start here: fresh seeds, none of the pool's.
+NULL_SEED_OFFSET = 50_000
 TARGET_RATE = 1 / 20
 METRIC = "family_macro_accuracy"
 
@@ -139,8 +144,13 @@ def short_reason(reason: str) -> str:
     return reason.split(":")[0]  # "calibration guard", "safety guard", "family guard"
 
 
-def train_pool(config: Any, n: int, home: Path) -> list[dict[str, Any]]:
-    """``n`` seed-only checkpoints of the loop's recipe from the base model, each scored on test; kept under ``home``."""
+def train_pool(config: Any, n: int, home: Path, *, indices: list[int] | None = None,
+               null_lever: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """``n`` seed-only checkpoints of the loop's recipe from the base model, each scored on test; kept under ``home``.
+
+    ``null_lever``: the checkpoints of pool ``indices`` trained again as a recipe lever's candidate is (from the
+    base model, on the base rows), with a recipe change that changes nothing the model sees and fresh seeds
+    (``NULL_SEED_OFFSET``): the candidates of a null lever's A/A (issue 33)."""
     from envloop_pipelines.core.data.snapshots import open_task
     from envloop_pipelines.core.decision_loop.candidate import snapshot_rows, train_into_store
     from envloop_pipelines.core.release.tracked_runs import verify_predictions, write_predictions
@@ -154,23 +164,29 @@ def train_pool(config: Any, n: int, home: Path) -> list[dict[str, Any]]:
     train, val, test = snapshot_rows(data), snapshot.table("val"), snapshot.table("test")
     recipe = config.load_recipe()
     folder = home / "aa-pool"
+    offset, prefix = SEED_OFFSET, "seed"
+    if null_lever:
+        recipe = recipe.replace(**null_lever)
+        offset = NULL_SEED_OFFSET
+        prefix = "null-" + "-".join(f"{k}={v}" for k, v in sorted(null_lever.items())) + "-seed"
     pool = []
-    for i in range(n):
-        seed = recipe.seed + SEED_OFFSET + i
-        info_path = folder / f"seed{seed}.json"
+    for i in (range(n) if indices is None else indices):
+        seed = recipe.seed + offset + i
+        info_path = folder / f"{prefix}{seed}.json"
         if info_path.is_file():
             pool.append(json.loads(info_path.read_text(encoding="utf-8")))
             continue
         started = time.perf_counter()
         ckpt = train_into_store(store, train, val, recipe.replace(seed=seed), data_hash=data.sha256,
                                 safety_families=config.safety_families, safety_fnr_target=config.safety_fnr_target)
-        preds = write_predictions(folder / f"seed{seed}-test.parquet", ckpt, test)
+        preds = write_predictions(folder / f"{prefix}{seed}-test.parquet", ckpt, test)
         metrics = dict(verify_predictions(config, "test", preds, checkpoint=ckpt).report.metrics)
         info = {"index": i, "seed": seed, "checkpoint": str(ckpt), "checkpoint_sha256": ckpt.name,
                 "test_predictions": str(preds), "metrics": metrics, "train_s": round(time.perf_counter() - started, 1)}
         atomic_write_json(info_path, info, overwrite=True)
         pool.append(info)
-        print(f"pool {i + 1}/{n}: seed {seed}, {METRIC} {metrics[METRIC]:.4f} ({info['train_s']:.0f}s)", flush=True)
+        print(f"{'null lever' if null_lever else 'pool'} {i + 1}/{n}: seed {seed}, {METRIC} {metrics[METRIC]:.4f} "
+              f"({info['train_s']:.0f}s)", flush=True)
     return pool
 
 
@@ -202,9 +218,37 @@ def decide(config: Any, pool: list[dict[str, Any]], rep: Replicate, pairs: dict[
             "reasons": "" if verdict.promote else ", ".join(short_reason(r) for r in verdict.reasons)}
 
 
+def null_rate(config: Any, pool: list[dict[str, Any]], replicates: list[Replicate], lever: dict[str, Any],
+              home: Path) -> None:
+    """The null lever's A/A: each replicate's candidate retrained with ``lever`` (a change the model never sees)
+    and gated against the replicate's champion and floor; prints k / n and the Clopper-Pearson upper end."""
+    from envloop_pipelines.core.model.recipe import recipe_hash
+
+    base, changed = config.load_recipe(), config.load_recipe().replace(**lever)
+    if recipe_hash(base) == recipe_hash(changed):
+        raise SystemExit(f"--null-lever {lever}: the recipe hash does not change, so it is no lever")
+    candidates = sorted({r.candidate for r in replicates})
+    trained = {c: info for c, info in zip(candidates, train_pool(config, len(pool), home, indices=candidates,
+                                                                   null_lever=lever))}
+    print(f"\nnull lever {lever} (recipe hash {recipe_hash(base)[:12]} -> {recipe_hash(changed)[:12]}): "
+          f"{len(replicates)} disjoint replicates, each candidate retrained with it on a fresh seed")
+    nulls, pairs = list(pool), {}
+    outcomes = []
+    for i, rep in enumerate(replicates, 1):
+        nulls[rep.candidate] = trained[rep.candidate]
+        out = decide(config, nulls, rep, pairs)
+        outcomes.append(out)
+        print(f"{i:<5}{','.join(map(str, rep.arms)):<16}{rep.champion:>6}{trained[rep.candidate]['seed']:>7}"
+              f"{out['gain']:>+9.4f}{out['bar']:>8.4f}{out['ci_low']:>+9.4f}{'YES' if out['promote'] else 'no':>10}  "
+              f"{out['reasons']}", flush=True)
+    k, n = sum(o["promote"] for o in outcomes), len(outcomes)
+    ci = stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
+    print(f"null lever {lever}: false promotions k/n = {k}/{n}; 95% Clopper-Pearson CI [{ci.low:.3f}, {ci.high:.3f}]")
+
+
 def main() -> None:
     from envloop_pipelines.cli.options import add_recipe_override_argument, parse_recipe_overrides
-    from envloop_pipelines.cli.round import DEMO_BUILTIN_USERS, DEMO_OVERRIDES
+    from envloop_pipelines.cli.round import DEMO_BUILTIN_USERS, DEMO_HIDDEN_USERS, DEMO_OVERRIDES
     from envloop_pipelines.core.data.snapshots import open_task
     from envloop_pipelines.core.decision_loop import noise_floor as setup
     from envloop_pipelines.core.ledger.loop_config import LoopConfig
@@ -221,6 +265,9 @@ def main() -> None:
     parser.add_argument("--users", type=int, default=DEMO_BUILTIN_USERS,
                         help=f"built-in benchmark users (default: the demo's {DEMO_BUILTIN_USERS}); 0: the powered "
                              "default benchmark (~11,200 test questions)")
+    parser.add_argument("--hidden-users", type=int, default=None,
+                        help=f"built-in benchmark users in each of test and holdout (default: the demo's "
+                             f"{DEMO_HIDDEN_USERS} with the demo's --users, else their fraction of --users)")
     parser.add_argument("--records-per-user", type=int, default=None, help="built-in benchmark records per user (default 8)")
     parser.add_argument("--steps", type=int, default=24, help="max_steps of every checkpoint (the demo's budget: 24)")
     parser.add_argument("--noise-arms", type=int, default=3, help="K null arms per replicate's floor (the loop's default: 3)")
@@ -232,6 +279,12 @@ def main() -> None:
     parser.add_argument("--home", type=Path, default=None,
                         help="EnvLoop home (default: a fresh temporary one); a pool trained there before is reused")
     parser.add_argument("--seed", type=int, default=0, help="seed of the replicate draws")
+    parser.add_argument("--null-lever", action="append", default=None, metavar="KEY=VALUE",
+                        help="a recipe change that changes nothing the model sees (e.g. eval_batch_size=16): the "
+                             "disjoint replicates' candidates are trained again with it, from the base model on fresh "
+                             "seeds, as a recipe lever's candidate is, and gated against the same champions and floors")
+    parser.add_argument("--null-replicates", type=int, default=None,
+                        help="disjoint replicates of the null lever (default: all of them)")
     args = parser.parse_args()
     if args.cheap:
         args.steps, args.users, args.records_per_user, args.draws = 2, 40, args.records_per_user or 3, 0
@@ -249,8 +302,10 @@ def main() -> None:
     os.environ["ENVLOOP_HOME"] = str(home)
     overrides = {**parse_recipe_overrides(tuple(demo if args.override is None else args.override)),
                  "max_steps": args.steps}
+    hidden = args.hidden_users if args.hidden_users is not None else (
+        DEMO_HIDDEN_USERS if args.users == DEMO_BUILTIN_USERS else None)
     config = LoopConfig(recipe_overrides=overrides, noise_arms=args.noise_arms, builtin_users=args.users or None,
-                        builtin_records_per_user=args.records_per_user, home=str(home))
+                        builtin_records_per_user=args.records_per_user, builtin_hidden_users=hidden, home=str(home))
     t0 = time.perf_counter()
     setup.ensure_task_benchmark(config)
     snapshot = open_task(config.task, home=config.home)
@@ -285,6 +340,8 @@ def main() -> None:
         if key == "promote":
             print(f"false promotions k/n = {k}/{n}; 95% Clopper-Pearson upper end {ci.high:.4f} "
                   f"{'<=' if ci.high <= TARGET_RATE else '>'} {TARGET_RATE:.2f}", flush=True)
+    if args.null_lever:
+        null_rate(config, pool, disjoint[:args.null_replicates], parse_recipe_overrides(tuple(args.null_lever)), home)
     if args.draws <= 0:
         print(f"home: {home}; {time.perf_counter() - t0:.0f}s in all")
         return

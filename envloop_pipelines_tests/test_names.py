@@ -149,12 +149,12 @@ def test_every_setting_is_a_cli_option_with_the_same_default() -> None:
 def test_every_setting_has_its_environment_variable() -> None:
     env = {env_name(f.name): v for f, v in zip(loop_fields(), (
         "tickets", "packaged:decision_head_cpu.yaml", '{"max_steps": 3}', "4", "2", "10", "label_preserving_variants",
-        "needs_approval,share_ok", "0.05", "refuse", "50", "2", "20", "/tmp/envloop"))}
+        "needs_approval,share_ok", "0.05", "refuse", "50", "2", "20", "450", "/tmp/envloop"))}
     settings = settings_from_env(env)
     assert set(settings) == {f.name for f in loop_fields()}
     cfg = LoopConfig.from_settings(settings)
     assert cfg.recipe_overrides == {"max_steps": 3} and cfg.noise_arms == 4 and cfg.builtin_users == 50
-    assert cfg.builtin_hidden_users == 20 and cfg.home == "/tmp/envloop"
+    assert cfg.builtin_hidden_users == 20 and cfg.max_lever_seconds == 450.0 and cfg.home == "/tmp/envloop"
     assert cfg.safety_families == ("needs_approval", "share_ok") and cfg.safety_fnr_target == 0.05
     with pytest.raises(ValueError, match="ENVLOOP_SAFETY_FNR_TARGET='low': must be a number"):
         settings_from_env({"ENVLOOP_SAFETY_FNR_TARGET": "low"})

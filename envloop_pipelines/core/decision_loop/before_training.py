@@ -328,11 +328,12 @@ def propose_change(config: LoopConfig, task: TaskSnapshot, key: str, gate: Gate,
     predictions = predict_levers(diag, loop_steps=int(recipe.max_steps or 0) or 24, records=lever_records(ledger.events()),
                                  n_clusters=len(synthesis.clusters) if synthesis.n_rows else 0,
                                  n_train=task.table("train").num_rows)
-    chosen = choose(predictions, mde, refuted_on(ledger, str(champ.get("checkpoint_sha256"))))
+    chosen = choose(predictions, mde, refuted_on(ledger, str(champ.get("checkpoint_sha256"))),
+                    max_seconds=config.max_lever_seconds)
     if chosen is None:  # every lever refuted on this champion: the failure clusters' data, as before the proposer
         data = Prediction(lever="data", change={"kind": "data", "lever": "data"}, predicted_delta=PRIORS["data"],
                           low=0.0, high=2 * PRIORS["data"], predicted_seconds=0.0, basis="prior",
-                          rationale="every lever is refuted on this champion")
+                          rationale="every lever is refuted on this champion or over the round's compute cap")
         chosen = choose([data], mde)
     return chosen
 

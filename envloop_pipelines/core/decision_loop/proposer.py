@@ -215,8 +215,11 @@ def predict_levers(diag: Diagnostics, *, loop_steps: int, records: Mapping[str, 
                               predicted_seconds=round(seconds, 1), basis=f"{basis}; {how}", rationale=why))
 
     # budget: the curve's gain from the champion's lineage to lineage + extra, scaled by how fast the loss still fell;
-    # budget_base: the same total, retrained from the base model,
-    # is the curve itself against the champion's measured gap to TF-IDF (it does not depend on the champion's state)
+    # budget_base: the same total, retrained from the base model: the curve's gain from the champion's lineage
+    # (it does not depend on the champion's state). A from-base lever is predicted against the curve at the
+    # champion's own lineage, never against the champion's measured gap to the curve: a champion below the curve
+    # is as likely the benchmark (which a fresh seed shares) as its seed, and attempt 2 of issue 33 proposed
+    # "retrain the same 324 steps, gain +0.0165" from that gap alone.
     gap = diag.gap_to_tfidf or 0.0
     for extra in sorted({max(1, round(loop_steps * m)) for m in BUDGET_MULTIPLES}):
         total = diag.lineage_steps + extra
@@ -225,11 +228,12 @@ def predict_levers(diag: Diagnostics, *, loop_steps: int, records: Mapping[str, 
             add("budget", {"recipe_diff": {"max_steps": extra}, "data": "train"}, point, extra * sps, "measured",
                 f"the champion has {diag.lineage_steps} optimizer steps behind it and {why_more}; the CPU "
                 f"recipe's measured curve gains {point:+.4f} from {extra} more")
-        if diag.gap_to_tfidf is not None and budget_gain(total) - gap > 0:
+        if diag.gap_to_tfidf is not None and budget_gain(total) - budget_gain(diag.lineage_steps) > 0:
             add("budget_base", {"recipe_diff": {"max_steps": total}, "data": "train", "init": "base"},
-                budget_gain(total) - gap, total * sps, "measured",
+                budget_gain(total) - budget_gain(diag.lineage_steps), total * sps, "measured",
                 f"{total} steps from the base model: the CPU recipe's measured curve is {budget_gain(total):+.4f} "
-                f"over TF-IDF + LR there, the champion {gap:+.4f}")
+                f"over TF-IDF + LR there, {budget_gain(diag.lineage_steps):+.4f} at the champion's "
+                f"{diag.lineage_steps} (the champion measured {gap:+.4f})")
     # data: the failure clusters' synthesized examples, the loop's own steps
     if n_clusters:
         add("data", {}, PRIORS["data"], loop_steps * sps, "prior",
@@ -247,17 +251,18 @@ def predict_levers(diag: Diagnostics, *, loop_steps: int, records: Mapping[str, 
     if recipe.get("readout") == "decision_head" and not recipe.get("lexical"):
         add("lexical", {"recipe_diff": {"lexical": True, "max_steps": loop_steps}, "data": "train"},
             PRIORS["lexical"], loop_steps * sps, "prior", "the champion has no lexical part beside its head")
-    # from the base model: the measured gap to TF-IDF is what a fresh candidate must beat first
+    # from the base model: the change at the champion's budget, its prior the lever's measured effect
     scratch_steps = max(diag.lineage_steps, loop_steps)
     frozen = int(recipe.get("frozen_layers") or 0)
+    at_scratch = budget_gain(scratch_steps) - budget_gain(diag.lineage_steps)  # 0 unless the loop trains longer
     if recipe.get("readout") == "decision_head" and not recipe.get("family_head"):
-        point = budget_gain(scratch_steps) + PRIORS["family_head"] - gap
+        point = at_scratch + PRIORS["family_head"]
         add("family_head", {"recipe_diff": {"family_head": True, "max_steps": scratch_steps}, "data": "train",
                             "init": "base"}, point, scratch_steps * sps, "measured",
             f"the champion has no family head (measured +{PRIORS['family_head']:.3f} at 300 steps), retrained for "
             f"its {scratch_steps} steps; its gap to TF-IDF is {gap:+.4f}")
     if recipe.get("readout") == "decision_head" and frozen > 0:
-        point = budget_gain(scratch_steps) + PRIORS["frozen_layers"] - gap
+        point = at_scratch + PRIORS["frozen_layers"]
         # another frozen-layer count is another feature cache: every split's lower layers are computed again
         cold = (diag.feature_seconds_per_question or 0.0) * ((diag.n_test or 0) * 2 + n_train)
         add("frozen_layers", {"recipe_diff": {"frozen_layers": frozen - 1, "max_steps": scratch_steps},
@@ -289,6 +294,8 @@ class Choice:
     considered: tuple[Prediction, ...]
     mde: float | None
     skipped_refuted: tuple[str, ...] = ()
+    over_cap: tuple[str, ...] = ()
+    max_seconds: float | None = None
 
     @property
     def clears_mde(self) -> bool:
@@ -301,23 +308,31 @@ class Choice:
         if self.mde is not None:
             head += (f"; MDE {self.mde:.4f}: " + ("clears it, best gain per CPU-second" if self.clears_mde
                                                   else "no lever clears it: the best gain per CPU-second"))
-        others = "; ".join(f"{p.lever} {json.dumps(dict(p.change).get('recipe_diff', {}), sort_keys=True)} "
-                           f"{p.predicted_delta:+.4f}/{p.predicted_seconds:.0f}s" for p in self.considered
+        others = "; ".join(f"{_label(p)} {p.predicted_delta:+.4f}/{p.predicted_seconds:.0f}s" for p in self.considered
                            if p is not self.chosen)
         if others:
             head += f". Weighed: {others}"
         if self.skipped_refuted:
             head += f". Refuted on this champion, not proposed again: {'; '.join(self.skipped_refuted)}"
+        if self.over_cap:
+            head += f". Over the round's compute cap ({self.max_seconds:.0f} s), not proposed: {'; '.join(self.over_cap)}"
         return head
 
 
-def choose(predictions: Sequence[Prediction], mde: float | None, refuted: set[str] = frozenset()) -> Choice | None:
-    """The best predicted gain per CPU-second among the predictions that clear ``mde`` and were not refuted
-    on this champion; when none clears it, the best gain per CPU-second of all (the cheapest informative
-    round: its result still moves the lever's record). ``None``: nothing left to propose."""
-    skipped = tuple(f"{p.lever} {json.dumps(dict(p.change).get('recipe_diff', {}), sort_keys=True)}"
-                    for p in predictions if _canonical(p.change) in refuted)
-    open_ = [p for p in predictions if _canonical(p.change) not in refuted and p.predicted_delta > 0]
+def _label(p: Prediction) -> str:
+    return f"{p.lever} {json.dumps(dict(p.change).get('recipe_diff', {}), sort_keys=True)}"
+
+
+def choose(predictions: Sequence[Prediction], mde: float | None, refuted: set[str] = frozenset(),
+           max_seconds: float | None = None) -> Choice | None:
+    """The best predicted gain per CPU-second among the predictions that clear ``mde``, were not refuted
+    on this champion and fit the round's compute cap (``max_seconds`` of predicted training, ``None``: no cap);
+    when none clears it, the best gain per CPU-second of all (the cheapest informative round: its result still
+    moves the lever's record). ``None``: nothing left to propose."""
+    skipped = tuple(_label(p) for p in predictions if _canonical(p.change) in refuted)
+    over = [p for p in predictions if max_seconds is not None and p.predicted_seconds > max_seconds]
+    open_ = [p for p in predictions
+             if _canonical(p.change) not in refuted and p.predicted_delta > 0 and p not in over]
     if not open_:
         return None
     clearing = [p for p in open_ if mde is not None and p.predicted_delta >= mde]
@@ -325,7 +340,8 @@ def choose(predictions: Sequence[Prediction], mde: float | None, refuted: set[st
         chosen = max(clearing, key=lambda p: (p.gain_per_second, p.predicted_delta))
     else:
         chosen = max(open_, key=lambda p: (p.gain_per_second, p.predicted_delta))
-    return Choice(chosen=chosen, considered=tuple(open_), mde=mde, skipped_refuted=skipped)
+    return Choice(chosen=chosen, considered=tuple(open_), mde=mde, skipped_refuted=skipped,
+                  over_cap=tuple(f"{_label(p)} ~{p.predicted_seconds:.0f} s" for p in over), max_seconds=max_seconds)
 
 
 def calibration_rows(records: Mapping[str, LeverRecord]) -> list[dict[str, Any]]:

@@ -84,6 +84,9 @@ class LoopConfig:
     builtin_hidden_users: int | None = field(default=None, metadata=_help(
         "Built-in benchmark users in each of test and holdout, added after builtin_users (default: their "
         "fraction of builtin_users; without builtin_users, the powered 864)."))
+    max_lever_seconds: float | None = field(default=None, metadata=_help(
+        "The proposer's compute cap per round: a lever predicted to train longer (CPU-seconds) is not proposed "
+        "(default: no cap)."))
     home: str | None = field(default=None, metadata=_help("The EnvLoop home (default $ENVLOOP_HOME or ./.envloop)."))
 
     def __post_init__(self) -> None:
@@ -96,6 +99,8 @@ class LoopConfig:
             raise ValueError(f"top_clusters must be ≥ 1, got {self.top_clusters}")
         if not 0.0 <= self.safety_fnr_target < 1.0:
             raise ValueError(f"safety_fnr_target must be in [0, 1), got {self.safety_fnr_target}")
+        if self.max_lever_seconds is not None and not self.max_lever_seconds > 0:
+            raise ValueError(f"max_lever_seconds must be > 0 (or unset: no cap), got {self.max_lever_seconds}")
         if self.n_synthesized < 0:
             raise ValueError(f"n_synthesized must be ≥ 0, got {self.n_synthesized}")
         if not isinstance(self.recipe_overrides, Mapping):
