@@ -193,6 +193,28 @@ def test_predictions_read_on_test_outside_their_round_cannot_become_its_candidat
     ledger.require_unread_candidate("r0002")
 
 
+def test_a_candidate_that_answers_as_its_champion_is_eligible_to_be_rejected(tmp_path: Path) -> None:
+    # a4f1932's CI: a one-step candidate (warm-up learning rate 0) predicted exactly as its champion, whose
+    # predictions the setup had read; the round raised "no decision" instead of rejecting a change that moved nothing.
+    home = _home(tmp_path)
+    rows = oracle(read_hidden_labels(TASK, "test", home=home))
+    champion = write_predictions(tmp_path / "champion.jsonl", rows)
+    assert verify_task(TASK, "test", champion, home=home).ok  # read before the round (the setup's noise arm)
+    ledger = _registered(home)
+    assert verify_task(TASK, "test", champion, home=home, reader="round:r0001", baseline_predictions=champion).ok
+    assert ledger.candidate_answers_as_champion("r0001")
+    ledger.require_unread_candidate("r0001")  # nothing to select from: the gate decides, and can only reject
+    # The control: a previewed candidate that differs from its champion stays ineligible.
+    other = write_predictions(tmp_path / "other.jsonl", [{**r, "probs": [1 / len(r["probs"])] * len(r["probs"])}
+                                                         for r in rows])
+    assert verify_task(TASK, "test", other, home=home).ok
+    _registered(home, "r0002")
+    assert verify_task(TASK, "test", other, home=home, reader="round:r0002", baseline_predictions=champion).ok
+    assert not ledger.candidate_answers_as_champion("r0002")
+    with pytest.raises(LedgerError, match=r"round r0002: no decision: the candidate's test predictions"):
+        ledger.require_unread_candidate("r0002")
+
+
 # --------------------------------------------------------------------------- tamper evidence: the hash chain
 
 def _lines(ledger: Ledger) -> list[bytes]:

@@ -1105,6 +1105,16 @@ class Ledger:
                 and e.get("status", "ok") == "ok"]
         return mine[-1] if mine else None
 
+    def candidate_answers_as_champion(self, round_key: str) -> bool:
+        """Whether the round's candidate predicted every test question exactly as its champion (same sha256).
+
+        Such a candidate changed nothing the test sees (a training step at a zero learning rate, a lever that
+        moved no weight): it cannot be promoted, and rejecting it selects nothing, so the predictions the
+        setup or another round read before (the champion's) do not make it ineligible.
+        """
+        read = self.round_candidate_read(round_key)
+        return read is not None and read["predictions_sha256"] == read.get("baseline_sha256")
+
     def require_unread_candidate(self, round_key: str) -> None:
         """Refuse a round's candidate whose test predictions anyone else read on test (issue 34: no redraw on test).
 
@@ -1119,8 +1129,8 @@ class Ledger:
         """
         own = f"round:{round_key}"
         read = self.round_candidate_read(round_key)
-        if read is None:
-            return
+        if read is None or self.candidate_answers_as_champion(round_key):
+            return  # the champion's own predictions: the gate can only reject them (decide_round says so)
         candidate = read["predictions_sha256"]
         for event in self.events(EVENT_TEST_READ):
             if event.get("reader", ADHOC_READER) == own:
