@@ -89,7 +89,11 @@ def test_a_bad_value_fails_the_run_that_reads_it_naming_the_variable(clean_env: 
         clean_env.setenv(name, value)
         result = _run(resources, {})
         assert not result.success
-        errors = [e.step_failure_data.error for e in result.get_step_failure_events()]
+        # The loop's settings are checked when the run's resources start (RESOURCE_INIT_FAILURE, before any
+        # step's body); the sandbox's when a step uses it (STEP_FAILURE).
+        errors = [getattr(e.event_specific_data, "error", None) for e in result.all_events
+                  if e.event_type_value in ("STEP_FAILURE", "RESOURCE_INIT_FAILURE")]
+        errors = [e for e in errors if e is not None]
         assert len(errors) == 1 and message in errors[0].to_string(), errors
         clean_env.delenv(name)
 

@@ -41,7 +41,12 @@ def parse_recipe_overrides(pairs: tuple[str, ...]) -> dict[str, Any]:
         if not sep or not key:
             raise click.BadParameter(f"{pair!r} must look like KEY=VALUE", param_hint=RECIPE_OVERRIDE_FLAG)
         out[key] = yaml.safe_load(value)
-    return out
+    from envloop_pipelines.core.model.recipe import RecipeError, check_recipe_overrides
+
+    try:
+        return check_recipe_overrides(out)
+    except RecipeError as exc:  # before anything runs: no benchmark generated, no run started
+        raise click.BadParameter(str(exc), param_hint=RECIPE_OVERRIDE_FLAG) from None
 
 
 def _with_legacy_flag(fn: Callable) -> Callable:

@@ -36,6 +36,11 @@ from envloop_pipelines.core.tracking import MlflowTracker
 
 
 class _LoopSettings(dg.ConfigurableResource):
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        """Check the settings when a run starts, before any step's body (a misspelled launchpad override is
+        refused here, naming the key, not in the first step that loads the recipe)."""
+        self.config()
+
     def config(self) -> LoopConfig:
         """The loop's settings as the core's value (validated there)."""
         return LoopConfig.from_settings({f.name: getattr(self, f.name) for f in loop_fields()})

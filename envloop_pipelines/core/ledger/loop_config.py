@@ -105,6 +105,9 @@ class LoopConfig:
             raise ValueError(f"n_synthesized must be ≥ 0, got {self.n_synthesized}")
         if not isinstance(self.recipe_overrides, Mapping):
             raise ValueError(f"recipe_overrides must be a mapping of recipe fields, got {self.recipe_overrides!r}")
+        from envloop_pipelines.core.model.recipe import check_recipe_overrides
+
+        check_recipe_overrides(self.recipe_overrides)  # a misspelled key is refused here, not in a run's step
         given = (self.safety_families,) if isinstance(self.safety_families, str) else tuple(self.safety_families)
         bad = [f for f in given if not isinstance(f, str) or not f.strip()]
         if bad:
@@ -228,7 +231,12 @@ def parse_setting(name: str, raw: str, *, label: str | None = None) -> Any:
             raise ValueError(f"{label} is not JSON: {exc}") from None
         if not isinstance(value, dict):
             raise ValueError(f"{label} must be a JSON object of recipe fields")
-        return value
+        from envloop_pipelines.core.model.recipe import RecipeError, check_recipe_overrides
+
+        try:
+            return check_recipe_overrides(value)
+        except RecipeError as exc:
+            raise RecipeError(f"{label}: {exc}") from None
     if name == "safety_families":
         return tuple(s.strip() for s in raw.split(",") if s.strip())
     kind = field_type(next(f for f in loop_fields() if f.name == name))

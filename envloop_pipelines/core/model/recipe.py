@@ -174,7 +174,13 @@ class TrainerFields:
             object.__setattr__(self, name, float(getattr(self, name)))
 
     def replace(self, **changes: Any) -> Self:
-        """A copy with ``changes`` applied (a ``lora`` mapping changes only the keys it names), validated again."""
+        """A copy with ``changes`` applied (a ``lora`` mapping changes only the keys it names), validated again.
+
+        Raises:
+            RecipeError: a key that is no field of the recipe (naming it, a close match and the fields), or a
+                value its field refuses.
+        """
+        unknown_field_error(changes, type(self), "recipe field")
         if "lora" in changes and isinstance(changes["lora"], Mapping):
             changes["lora"] = dataclasses.replace(self.lora, **changes["lora"])
         return dataclasses.replace(self, **changes)
@@ -315,15 +321,48 @@ def recipe_values(data: Any, cls: type[TrainerFields], kind: str) -> dict[str, A
     """
     if not isinstance(data, Mapping):
         raise RecipeError(f"a {kind} must be a mapping of field → value, got {type(data).__name__}")
-    allowed = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - allowed)
-    if unknown:
-        raise RecipeError(f"unknown {kind} key(s) {unknown!r}; allowed: {', '.join(sorted(allowed))}")
+    unknown_field_error(data, cls, f"{kind} key")
     values = dict(data)
     if "lora" in values:
         if not isinstance(values["lora"], Mapping):
             _fail("lora", "a mapping with keys r, alpha, dropout, target_modules", values["lora"])
         values["lora"] = _lora_from_dict(values["lora"])
+    return values
+
+
+def unknown_field_error(data: Mapping[str, Any], cls: type[TrainerFields], what: str) -> None:
+    """Refuse a key of ``data`` that is no field of ``cls``: the message names it, a close match and every field.
+
+    Raises:
+        RecipeError: e.g. ``unknown recipe override(s) ['lrr'] (did you mean 'lr' for 'lrr'?); allowed: ...``.
+    """
+    import difflib
+
+    allowed = sorted(f.name for f in dataclasses.fields(cls))
+    unknown = sorted(str(k) for k in data if k not in allowed)
+    if unknown:
+        close = {key: difflib.get_close_matches(key, allowed, n=1) for key in unknown}
+        hint = ", ".join(f"{m[0]!r} for {key!r}" for key, m in close.items() if m)
+        raise RecipeError(f"unknown {what}(s) {unknown!r}{f' (did you mean {hint}?)' if hint else ''}; "
+                          f"allowed: {', '.join(allowed)}")
+
+
+def check_recipe_overrides(overrides: Any) -> dict[str, Any]:
+    """The loop's recipe overrides, checked where they enter (CLI, SDK, launchpad, environment variable).
+
+    Every key must be a field of :class:`Recipe` and every value one its field takes; checked against the
+    field's own rule (on the default recipe, so without reading a recipe file), before any run starts. The
+    file the loop names is checked with them again when the recipe is loaded.
+
+    Raises:
+        RecipeError: not a mapping, an unknown key (naming it, a close match and the fields) or a bad value
+            (naming the field and what it takes).
+    """
+    if not isinstance(overrides, Mapping):
+        raise RecipeError(f"recipe overrides must be a mapping of recipe field -> value, got {overrides!r}")
+    values = dict(overrides)
+    unknown_field_error(values, Recipe, "recipe override")
+    Recipe().replace(**values)
     return values
 
 
@@ -444,6 +483,7 @@ __all__ = [
     "Recipe",
     "RecipeError",
     "TrainerFields",
+    "check_recipe_overrides",
     "dump_recipe",
     "load_recipe",
     "load_recipe_spec",

@@ -1,0 +1,97 @@
+"""A misspelled recipe override is refused where it enters (issue 36): the CLI, the SDK, the launchpad (a run's
+resource config) and an environment variable, before anything runs, naming the key, a close match and the fields.
+
+On ebf721d ``envloop round start --recipe-override lrr=0.0001`` generated the benchmark, started the setup run and
+ended ``noise_floor: TypeError: Recipe.__init__() got an unexpected keyword argument 'lrr'``;
+``LocalClient({"recipe_overrides": {"lrr": 1e-4}})`` built without complaint.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from click.testing import CliRunner
+
+from envloop_pipelines.core.ledger.loop_config import LoopConfig, settings_from_env
+from envloop_pipelines.core.model.recipe import Recipe, RecipeError, check_recipe_overrides
+
+NAMED = r"unknown recipe override\(s\) \['lrr'\] \(did you mean 'lr' for 'lrr'\?\); allowed: base_model, .*max_steps"
+
+
+def _written(home: Path) -> list[Path]:
+    return sorted(p for p in home.rglob("*") if p.is_file()) if home.exists() else []
+
+
+def test_the_check_names_the_key_a_close_match_and_the_fields_and_a_bad_value_its_field() -> None:
+    with pytest.raises(RecipeError, match=NAMED):
+        check_recipe_overrides({"lrr": 1e-4})
+    with pytest.raises(RecipeError, match=r"unknown recipe override\(s\) \['zzz'\]; allowed: "):
+        check_recipe_overrides({"zzz": 1})
+    with pytest.raises(RecipeError, match=r"recipe field 'lr': must be a number in \(0.0, 1.0\], got 'fast'"):
+        check_recipe_overrides({"lr": "fast"})
+    with pytest.raises(RecipeError, match=r"recipe overrides must be a mapping"):
+        check_recipe_overrides(["max_steps", 3])
+    assert check_recipe_overrides({"max_steps": 24, "lexical": True}) == {"max_steps": 24, "lexical": True}
+    # Recipe.replace, the one place every loader applies overrides, says the same (was a TypeError).
+    with pytest.raises(RecipeError, match=r"unknown recipe field\(s\) \['lrr'\] \(did you mean 'lr' for 'lrr'\?\)"):
+        Recipe().replace(lrr=1e-4)
+
+
+def test_the_sdk_door_refuses_it_before_anything_is_written(tmp_path: Path) -> None:
+    from envloop_pipelines.sdk import LocalClient
+
+    home = tmp_path / "home"
+    with pytest.raises(RecipeError, match=NAMED):
+        LoopConfig(recipe_overrides={"lrr": 1e-4}, home=str(home))
+    with pytest.raises(RecipeError, match=NAMED):
+        LocalClient({"recipe_overrides": {"lrr": 1e-4}, "home": str(home)})
+    with pytest.raises(RecipeError, match=NAMED):
+        LocalClient({"recipe_overrides": json.dumps({"lrr": 1e-4}), "home": str(home)})
+    assert _written(home) == []
+
+
+def test_the_cli_door_refuses_it_before_the_benchmark_is_generated(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from envloop_pipelines.cli import main
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("ENVLOOP_HOME", str(home))
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
+    result = CliRunner().invoke(main, ["round", "start", "--home", str(home), "--users", "30",
+                                       "--recipe-override", "lrr=0.0001"])
+    assert result.exit_code == 2, result.output
+    assert "--recipe-override" in result.output and "did you mean 'lr' for 'lrr'?" in result.output
+    assert "Traceback" not in result.output
+    assert _written(home) == []
+
+
+def test_the_launchpad_door_refuses_it_when_the_run_starts_before_any_step(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from envloop_pipelines.defs.rounds.assets import task_benchmark
+    from envloop_pipelines.resources.loop import LoopResource
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("ENVLOOP_HOME", str(home))
+    loop = LoopResource(home=str(home), builtin_users=30, recipe_overrides=json.dumps({"lrr": 1e-4}))
+    with pytest.raises(Exception) as caught:
+        dg.materialize([task_benchmark], resources={"loop": loop}, instance=dg.DagsterInstance.ephemeral())
+    chain, exc = [], caught.value
+    while exc is not None:
+        chain.append(str(exc))
+        exc = exc.__cause__ or exc.__context__
+    assert any("did you mean 'lr' for 'lrr'?" in message for message in chain), chain
+    assert not (home / "tasks").exists() and not (home / "generated").exists()  # task_benchmark never ran
+
+
+def test_the_environment_variable_door_names_the_variable() -> None:
+    from envloop_pipelines.resources.loop import deployment_loop_resource
+
+    environ = {"ENVLOOP_RECIPE_OVERRIDES": json.dumps({"lrr": 1e-4})}
+    with pytest.raises(RecipeError, match=r"ENVLOOP_RECIPE_OVERRIDES: " + NAMED):
+        settings_from_env(environ)
+    with pytest.raises(RecipeError, match=r"ENVLOOP_RECIPE_OVERRIDES: "):
+        deployment_loop_resource(environ)  # the code location does not load
+    assert settings_from_env({"ENVLOOP_RECIPE_OVERRIDES": '{"max_steps": 3}'}) == {"recipe_overrides": {"max_steps": 3}}
