@@ -44,12 +44,13 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def local_client(settings: dict[str, Any] | None = None, task: str | None = None) -> Any:
-    """The in-process client of this home (the loop resource built once, here); a bad setting is a bad option."""
+def local_client(settings: dict[str, Any] | None = None, task: str | None = None, door: str | None = None) -> Any:
+    """The in-process client of this home (the loop resource built once, here); a bad setting is a bad option.
+    ``door``: the command, as a round claim names it to the doors it refuses."""
     from envloop_pipelines.sdk.local import LocalClient
 
     try:
-        return LocalClient(settings, task=task, notify=click.echo)
+        return LocalClient(settings, task=task, notify=click.echo, door=door)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
 
@@ -71,7 +72,7 @@ def _power_line(client: Any, key: str, decision: Any) -> str | None:
 
 def _drive_local(client: Any, step: Any, echo: Any) -> list[dict[str, Any]]:
     """Run ``step(on_round)`` (the local client's loop or retry), printing each round; the rounds' timings."""
-    from envloop_pipelines.sdk import RoundFailed
+    from envloop_pipelines.sdk import RefusedError, RoundFailed
 
     timings: list[dict[str, Any]] = []
     begun = {"t": time.perf_counter()}
@@ -91,18 +92,25 @@ def _drive_local(client: Any, step: Any, echo: Any) -> list[dict[str, Any]]:
     except RoundFailed as exc:
         timings.append({"step": f"round {exc.run.partition}", "s": time.perf_counter() - begun["t"], "success": False})
         echo(str(exc))
+    except RefusedError as exc:  # another round of the task took the claim first
+        raise click.ClickException(str(exc)) from None
     return timings
 
 
 def run_loop(*, loop_settings: dict[str, Any], rounds: int, patience: int, max_wall_s: float,
              proposal: dict[str, Any] | None = None, echo: Any = click.echo,
              client: Any = None) -> list[dict[str, Any]]:
-    """Set up the benchmark and noise floor, then run rounds while the loop's budget lasts (in this process)."""
+    """Set up the benchmark and noise floor, then run rounds while the loop's budget lasts (in this process).
+
+    Refused (exit 1, one line naming the round, its run and its door) before anything runs while a round of the
+    task runs, from whichever door; the rounds claim the task's round themselves (``core/ledger/round_claim.py``).
+    """
     from envloop_pipelines.sdk import RoundFailed
 
-    client = client or local_client(loop_settings)
+    client = client or local_client(loop_settings, door="envloop round start")
     for run in client.reap_orphans():
         echo(f"marked run {run.run_id} ({run.job_name}) failed: its worker is gone")
+    _sdk_call(client.ensure_no_round_running)
     started = time.perf_counter()
     try:
         client.setup()
@@ -128,7 +136,7 @@ def retry_round(task: str, *, echo: Any = click.echo) -> list[dict[str, Any]]:
     """
     from envloop_pipelines.sdk import ClientError
 
-    client = local_client(task=task)
+    client = local_client(task=task, door="envloop round retry")
     for run in client.reap_orphans():
         echo(f"marked run {run.run_id} ({run.job_name}, round {run.tags.get(PARTITION_TAG)}) failed: "
              f"its worker is gone")
@@ -337,7 +345,7 @@ def round_start(ctx: click.Context, rounds: int, patience: int, max_wall_s: floa
             raise SystemExit(1)
         return
     settings = loop_settings(options)
-    client = local_client(settings)  # the loop resource, built once for the whole command
+    client = local_client(settings, door="envloop round start")  # the loop resource, built once for the command
     timings = run_loop(loop_settings=settings, rounds=rounds, patience=patience, max_wall_s=max_wall_s,
                        proposal=proposal, client=client)
     print_releases(client.task, client=client)

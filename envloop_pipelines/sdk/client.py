@@ -71,6 +71,8 @@ from envloop_pipelines.names import (  # noqa: E402 - re-exported under the SDK'
 )
 #: Run statuses that are final.
 FINISHED = ("SUCCESS", "FAILURE", "CANCELED")
+#: Run statuses of a run that has not ended (queued, starting, running, being cancelled).
+UNFINISHED = ("QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING")
 
 
 @dataclass(frozen=True)
@@ -349,11 +351,14 @@ class Client:
         """One run: status, partition, tags and step stats."""
         return RunInfo.from_graphql(self._ok(self._query(queries.RUN, {"runId": run_id})["runOrError"], "Run"))
 
-    def runs(self, job: str = ROUND_JOB, *, partition: str | None = None, limit: int = 50) -> list[RunInfo]:
-        """Runs of ``job``, newest first (of one ``rounds`` partition when given)."""
+    def runs(self, job: str = ROUND_JOB, *, partition: str | None = None, limit: int = 50,
+             statuses: Sequence[str] | None = None) -> list[RunInfo]:
+        """Runs of ``job``, newest first (of one ``rounds`` partition, of these statuses, when given)."""
         run_filter: dict[str, Any] = {"pipelineName": job}
         if partition is not None:
             run_filter["tags"] = [{"key": PARTITION_TAG, "value": partition}]
+        if statuses is not None:
+            run_filter["statuses"] = list(statuses)
         result = self._ok(self._query(queries.RUNS, {"filter": run_filter, "limit": limit})["runsOrError"], "Runs")
         return [RunInfo.from_graphql(r) for r in result["results"]]
 
@@ -623,7 +628,13 @@ class Client:
             key: A round key of your choosing (default: the next one).
             tags: Extra tags of the Dagster run.
 
+        One round at a time: a round of the deployment that has not ended refuses the start (naming it and its
+        run); two starts that pass this check together are told apart by the round's first step, which claims the
+        task's round on the deployment (``core/ledger/round_claim.py``): the second run ends refused, having
+        written nothing.
+
         Raises:
+            RefusedError: a round runs on the deployment (the message names it and its run).
             ClientError: a bad hypothesis (the message names the field), the setup has not run, or
                 the server refused the launch.
         """
@@ -632,6 +643,7 @@ class Client:
         if not self.is_set_up():
             raise ClientError(f"the task {self.task!r} has no noise floor yet: run Client.setup() "
                               f"(setup_job) before the first round")
+        self.ensure_no_round_running()
         key = self.add_round(key)
         run_config: dict[str, Any] = {}
         if proposal is not None:
@@ -639,6 +651,18 @@ class Client:
         run_id = self._launch(ROUND_JOB, run_config=run_config,
                               tags={PARTITION_TAG: key, CLIENT_TAG: "sdk", **dict(tags or {})})
         return RoundRun(key=key, run_id=run_id, launched_at=started)
+
+    def ensure_no_round_running(self) -> None:
+        """Refuse while a round of the deployment has not ended.
+
+        Raises:
+            RefusedError: a round runs; the message names it and its run.
+        """
+        running = self.runs(ROUND_JOB, statuses=UNFINISHED, limit=1)
+        if running:
+            run = running[0]
+            raise RefusedError(f"round {run.partition} of task {self.task!r} is running (run {run.run_id}, "
+                               f"{run.status}): wait for it or cancel it first")
 
     def run_round(self, hypothesis: Mapping[str, Any] | str | os.PathLike[str] | None = None, *,
                   progress: bool = True, poll_s: float = 2.0, timeout_s: float | None = None,

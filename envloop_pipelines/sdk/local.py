@@ -165,6 +165,8 @@ class LocalClient:
             a round with its failed run's settings.
         task: The task when ``loop_settings`` is left out (default ``personal_agent``).
         notify: Where the loop's own lines go (a run whose worker died, a loop's start and stop).
+        door: Who drives this client, as the round claim names it to a door it refuses (default
+            ``LocalClient.<method>``; the CLI's is ``envloop round start``).
 
     Example::
 
@@ -176,8 +178,9 @@ class LocalClient:
     """
 
     def __init__(self, loop_settings: Mapping[str, Any] | None = None, *, task: str | None = None,
-                 notify: Callable[[str], None] = lambda line: None) -> None:
+                 notify: Callable[[str], None] = lambda line: None, door: str | None = None) -> None:
         self.notify = notify
+        self._door = door
         self._resources: dict[str, Any] | None = None
         self._task = task or "personal_agent"
         self._home: str | None = None
@@ -264,12 +267,48 @@ class LocalClient:
             return None
         return champion_out_of_reach(cfg.task, cfg.home, floor) or None
 
+    def _door_of(self, method: str) -> str:
+        """The door a round claim names: the CLI's command, or ``LocalClient.<method>``."""
+        return self._door or f"LocalClient.{method}"
+
+    def _claim(self, key: str, run_id: str, door: str, pid: int) -> None:
+        """Claim the task's round for ``run_id`` (``core/ledger/round_claim.py``); a live claim of another run refuses.
+
+        Raises:
+            RefusedError: another round of the task runs (the message names it, its run and its door).
+        """
+        from envloop_pipelines.resources.round_claim import RoundBusy, claim_round_on
+
+        try:
+            claim_round_on(self.instance, self._cfg(), key, run_id=run_id, door=door, pid=pid)
+        except RoundBusy as exc:
+            raise RefusedError(str(exc)) from None
+
     def _execute_round(self, key: str, proposal: Mapping[str, Any] | None, run_key: str | None,
                        retry_of: Any = None, progress: bool = True, run_id: str | None = None,
-                       extra_tags: Mapping[str, str] | None = None) -> RoundInfo:
-        """Run round ``key``'s job in this process; the round with its decision, or RoundFailed."""
+                       extra_tags: Mapping[str, str] | None = None, door: str = "LocalClient.run_round") -> RoundInfo:
+        """Run round ``key``'s job in this process; the round with its decision, or RoundFailed.
+
+        The task's round is claimed for the run first (a worker takes over the claim its ``start_round`` took)
+        and given back when the run has ended.
+
+        Raises:
+            RefusedError: another round of the task holds the claim.
+        """
         from dagster._core.utils import make_new_run_id
 
+        from envloop_pipelines.resources.round_claim import release_round_of
+
+        cfg = self._cfg()
+        run_id = run_id or make_new_run_id()
+        self._claim(key, run_id, door, os.getpid())
+        try:
+            return self._execute_claimed(key, proposal, run_key, retry_of, progress, run_id, extra_tags)
+        finally:
+            release_round_of(cfg, run_id)
+
+    def _execute_claimed(self, key: str, proposal: Mapping[str, Any] | None, run_key: str | None, retry_of: Any,
+                         progress: bool, run_id: str, extra_tags: Mapping[str, str] | None) -> RoundInfo:
         from envloop_pipelines.defs.rounds.recovery import worker_tags
 
         cfg = self._cfg()
@@ -285,7 +324,6 @@ class LocalClient:
             tags.update({RETRY_OF_TAG: retry_of.run_id, PARENT_RUN_TAG: retry_of.run_id,
                          ROOT_RUN_TAG: retry_of.tags.get(ROOT_RUN_TAG, retry_of.run_id)})
         job = code_location_job(ROUND_JOB)
-        run_id = run_id or make_new_run_id()
         with (watch_steps(self.instance, run_id, len(job.graph.nodes), f"round {key}") if progress
               else contextlib.nullcontext()):
             job.execute_in_process(instance=self.instance, resources=self._resources, partition_key=key,
@@ -314,11 +352,26 @@ class LocalClient:
         if not self.is_set_up():
             raise RefusedError(f"the task {self.task!r} has no noise floor yet: run setup() (setup_job) before the "
                                f"first round")
+        self.ensure_no_round_running()
+        return round_key(last_round_number(self.task, self._home) + 1)
+
+    def ensure_no_round_running(self) -> None:
+        """Refuse while a round of the task runs, from whichever door (nothing is claimed: the round's own claim
+        is taken when it starts).
+
+        Raises:
+            RefusedError: a round of the task runs; the message names it, its run and (from its claim) its door.
+        """
+        from envloop_pipelines.resources.round_claim import RoundBusy, live_claim_on
+
+        self.reap_orphans()  # a claim whose worker died holds nothing: its run is marked failed first
+        claim = live_claim_on(self.instance, self._cfg()) if self._resources is not None else None
+        if claim is not None:
+            raise RefusedError(str(RoundBusy(claim)))
         running = self._running_round()
         if running is not None:
             raise RefusedError(f"round {running[0]} of task {self.task!r} is running (run {running[1]}): wait for it "
                                f"or cancel it first")
-        return round_key(last_round_number(self.task, self._home) + 1)
 
     def _running_round(self) -> tuple[str, str] | None:
         """``(key, run id)`` of a round of this task whose worker is alive: one started here that has not created
@@ -356,7 +409,7 @@ class LocalClient:
         proposal = self._proposal(hypothesis)
         key = key or self._next_round()
         return self._execute_round(key, proposal, (tags or {}).get(LOOP_TAG), progress=progress, run_id=run_id,
-                                   extra_tags=tags)
+                                   extra_tags=tags, door=self._door_of("run_round"))
 
     def start_round(self, hypothesis: Mapping[str, Any] | str | os.PathLike[str] | None = None, *,
                     key: str | None = None, tags: Mapping[str, str] | None = None) -> RoundRun:
@@ -391,16 +444,25 @@ class LocalClient:
                 raise RefusedError(f"key: round {key} exists already; leave key out for the next one ({following})")
         key = key or following
         run_id = make_new_run_id()
+        door = self._door_of("start_round")
+        self._claim(key, run_id, door, os.getpid())  # before anything: a second start, anywhere, is refused
         folder = dagster_home() / "workers"
         folder.mkdir(parents=True, exist_ok=True)
         spec = folder / f"{run_id}.json"
-        atomic_write_json(spec, {"settings": cfg.to_settings(), "key": key, "proposal": proposal, "run_id": run_id,
-                                 "tags": dict(tags or {})})
-        with open(folder / f"{run_id}.log", "wb") as log:
-            self._workers[run_id] = subprocess.Popen(
-                [sys.executable, "-m", "envloop_pipelines.sdk.worker", str(spec)], stdout=log,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                env={**os.environ, "DAGSTER_HOME": str(dagster_home())})
+        try:
+            atomic_write_json(spec, {"settings": cfg.to_settings(), "key": key, "proposal": proposal,
+                                     "run_id": run_id, "tags": dict(tags or {}), "door": door})
+            with open(folder / f"{run_id}.log", "wb") as log:
+                self._workers[run_id] = subprocess.Popen(
+                    [sys.executable, "-m", "envloop_pipelines.sdk.worker", str(spec)], stdout=log,
+                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                    env={**os.environ, "DAGSTER_HOME": str(dagster_home())})
+        except BaseException:
+            from envloop_pipelines.resources.round_claim import release_round_of
+
+            release_round_of(cfg, run_id)
+            raise
+        self._claim(key, run_id, door, self._workers[run_id].pid)  # the worker holds it now (it outlives us)
         self.notify(f"round {key}: run {run_id} started in worker pid {self._workers[run_id].pid}")
         return RoundRun(key=key, run_id=run_id, launched_at=started)
 
@@ -532,7 +594,7 @@ class LocalClient:
 
         def run(nxt: NextRound) -> bool:
             result = pending.pop()[1]() if pending else self._execute_round(
-                nxt.round, None if done else proposal, nxt.run_key, progress=progress)
+                nxt.round, None if done else proposal, nxt.run_key, progress=progress, door=self._door_of("run_loop"))
             done.append(result)
             if on_round is not None:
                 on_round(result)
@@ -563,6 +625,7 @@ class LocalClient:
             budget = LoopBudget(max_rounds=rounds, patience=patience, max_wall_s=max_wall_s)
         except ValueError as exc:
             raise RefusedError(str(exc)) from None
+        self.ensure_no_round_running()  # before the active loop is replaced
         state = start_loop(cfg.task, f"cli-{int(time.time())}", budget, home=cfg.home)
         self.notify(f"loop {state.loop_id}: up to {rounds} rounds")
         return self._drive(None, on_round, progress, proposal)
@@ -605,10 +668,12 @@ class LocalClient:
         settings = json.loads(failed.tags[SETTINGS_TAG])
         if settings.get("task") != task:
             raise RefusedError(f"round {key}'s run belongs to task {settings.get('task')!r}, not {task!r}")
-        self.notify(f"retrying round {key} (run {failed.run_id} {failed.status.value})")
         self._use(settings)
+        self.ensure_no_round_running()
+        self.notify(f"retrying round {key} (run {failed.run_id} {failed.status.value})")
         return self._drive((key, lambda: self._execute_round(key, None, failed.tags.get(LOOP_TAG), retry_of=failed,
-                                                             progress=progress)), on_round, progress)
+                                                             progress=progress, door=self._door_of("retry"))),
+                           on_round, progress)
 
     # ------------------------------------------------------------------ what the steps recorded
 

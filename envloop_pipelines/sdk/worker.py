@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     quiet_third_party()
     spec = json.loads(Path(args[0]).read_text(encoding="utf-8"))
-    client = LocalClient(spec["settings"], notify=print)
+    client = LocalClient(spec["settings"], notify=print, door=spec.get("door"))
     try:
         result = client.run_round(spec["proposal"], key=spec["key"], run_id=spec["run_id"], tags=spec["tags"],
                                   progress=False)
