@@ -108,6 +108,7 @@ def run_loop(*, loop_settings: dict[str, Any], rounds: int, patience: int, max_w
     from envloop_pipelines.sdk import RoundFailed
 
     client = client or local_client(loop_settings, door="envloop round start")
+    _sdk_call(client.probe)  # a dead MLFLOW_TRACKING_URI fails here, in seconds, in one line
     for run in client.reap_orphans():
         echo(f"marked run {run.run_id} ({run.job_name}) failed: its worker is gone")
     _sdk_call(client.ensure_no_round_running)
@@ -195,16 +196,24 @@ def print_releases(task: str, as_json: bool = False, client: Any = None) -> None
     echo_releases(client.task, _sdk_call(client.release_cards), as_json)
 
 
-def remote_client(remote: str, mlflow_uri: str | None, task: str | None = None) -> Any:
-    """The SDK's client of a deployment; refuses a ``--task`` that is not the deployment's."""
+def remote_client(remote: str, mlflow_uri: str | None, task: str | None = None, *, probe: bool = False) -> Any:
+    """The SDK's client of a deployment; refuses a ``--task`` that is not the deployment's. With ``probe`` (the
+    commands that start work) its servers are probed first: a dead one fails in seconds, in one line."""
+    from click.core import ParameterSource
+
     from envloop_pipelines.sdk import Client, ClientError
 
+    ctx = click.get_current_context(silent=True)
+    from_env = ctx is not None and ctx.get_parameter_source("mlflow_uri") == ParameterSource.ENVIRONMENT
     try:
-        client = Client(remote, mlflow_uri)
+        client = Client(remote, mlflow_uri, mlflow_setting="MLFLOW_TRACKING_URI" if from_env or not mlflow_uri
+                        else "--mlflow")
     except ClientError as exc:
         raise click.BadParameter(str(exc).removeprefix("dagster_url: "), param_hint="--remote") from None
+    if probe:
+        _sdk_call(client.probe)  # before any work: a dead --mlflow fails now, not after a round
     try:
-        if client.task != task and task is not None:  # client.task asks the deployment: a wrong URL fails here
+        if task is not None and client.task != task:  # client.task asks the deployment: a wrong URL fails here
             raise click.BadParameter(f"the deployment at {remote} runs task {client.task!r}, not {task!r}",
                                      param_hint="--task")
     except ClientError as exc:
@@ -337,7 +346,7 @@ def round_start(ctx: click.Context, rounds: int, patience: int, max_wall_s: floa
             raise click.BadParameter(
                 f"{', '.join(given)}: a remote round runs with the deployment's loop settings (ENVLOOP_<SETTING> of "
                 f"its code location); leave {'it' if len(given) == 1 else 'them'} out", param_hint="--remote")
-        client = remote_client(remote, mlflow_uri)
+        client = remote_client(remote, mlflow_uri, probe=True)
         ok = run_remote_loop(client, rounds=rounds, patience=patience, max_wall_s=max_wall_s, proposal=proposal)
         if client.mlflow_uri:
             print_releases(client.task, client=client)
@@ -365,7 +374,7 @@ def round_retry(key: str | None, task: str | None, remote: str | None, mlflow_ur
     here or there.
     """
     if remote:
-        client = remote_client(remote, mlflow_uri, task)
+        client = remote_client(remote, mlflow_uri, task, probe=True)
         if key is None:
             undecided = [r.key for r in _sdk_call(client.rounds) if r.decision is None and r.run is not None]
             if not undecided:

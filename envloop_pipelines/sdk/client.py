@@ -228,9 +228,12 @@ class Client:
             machine); default ``$MLFLOW_TRACKING_URI``. Needed for releases, the champion and
             checkpoints only.
         timeout_s: Per request, to both servers: a server that does not answer within it raises
-            :class:`UnavailableError` (MLflow is probed at ``/health`` first, so a dead URL fails at once
-            instead of after MLflow's own retries).
+            :class:`UnavailableError`. Before any work (:meth:`probe`: :meth:`setup`, :meth:`start_round`,
+            the first MLflow read) each server is asked once, without retries, within ``min(timeout_s, 5)``: a
+            dead URL fails in seconds, naming it, instead of after MLflow's own retries.
         headers: Extra HTTP headers for the webserver (an auth proxy's token, say).
+        mlflow_setting: Where ``mlflow_uri`` came from, as errors name it (default ``mlflow_uri``, or
+            ``MLFLOW_TRACKING_URI`` when it was read from there; the CLI says ``--mlflow``).
 
     Example::
 
@@ -244,11 +247,12 @@ class Client:
     """
 
     def __init__(self, dagster_url: str, mlflow_uri: str | None = None, *, timeout_s: float = 60.0,
-                 headers: Mapping[str, str] | None = None) -> None:
+                 headers: Mapping[str, str] | None = None, mlflow_setting: str | None = None) -> None:
         from dagster_graphql import DagsterGraphQLClient
 
         self.dagster_url = dagster_url.rstrip("/")
         self.mlflow_uri = mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI") or None
+        self.mlflow_setting = mlflow_setting or ("mlflow_uri" if mlflow_uri else "MLFLOW_TRACKING_URI")
         self.timeout_s = float(timeout_s)
         self._graphql = DagsterGraphQLClient(**_split_url(dagster_url), timeout=int(timeout_s),
                                              headers=dict(headers or {}))
@@ -569,8 +573,10 @@ class Client:
         Cached on the server per benchmark version and recipe, so running it again is cheap.
 
         Raises:
+            UnavailableError: a server did not answer its probe (:meth:`probe`).
             RoundFailed: the setup run failed.
         """
+        self.probe()
         run_id = self._launch(SETUP_JOB, tags={CLIENT_TAG: "sdk"})
         if not wait:
             return self.run(run_id)
@@ -635,11 +641,13 @@ class Client:
 
         Raises:
             RefusedError: a round runs on the deployment (the message names it and its run).
+            UnavailableError: a server did not answer its probe (:meth:`probe`).
             ClientError: a bad hypothesis (the message names the field), the setup has not run, or
                 the server refused the launch.
         """
         started = time.time()
         proposal = _hypothesis_json(hypothesis)
+        self.probe()
         if not self.is_set_up():
             raise ClientError(f"the task {self.task!r} has no noise floor yet: run Client.setup() "
                               f"(setup_job) before the first round")
@@ -829,29 +837,35 @@ class Client:
         return self._mlflow
 
     def _probe_mlflow(self) -> None:
-        """An MLflow server must answer ``/health`` within ``timeout_s``: a dead URL fails here, at once, not after
-        MLflow's own retries (minutes). A local store (``sqlite:///...``) needs no probe.
+        """An MLflow server must answer ``/health`` (``core/services.py``): a dead URL fails here, in seconds, not
+        after MLflow's own retries (minutes). A local store (``sqlite:///...``) needs no probe.
 
         Raises:
-            UnavailableError: the server did not answer, or answered with an error.
+            UnavailableError: the server did not answer, or answered with an error (one line: URL and setting).
         """
-        uri = str(self.mlflow_uri)
-        if not uri.startswith(("http://", "https://")):
-            return
-        import urllib.error
-        import urllib.request
+        from envloop_pipelines.core.services import PROBE_TIMEOUT_S, ServiceUnavailable, probe_tracking_uri
 
         try:
-            with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=self.timeout_s) as answer:
-                ok = answer.status == 200
-                detail = f"HTTP {answer.status}"
-        except urllib.error.HTTPError as exc:
-            ok, detail = False, f"HTTP {exc.code}"
-        except (OSError, ValueError) as exc:
-            ok, detail = False, f"{type(getattr(exc, 'reason', exc)).__name__}: {getattr(exc, 'reason', exc)}"
-        if not ok:
-            raise UnavailableError(f"the MLflow server at {uri} did not answer /health within {self.timeout_s:g}s "
-                                   f"({detail}); check mlflow_uri (--mlflow, MLFLOW_TRACKING_URI)")
+            probe_tracking_uri(self.mlflow_uri, self.mlflow_setting, min(self.timeout_s, PROBE_TIMEOUT_S))
+        except ServiceUnavailable as exc:
+            raise UnavailableError(str(exc)) from None
+
+    def probe(self) -> None:
+        """Fail in seconds when the Dagster webserver, or the MLflow server (when ``mlflow_uri`` is set), does not
+        answer: one request each, no retries, within ``min(timeout_s, 5)``. Done before any work by
+        :meth:`setup` and :meth:`start_round` (so :meth:`run_round` and :meth:`run_loop`).
+
+        Raises:
+            UnavailableError: a server did not answer; the one-line message names its URL and the setting.
+        """
+        from envloop_pipelines.core.services import PROBE_TIMEOUT_S, ServiceUnavailable, probe
+
+        try:  # any answer shows the webserver is up (a proxy in front may refuse /server_info itself)
+            probe(self.dagster_url, name="the Dagster webserver", setting="dagster_url", path="/server_info",
+                  timeout_s=min(self.timeout_s, PROBE_TIMEOUT_S), http_error_fails=False)
+        except ServiceUnavailable as exc:
+            raise UnavailableError(str(exc)) from None
+        self._probe_mlflow()
 
     def releases(self, *, with_cards: bool = True) -> list[ReleaseInfo]:
         """The release chain from the MLflow registry (one model version per release), oldest first."""

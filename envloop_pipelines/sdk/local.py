@@ -42,6 +42,7 @@ from envloop_pipelines.sdk.client import (
     ClientError,
     NotFoundError,
     RefusedError,
+    UnavailableError,
     ReleaseInfo,
     RoundFailed,
     RoundInfo,
@@ -215,6 +216,24 @@ class LocalClient:
             raise RefusedError("this LocalClient has no loop settings: give them to run the loop")
         return self.config
 
+    def probe(self) -> None:
+        """Fail in seconds when the MLflow server the loop will use (``$MLFLOW_TRACKING_URI``; the default SQLite
+        store under the home needs none) does not answer: one request, no retries, at most 5 s. Done before any
+        work by :meth:`setup`, :meth:`run_round`, :meth:`start_round`, :meth:`run_loop` and :meth:`retry`.
+
+        Raises:
+            UnavailableError: the server did not answer; the one-line message names its URL and the setting.
+        """
+        from envloop_pipelines.core.services import ServiceUnavailable, probe_tracking_uri
+
+        mlflow = self._resources["mlflow"] if self._resources is not None else None
+        uri, setting = (mlflow.tracking_uri, "MlflowResource.tracking_uri") if mlflow is not None and \
+            mlflow.tracking_uri else (os.environ.get("MLFLOW_TRACKING_URI"), "MLFLOW_TRACKING_URI")
+        try:
+            probe_tracking_uri(uri, setting)
+        except ServiceUnavailable as exc:
+            raise UnavailableError(str(exc)) from None
+
     def reap_orphans(self) -> list[Any]:
         """Mark failed every unfinished run of this host whose worker process is gone; the runs marked."""
         from envloop_pipelines.defs.rounds.recovery import reap_orphaned_runs
@@ -233,6 +252,7 @@ class LocalClient:
         """Run ``setup_job`` here (the task's benchmark and noise floor, release 1 on a fresh task).
 
         Raises:
+            UnavailableError: the MLflow server does not answer (:meth:`probe`).
             RoundFailed: the setup run failed.
         """
         from dagster._core.utils import make_new_run_id
@@ -240,6 +260,7 @@ class LocalClient:
         from envloop_pipelines.defs.rounds.recovery import worker_tags
 
         self._cfg()
+        self.probe()
         job = code_location_job(SETUP_JOB)
         run_id = make_new_run_id()
         watch = watch_steps(self.instance, run_id, len(job.graph.nodes), "setup") if progress else contextlib.nullcontext()
@@ -407,6 +428,7 @@ class LocalClient:
             RoundFailed: the round ended without a decision.
         """
         proposal = self._proposal(hypothesis)
+        self.probe()
         key = key or self._next_round()
         return self._execute_round(key, proposal, (tags or {}).get(LOOP_TAG), progress=progress, run_id=run_id,
                                    extra_tags=tags, door=self._door_of("run_round"))
@@ -434,6 +456,7 @@ class LocalClient:
         started = time.time()
         cfg = self._cfg()
         proposal = self._proposal(hypothesis)
+        self.probe()
         following = self._next_round()
         if key is not None:
             try:
@@ -625,6 +648,7 @@ class LocalClient:
             budget = LoopBudget(max_rounds=rounds, patience=patience, max_wall_s=max_wall_s)
         except ValueError as exc:
             raise RefusedError(str(exc)) from None
+        self.probe()
         self.ensure_no_round_running()  # before the active loop is replaced
         state = start_loop(cfg.task, f"cli-{int(time.time())}", budget, home=cfg.home)
         self.notify(f"loop {state.loop_id}: up to {rounds} rounds")
@@ -669,6 +693,7 @@ class LocalClient:
         if settings.get("task") != task:
             raise RefusedError(f"round {key}'s run belongs to task {settings.get('task')!r}, not {task!r}")
         self._use(settings)
+        self.probe()
         self.ensure_no_round_running()
         self.notify(f"retrying round {key} (run {failed.run_id} {failed.status.value})")
         return self._drive((key, lambda: self._execute_round(key, None, failed.tags.get(LOOP_TAG), retry_of=failed,
