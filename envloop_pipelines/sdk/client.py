@@ -932,8 +932,10 @@ class Client:
         Raises:
             ClientError: no such release, or the download does not verify against the release's sha256.
         """
+        from envloop_pipelines.console import quiet_third_party
         from envloop_pipelines.core.model.checkpoint import checkpoint_hash, verify_checkpoint
 
+        quiet_third_party()  # the CLI's filters (a download's and a model's bars and notes), for a script or notebook
         number = self._release_number(release)
         found = next((r for r in self.releases(with_cards=False) if r.release == number), None)
         if found is None or not found.mlflow_run_id:

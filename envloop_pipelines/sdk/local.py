@@ -109,10 +109,12 @@ def watch_steps(instance: Any, run_id: str, total: int, desc: str, poll_s: float
     """A progress bar over the steps of a run executing in this process (read from the instance's event log).
 
     On a terminal the bar sits above the steps' own bars (training, prediction); elsewhere it is a line
-    every few percent or 30 s, naming the step that runs.
+    every few percent or 30 s, naming the step that runs, on stderr even where nothing prints progress records
+    (a notebook, a script: ``ensure_shown``, as the remote client's ``wait`` does).
     """
-    from envloop_pipelines.core.progress import Progress
+    from envloop_pipelines.core.progress import Progress, ensure_shown
 
+    ensure_shown()
     stop = threading.Event()
     bar = Progress(desc, total=total, unit="step")
 
@@ -527,13 +529,14 @@ class LocalClient:
             NotFoundError: no such run.
             ClientError: ``timeout_s`` passed first (the run goes on), or the worker ended before starting it.
         """
-        from envloop_pipelines.core.progress import Progress
+        from envloop_pipelines.core.progress import Progress, ensure_shown
         from envloop_pipelines.defs.rounds.recovery import worker_is_gone
 
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         run = self._await_run(run_id, deadline, poll_s)
         bar = None
         if progress:
+            ensure_shown()  # a notebook or a script: the progress lines go to stderr, where a person sees them
             total = len(code_location_job(run.job_name).graph.nodes)
             bar = Progress(desc or (f"round {run.tags[PARTITION_TAG]}" if PARTITION_TAG in run.tags else run.job_name),
                            total=total, unit="step")
