@@ -979,14 +979,15 @@ class Client:
 
     def _release_source(self, release: int | str, dest: str | os.PathLike[str] | None) -> Any:
         """The model source of a release's checkpoint, fetched from MLflow into ``dest`` (default: this client's
-        temporary folder)."""
-        from envloop_pipelines.core.serve.settings import source_from_checkpoint
+        temporary folder); it answers as the release (``envloop-<task>-r<NNNN>``), as the LocalClient's does."""
+        from envloop_pipelines.core.serve.settings import source_from_release_checkpoint
 
         if dest is None:
             if self._models_dir is None:
                 self._models_dir = tempfile.mkdtemp(prefix="envloop-models-")
             dest = self._models_dir
-        return source_from_checkpoint(self.fetch_checkpoint(release, dest))
+        number = self._release_number(release)
+        return source_from_release_checkpoint(self.fetch_checkpoint(number, dest), self.task, number)
 
     def close(self) -> None:
         """Stop the in-process servers :meth:`predict` started (their models are unloaded)."""

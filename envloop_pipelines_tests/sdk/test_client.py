@@ -111,3 +111,17 @@ def test_a_start_while_a_round_runs_on_the_deployment_is_refused_naming_it(monke
         client.start_round()
     assert asked["job"] == "round_job" and set(asked["statuses"]) >= {"QUEUED", "STARTING", "STARTED"}
 
+
+def test_a_release_answers_as_the_same_model_id_locally_and_remotely(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 37: one release, two model ids (``envloop-personal_agent-r0001`` from the home's chain,
+    ``envloop-<sha256>-<sha12>`` from MLflow); docs/serving.md says the first."""
+    ckpt = tmp_path / ("ab" * 32)
+    ckpt.mkdir()
+    (ckpt / "manifest.json").write_text(json.dumps({"files": {"model.safetensors": "cd" * 32}}), encoding="utf-8")
+    client = Client("http://127.0.0.1:9")
+    client._settings = {"task": "personal_agent"}
+    monkeypatch.setattr(client, "_release_number", lambda release: 1)
+    monkeypatch.setattr(client, "fetch_checkpoint", lambda release, dest: ckpt)
+    source = client._release_source("champion", tmp_path)
+    assert (source.model_id, source.release, source.task) == ("envloop-personal_agent-r0001", 1, "personal_agent")
