@@ -58,6 +58,9 @@ INSTANCE_FILE = Path(__file__).resolve().parents[1] / "dagster.yaml"
 _LEGACY_INSTANCE = "telemetry:\n  enabled: false\n"
 #: Dagster's console logger at WARNING: the CLI prints its own one line per step.
 QUIET: dict[str, Any] = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+#: Dagster's console logger off but for CRITICAL: a round's worker prints its own line (a cancelled round's
+#: interrupted step would otherwise fill its log with Dagster's stack traces).
+SILENT: dict[str, Any] = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 #: Loop settings as earlier versions recorded them in a run's tags (read back by ``retry``).
 _LEGACY_SETTINGS = {"recipe_overrides_json": "recipe_overrides"}
 
@@ -184,6 +187,8 @@ class LocalClient:
                  notify: Callable[[str], None] = lambda line: None, door: str | None = None) -> None:
         self.notify = notify
         self._door = door
+        #: The console logger's run config of the rounds run in this process (:data:`QUIET`; the worker: SILENT).
+        self.run_logging: dict[str, Any] = QUIET
         self._resources: dict[str, Any] | None = None
         self._task = task or "personal_agent"
         self._home: str | None = None
@@ -336,7 +341,7 @@ class LocalClient:
 
         cfg = self._cfg()
         self.instance.add_dynamic_partitions(ROUNDS_PARTITIONS, [key])
-        run_config: dict[str, Any] = dict(QUIET)
+        run_config: dict[str, Any] = dict(self.run_logging)
         if proposal is not None:
             run_config["ops"] = {"registered_hypothesis": {"config": {"proposal_json": json.dumps(proposal)}}}
         tags = {**dict(extra_tags or {}), **worker_tags(), SETTINGS_TAG: json.dumps(cfg.to_settings(), sort_keys=True)}

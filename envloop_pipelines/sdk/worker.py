@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     from envloop_pipelines.console import quiet_third_party
     from envloop_pipelines.sdk.client import RoundFailed
     from envloop_pipelines.sdk.errors import ClientError
-    from envloop_pipelines.sdk.local import LocalClient
+    from envloop_pipelines.sdk.local import SILENT, LocalClient
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet_third_party()
     spec = json.loads(Path(args[0]).read_text(encoding="utf-8"))
     client = LocalClient(spec["settings"], notify=print, door=spec.get("door"))
+    client.run_logging = SILENT  # this log says how the round ended, in one line (the run's event log has the rest)
     try:
         result = client.run_round(spec["proposal"], key=spec["key"], run_id=spec["run_id"], tags=spec["tags"],
                                   progress=False)
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"round {spec['key']}: cancelled (run {exc.run.run_id} ended CANCELED); `envloop round retry` "
                   f"runs it again", file=sys.stderr)
         else:
-            print(f"round {spec['key']}: failed: {exc}", file=sys.stderr)
+            print(f"round {spec['key']}: failed: {exc}" + (f" ({exc.reason})" if exc.reason else ""), file=sys.stderr)
         return 1
     except ClientError as exc:
         print(f"round {spec['key']}: {exc}", file=sys.stderr)

@@ -99,6 +99,9 @@ def test_a_running_round_is_cancelled_and_a_second_start_is_refused_meanwhile(lo
     info = client.cancel(started.run_id, timeout_s=300)
     assert info.status == "CANCELED"
     assert client._workers[started.run_id].wait(timeout=60) == 1  # the worker's round failed: it was cancelled
+    log = (Path(os.environ["DAGSTER_HOME"]) / "workers" / f"{started.run_id}.log").read_text(encoding="utf-8")
+    assert "Stack Trace" not in log and "Traceback" not in log, log[-2000:]  # issue 37: 320 lines of Dagster's
+    assert log.strip().splitlines()[-1].startswith(f"round r0004: cancelled (run {started.run_id} ended CANCELED)")
     assert client.decision("r0004") is None
     tracker = MlflowTracker(home=loop["home"])
     experiment = tracker.client.get_experiment_by_name(TASK)
