@@ -15,7 +15,8 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# DS_BUILD_OPS=0: DeepSpeed compiles its CUDA ops at first use on a GPU, not at install.
-	DS_BUILD_OPS=0 $(BIN)/pip install --quiet -c constraints.txt -e '.[test]'
+	# notebook: nbclient and a kernel, for the test that runs examples/loop_sdk.ipynb.
+	DS_BUILD_OPS=0 $(BIN)/pip install --quiet -c constraints.txt -e '.[test,notebook]'
 	touch $(STAMP)
 
 ## The main job on the embedded default (SQLite, local files, built-in benchmark).

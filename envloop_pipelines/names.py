@@ -22,6 +22,9 @@ HYPOTHESIS_ASSET = "registered_hypothesis"
 PARTITION_TAG = "dagster/partition"
 PARENT_RUN_TAG = "dagster/parent_run_id"
 ROOT_RUN_TAG = "dagster/root_run_id"
+#: The sensor or schedule that requested a run (the door a round came through, ``defs/rounds/assets.py``).
+SENSOR_NAME_TAG = "dagster/sensor_name"
+SCHEDULE_NAME_TAG = "dagster/schedule_name"
 #: Set to ``false`` on a run Dagster must not retry (a refused hypothesis).
 NO_RETRY_TAG = "dagster/retry_on_asset_or_op_failure"
 
@@ -29,7 +32,8 @@ NO_RETRY_TAG = "dagster/retry_on_asset_or_op_failure"
 LOOP_TAG = "envloop/loop"
 #: Who launched a run (``sdk``).
 CLIENT_TAG = "envloop/client"
-#: A run whose hypothesis its first step refused: never retried, nothing written to the ledger.
+#: A run its first step refused (``hypothesis``: a bad hypothesis; ``busy``: another round of the task held the
+#: round claim): never retried, nothing written to the ledger.
 REFUSED_TAG = "envloop/refused"
 #: The worker that executes a run in-process (``defs/rounds/recovery.py`` reaps runs whose worker is gone).
 HOST_TAG = "envloop/host"

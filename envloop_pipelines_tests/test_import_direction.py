@@ -42,7 +42,7 @@ FORBIDDEN: list[tuple[str, str]] = [
 #: model, benchmark, splits < serve, loop, verify; the ledger sits under the verifier, whose one door to hidden
 #: labels opens the task's own ledger, and publishing (core/release) above it.
 CORE_FLOORS: list[tuple[str, ...]] = [
-    ("storage", "metrics", "tokens", "fractions", "progress"),  # the ground floor everyone stands on
+    ("storage", "metrics", "tokens", "fractions", "progress", "services"),  # the ground floor; probing a server
     ("tracking", "data"),                                       # MLflow behind a protocol; records, splits, snapshots
     ("benchmark", "model", "sandbox"),                          # the generator; readouts and training; the sandbox
     ("baseline", "ledger"),                                     # TF-IDF; the ledger, the loop's files, gate, settings

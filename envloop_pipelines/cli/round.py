@@ -44,12 +44,13 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def local_client(settings: dict[str, Any] | None = None, task: str | None = None) -> Any:
-    """The in-process client of this home (the loop resource built once, here); a bad setting is a bad option."""
+def local_client(settings: dict[str, Any] | None = None, task: str | None = None, door: str | None = None) -> Any:
+    """The in-process client of this home (the loop resource built once, here); a bad setting is a bad option.
+    ``door``: the command, as a round claim names it to the doors it refuses."""
     from envloop_pipelines.sdk.local import LocalClient
 
     try:
-        return LocalClient(settings, task=task, notify=click.echo)
+        return LocalClient(settings, task=task, notify=click.echo, door=door)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
 
@@ -71,7 +72,7 @@ def _power_line(client: Any, key: str, decision: Any) -> str | None:
 
 def _drive_local(client: Any, step: Any, echo: Any) -> list[dict[str, Any]]:
     """Run ``step(on_round)`` (the local client's loop or retry), printing each round; the rounds' timings."""
-    from envloop_pipelines.sdk import RoundFailed
+    from envloop_pipelines.sdk import RefusedError, RoundFailed
 
     timings: list[dict[str, Any]] = []
     begun = {"t": time.perf_counter()}
@@ -91,18 +92,26 @@ def _drive_local(client: Any, step: Any, echo: Any) -> list[dict[str, Any]]:
     except RoundFailed as exc:
         timings.append({"step": f"round {exc.run.partition}", "s": time.perf_counter() - begun["t"], "success": False})
         echo(str(exc))
+    except RefusedError as exc:  # another round of the task took the claim first
+        raise click.ClickException(str(exc)) from None
     return timings
 
 
 def run_loop(*, loop_settings: dict[str, Any], rounds: int, patience: int, max_wall_s: float,
              proposal: dict[str, Any] | None = None, echo: Any = click.echo,
              client: Any = None) -> list[dict[str, Any]]:
-    """Set up the benchmark and noise floor, then run rounds while the loop's budget lasts (in this process)."""
+    """Set up the benchmark and noise floor, then run rounds while the loop's budget lasts (in this process).
+
+    Refused (exit 1, one line naming the round, its run and its door) before anything runs while a round of the
+    task runs, from whichever door; the rounds claim the task's round themselves (``core/ledger/round_claim.py``).
+    """
     from envloop_pipelines.sdk import RoundFailed
 
-    client = client or local_client(loop_settings)
+    client = client or local_client(loop_settings, door="envloop round start")
+    _sdk_call(client.probe)  # a dead MLFLOW_TRACKING_URI fails here, in seconds, in one line
     for run in client.reap_orphans():
         echo(f"marked run {run.run_id} ({run.job_name}) failed: its worker is gone")
+    _sdk_call(client.ensure_no_round_running)
     started = time.perf_counter()
     try:
         client.setup()
@@ -128,7 +137,7 @@ def retry_round(task: str, *, echo: Any = click.echo) -> list[dict[str, Any]]:
     """
     from envloop_pipelines.sdk import ClientError
 
-    client = local_client(task=task)
+    client = local_client(task=task, door="envloop round retry")
     for run in client.reap_orphans():
         echo(f"marked run {run.run_id} ({run.job_name}, round {run.tags.get(PARTITION_TAG)}) failed: "
              f"its worker is gone")
@@ -187,16 +196,24 @@ def print_releases(task: str, as_json: bool = False, client: Any = None) -> None
     echo_releases(client.task, _sdk_call(client.release_cards), as_json)
 
 
-def remote_client(remote: str, mlflow_uri: str | None, task: str | None = None) -> Any:
-    """The SDK's client of a deployment; refuses a ``--task`` that is not the deployment's."""
+def remote_client(remote: str, mlflow_uri: str | None, task: str | None = None, *, probe: bool = False) -> Any:
+    """The SDK's client of a deployment; refuses a ``--task`` that is not the deployment's. With ``probe`` (the
+    commands that start work) its servers are probed first: a dead one fails in seconds, in one line."""
+    from click.core import ParameterSource
+
     from envloop_pipelines.sdk import Client, ClientError
 
+    ctx = click.get_current_context(silent=True)
+    from_env = ctx is not None and ctx.get_parameter_source("mlflow_uri") == ParameterSource.ENVIRONMENT
     try:
-        client = Client(remote, mlflow_uri)
+        client = Client(remote, mlflow_uri, mlflow_setting="MLFLOW_TRACKING_URI" if from_env or not mlflow_uri
+                        else "--mlflow")
     except ClientError as exc:
         raise click.BadParameter(str(exc).removeprefix("dagster_url: "), param_hint="--remote") from None
+    if probe:
+        _sdk_call(client.probe)  # before any work: a dead --mlflow fails now, not after a round
     try:
-        if client.task != task and task is not None:  # client.task asks the deployment: a wrong URL fails here
+        if task is not None and client.task != task:  # client.task asks the deployment: a wrong URL fails here
             raise click.BadParameter(f"the deployment at {remote} runs task {client.task!r}, not {task!r}",
                                      param_hint="--task")
     except ClientError as exc:
@@ -329,7 +346,7 @@ def round_start(ctx: click.Context, rounds: int, patience: int, max_wall_s: floa
             raise click.BadParameter(
                 f"{', '.join(given)}: a remote round runs with the deployment's loop settings (ENVLOOP_<SETTING> of "
                 f"its code location); leave {'it' if len(given) == 1 else 'them'} out", param_hint="--remote")
-        client = remote_client(remote, mlflow_uri)
+        client = remote_client(remote, mlflow_uri, probe=True)
         ok = run_remote_loop(client, rounds=rounds, patience=patience, max_wall_s=max_wall_s, proposal=proposal)
         if client.mlflow_uri:
             print_releases(client.task, client=client)
@@ -337,7 +354,7 @@ def round_start(ctx: click.Context, rounds: int, patience: int, max_wall_s: floa
             raise SystemExit(1)
         return
     settings = loop_settings(options)
-    client = local_client(settings)  # the loop resource, built once for the whole command
+    client = local_client(settings, door="envloop round start")  # the loop resource, built once for the command
     timings = run_loop(loop_settings=settings, rounds=rounds, patience=patience, max_wall_s=max_wall_s,
                        proposal=proposal, client=client)
     print_releases(client.task, client=client)
@@ -357,7 +374,7 @@ def round_retry(key: str | None, task: str | None, remote: str | None, mlflow_ur
     here or there.
     """
     if remote:
-        client = remote_client(remote, mlflow_uri, task)
+        client = remote_client(remote, mlflow_uri, task, probe=True)
         if key is None:
             undecided = [r.key for r in _sdk_call(client.rounds) if r.decision is None and r.run is not None]
             if not undecided:

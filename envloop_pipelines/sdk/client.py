@@ -71,6 +71,8 @@ from envloop_pipelines.names import (  # noqa: E402 - re-exported under the SDK'
 )
 #: Run statuses that are final.
 FINISHED = ("SUCCESS", "FAILURE", "CANCELED")
+#: Run statuses of a run that has not ended (queued, starting, running, being cancelled).
+UNFINISHED = ("QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING")
 
 
 @dataclass(frozen=True)
@@ -226,9 +228,12 @@ class Client:
             machine); default ``$MLFLOW_TRACKING_URI``. Needed for releases, the champion and
             checkpoints only.
         timeout_s: Per request, to both servers: a server that does not answer within it raises
-            :class:`UnavailableError` (MLflow is probed at ``/health`` first, so a dead URL fails at once
-            instead of after MLflow's own retries).
+            :class:`UnavailableError`. Before any work (:meth:`probe`: :meth:`setup`, :meth:`start_round`,
+            the first MLflow read) each server is asked once, without retries, within ``min(timeout_s, 5)``: a
+            dead URL fails in seconds, naming it, instead of after MLflow's own retries.
         headers: Extra HTTP headers for the webserver (an auth proxy's token, say).
+        mlflow_setting: Where ``mlflow_uri`` came from, as errors name it (default ``mlflow_uri``, or
+            ``MLFLOW_TRACKING_URI`` when it was read from there; the CLI says ``--mlflow``).
 
     Example::
 
@@ -242,11 +247,12 @@ class Client:
     """
 
     def __init__(self, dagster_url: str, mlflow_uri: str | None = None, *, timeout_s: float = 60.0,
-                 headers: Mapping[str, str] | None = None) -> None:
+                 headers: Mapping[str, str] | None = None, mlflow_setting: str | None = None) -> None:
         from dagster_graphql import DagsterGraphQLClient
 
         self.dagster_url = dagster_url.rstrip("/")
         self.mlflow_uri = mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI") or None
+        self.mlflow_setting = mlflow_setting or ("mlflow_uri" if mlflow_uri else "MLFLOW_TRACKING_URI")
         self.timeout_s = float(timeout_s)
         self._graphql = DagsterGraphQLClient(**_split_url(dagster_url), timeout=int(timeout_s),
                                              headers=dict(headers or {}))
@@ -349,11 +355,14 @@ class Client:
         """One run: status, partition, tags and step stats."""
         return RunInfo.from_graphql(self._ok(self._query(queries.RUN, {"runId": run_id})["runOrError"], "Run"))
 
-    def runs(self, job: str = ROUND_JOB, *, partition: str | None = None, limit: int = 50) -> list[RunInfo]:
-        """Runs of ``job``, newest first (of one ``rounds`` partition when given)."""
+    def runs(self, job: str = ROUND_JOB, *, partition: str | None = None, limit: int = 50,
+             statuses: Sequence[str] | None = None) -> list[RunInfo]:
+        """Runs of ``job``, newest first (of one ``rounds`` partition, of these statuses, when given)."""
         run_filter: dict[str, Any] = {"pipelineName": job}
         if partition is not None:
             run_filter["tags"] = [{"key": PARTITION_TAG, "value": partition}]
+        if statuses is not None:
+            run_filter["statuses"] = list(statuses)
         result = self._ok(self._query(queries.RUNS, {"filter": run_filter, "limit": limit})["runsOrError"], "Runs")
         return [RunInfo.from_graphql(r) for r in result["results"]]
 
@@ -564,8 +573,10 @@ class Client:
         Cached on the server per benchmark version and recipe, so running it again is cheap.
 
         Raises:
+            UnavailableError: a server did not answer its probe (:meth:`probe`).
             RoundFailed: the setup run failed.
         """
+        self.probe()
         run_id = self._launch(SETUP_JOB, tags={CLIENT_TAG: "sdk"})
         if not wait:
             return self.run(run_id)
@@ -623,15 +634,24 @@ class Client:
             key: A round key of your choosing (default: the next one).
             tags: Extra tags of the Dagster run.
 
+        One round at a time: a round of the deployment that has not ended refuses the start (naming it and its
+        run); two starts that pass this check together are told apart by the round's first step, which claims the
+        task's round on the deployment (``core/ledger/round_claim.py``): the second run ends refused, having
+        written nothing.
+
         Raises:
+            RefusedError: a round runs on the deployment (the message names it and its run).
+            UnavailableError: a server did not answer its probe (:meth:`probe`).
             ClientError: a bad hypothesis (the message names the field), the setup has not run, or
                 the server refused the launch.
         """
         started = time.time()
         proposal = _hypothesis_json(hypothesis)
+        self.probe()
         if not self.is_set_up():
             raise ClientError(f"the task {self.task!r} has no noise floor yet: run Client.setup() "
                               f"(setup_job) before the first round")
+        self.ensure_no_round_running()
         key = self.add_round(key)
         run_config: dict[str, Any] = {}
         if proposal is not None:
@@ -639,6 +659,18 @@ class Client:
         run_id = self._launch(ROUND_JOB, run_config=run_config,
                               tags={PARTITION_TAG: key, CLIENT_TAG: "sdk", **dict(tags or {})})
         return RoundRun(key=key, run_id=run_id, launched_at=started)
+
+    def ensure_no_round_running(self) -> None:
+        """Refuse while a round of the deployment has not ended.
+
+        Raises:
+            RefusedError: a round runs; the message names it and its run.
+        """
+        running = self.runs(ROUND_JOB, statuses=UNFINISHED, limit=1)
+        if running:
+            run = running[0]
+            raise RefusedError(f"round {run.partition} of task {self.task!r} is running (run {run.run_id}, "
+                               f"{run.status}): wait for it or cancel it first")
 
     def run_round(self, hypothesis: Mapping[str, Any] | str | os.PathLike[str] | None = None, *,
                   progress: bool = True, poll_s: float = 2.0, timeout_s: float | None = None,
@@ -805,29 +837,35 @@ class Client:
         return self._mlflow
 
     def _probe_mlflow(self) -> None:
-        """An MLflow server must answer ``/health`` within ``timeout_s``: a dead URL fails here, at once, not after
-        MLflow's own retries (minutes). A local store (``sqlite:///...``) needs no probe.
+        """An MLflow server must answer ``/health`` (``core/services.py``): a dead URL fails here, in seconds, not
+        after MLflow's own retries (minutes). A local store (``sqlite:///...``) needs no probe.
 
         Raises:
-            UnavailableError: the server did not answer, or answered with an error.
+            UnavailableError: the server did not answer, or answered with an error (one line: URL and setting).
         """
-        uri = str(self.mlflow_uri)
-        if not uri.startswith(("http://", "https://")):
-            return
-        import urllib.error
-        import urllib.request
+        from envloop_pipelines.core.services import PROBE_TIMEOUT_S, ServiceUnavailable, probe_tracking_uri
 
         try:
-            with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=self.timeout_s) as answer:
-                ok = answer.status == 200
-                detail = f"HTTP {answer.status}"
-        except urllib.error.HTTPError as exc:
-            ok, detail = False, f"HTTP {exc.code}"
-        except (OSError, ValueError) as exc:
-            ok, detail = False, f"{type(getattr(exc, 'reason', exc)).__name__}: {getattr(exc, 'reason', exc)}"
-        if not ok:
-            raise UnavailableError(f"the MLflow server at {uri} did not answer /health within {self.timeout_s:g}s "
-                                   f"({detail}); check mlflow_uri (--mlflow, MLFLOW_TRACKING_URI)")
+            probe_tracking_uri(self.mlflow_uri, self.mlflow_setting, min(self.timeout_s, PROBE_TIMEOUT_S))
+        except ServiceUnavailable as exc:
+            raise UnavailableError(str(exc)) from None
+
+    def probe(self) -> None:
+        """Fail in seconds when the Dagster webserver, or the MLflow server (when ``mlflow_uri`` is set), does not
+        answer: one request each, no retries, within ``min(timeout_s, 5)``. Done before any work by
+        :meth:`setup` and :meth:`start_round` (so :meth:`run_round` and :meth:`run_loop`).
+
+        Raises:
+            UnavailableError: a server did not answer; the one-line message names its URL and the setting.
+        """
+        from envloop_pipelines.core.services import PROBE_TIMEOUT_S, ServiceUnavailable, probe
+
+        try:  # any answer shows the webserver is up (a proxy in front may refuse /server_info itself)
+            probe(self.dagster_url, name="the Dagster webserver", setting="dagster_url", path="/server_info",
+                  timeout_s=min(self.timeout_s, PROBE_TIMEOUT_S), http_error_fails=False)
+        except ServiceUnavailable as exc:
+            raise UnavailableError(str(exc)) from None
+        self._probe_mlflow()
 
     def releases(self, *, with_cards: bool = True) -> list[ReleaseInfo]:
         """The release chain from the MLflow registry (one model version per release), oldest first."""
@@ -894,8 +932,10 @@ class Client:
         Raises:
             ClientError: no such release, or the download does not verify against the release's sha256.
         """
+        from envloop_pipelines.console import quiet_third_party
         from envloop_pipelines.core.model.checkpoint import checkpoint_hash, verify_checkpoint
 
+        quiet_third_party()  # the CLI's filters (a download's and a model's bars and notes), for a script or notebook
         number = self._release_number(release)
         found = next((r for r in self.releases(with_cards=False) if r.release == number), None)
         if found is None or not found.mlflow_run_id:
@@ -939,14 +979,15 @@ class Client:
 
     def _release_source(self, release: int | str, dest: str | os.PathLike[str] | None) -> Any:
         """The model source of a release's checkpoint, fetched from MLflow into ``dest`` (default: this client's
-        temporary folder)."""
-        from envloop_pipelines.core.serve.settings import source_from_checkpoint
+        temporary folder); it answers as the release (``envloop-<task>-r<NNNN>``), as the LocalClient's does."""
+        from envloop_pipelines.core.serve.settings import source_from_release_checkpoint
 
         if dest is None:
             if self._models_dir is None:
                 self._models_dir = tempfile.mkdtemp(prefix="envloop-models-")
             dest = self._models_dir
-        return source_from_checkpoint(self.fetch_checkpoint(release, dest))
+        number = self._release_number(release)
+        return source_from_release_checkpoint(self.fetch_checkpoint(number, dest), self.task, number)
 
     def close(self) -> None:
         """Stop the in-process servers :meth:`predict` started (their models are unloaded)."""

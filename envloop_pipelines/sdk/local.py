@@ -42,6 +42,7 @@ from envloop_pipelines.sdk.client import (
     ClientError,
     NotFoundError,
     RefusedError,
+    UnavailableError,
     ReleaseInfo,
     RoundFailed,
     RoundInfo,
@@ -57,6 +58,9 @@ INSTANCE_FILE = Path(__file__).resolve().parents[1] / "dagster.yaml"
 _LEGACY_INSTANCE = "telemetry:\n  enabled: false\n"
 #: Dagster's console logger at WARNING: the CLI prints its own one line per step.
 QUIET: dict[str, Any] = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+#: Dagster's console logger off but for CRITICAL: a round's worker prints its own line (a cancelled round's
+#: interrupted step would otherwise fill its log with Dagster's stack traces).
+SILENT: dict[str, Any] = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 #: Loop settings as earlier versions recorded them in a run's tags (read back by ``retry``).
 _LEGACY_SETTINGS = {"recipe_overrides_json": "recipe_overrides"}
 
@@ -108,10 +112,12 @@ def watch_steps(instance: Any, run_id: str, total: int, desc: str, poll_s: float
     """A progress bar over the steps of a run executing in this process (read from the instance's event log).
 
     On a terminal the bar sits above the steps' own bars (training, prediction); elsewhere it is a line
-    every few percent or 30 s, naming the step that runs.
+    every few percent or 30 s, naming the step that runs, on stderr even where nothing prints progress records
+    (a notebook, a script: ``ensure_shown``, as the remote client's ``wait`` does).
     """
-    from envloop_pipelines.core.progress import Progress
+    from envloop_pipelines.core.progress import Progress, ensure_shown
 
+    ensure_shown()
     stop = threading.Event()
     bar = Progress(desc, total=total, unit="step")
 
@@ -165,6 +171,8 @@ class LocalClient:
             a round with its failed run's settings.
         task: The task when ``loop_settings`` is left out (default ``personal_agent``).
         notify: Where the loop's own lines go (a run whose worker died, a loop's start and stop).
+        door: Who drives this client, as the round claim names it to a door it refuses (default
+            ``LocalClient.<method>``; the CLI's is ``envloop round start``).
 
     Example::
 
@@ -176,8 +184,11 @@ class LocalClient:
     """
 
     def __init__(self, loop_settings: Mapping[str, Any] | None = None, *, task: str | None = None,
-                 notify: Callable[[str], None] = lambda line: None) -> None:
+                 notify: Callable[[str], None] = lambda line: None, door: str | None = None) -> None:
         self.notify = notify
+        self._door = door
+        #: The console logger's run config of the rounds run in this process (:data:`QUIET`; the worker: SILENT).
+        self.run_logging: dict[str, Any] = QUIET
         self._resources: dict[str, Any] | None = None
         self._task = task or "personal_agent"
         self._home: str | None = None
@@ -212,6 +223,24 @@ class LocalClient:
             raise RefusedError("this LocalClient has no loop settings: give them to run the loop")
         return self.config
 
+    def probe(self) -> None:
+        """Fail in seconds when the MLflow server the loop will use (``$MLFLOW_TRACKING_URI``; the default SQLite
+        store under the home needs none) does not answer: one request, no retries, at most 5 s. Done before any
+        work by :meth:`setup`, :meth:`run_round`, :meth:`start_round`, :meth:`run_loop` and :meth:`retry`.
+
+        Raises:
+            UnavailableError: the server did not answer; the one-line message names its URL and the setting.
+        """
+        from envloop_pipelines.core.services import ServiceUnavailable, probe_tracking_uri
+
+        mlflow = self._resources["mlflow"] if self._resources is not None else None
+        uri, setting = (mlflow.tracking_uri, "MlflowResource.tracking_uri") if mlflow is not None and \
+            mlflow.tracking_uri else (os.environ.get("MLFLOW_TRACKING_URI"), "MLFLOW_TRACKING_URI")
+        try:
+            probe_tracking_uri(uri, setting)
+        except ServiceUnavailable as exc:
+            raise UnavailableError(str(exc)) from None
+
     def reap_orphans(self) -> list[Any]:
         """Mark failed every unfinished run of this host whose worker process is gone; the runs marked."""
         from envloop_pipelines.defs.rounds.recovery import reap_orphaned_runs
@@ -230,6 +259,7 @@ class LocalClient:
         """Run ``setup_job`` here (the task's benchmark and noise floor, release 1 on a fresh task).
 
         Raises:
+            UnavailableError: the MLflow server does not answer (:meth:`probe`).
             RoundFailed: the setup run failed.
         """
         from dagster._core.utils import make_new_run_id
@@ -237,6 +267,7 @@ class LocalClient:
         from envloop_pipelines.defs.rounds.recovery import worker_tags
 
         self._cfg()
+        self.probe()
         job = code_location_job(SETUP_JOB)
         run_id = make_new_run_id()
         watch = watch_steps(self.instance, run_id, len(job.graph.nodes), "setup") if progress else contextlib.nullcontext()
@@ -264,17 +295,53 @@ class LocalClient:
             return None
         return champion_out_of_reach(cfg.task, cfg.home, floor) or None
 
+    def _door_of(self, method: str) -> str:
+        """The door a round claim names: the CLI's command, or ``LocalClient.<method>``."""
+        return self._door or f"LocalClient.{method}"
+
+    def _claim(self, key: str, run_id: str, door: str, pid: int) -> None:
+        """Claim the task's round for ``run_id`` (``core/ledger/round_claim.py``); a live claim of another run refuses.
+
+        Raises:
+            RefusedError: another round of the task runs (the message names it, its run and its door).
+        """
+        from envloop_pipelines.resources.round_claim import RoundBusy, claim_round_on
+
+        try:
+            claim_round_on(self.instance, self._cfg(), key, run_id=run_id, door=door, pid=pid)
+        except RoundBusy as exc:
+            raise RefusedError(str(exc)) from None
+
     def _execute_round(self, key: str, proposal: Mapping[str, Any] | None, run_key: str | None,
                        retry_of: Any = None, progress: bool = True, run_id: str | None = None,
-                       extra_tags: Mapping[str, str] | None = None) -> RoundInfo:
-        """Run round ``key``'s job in this process; the round with its decision, or RoundFailed."""
+                       extra_tags: Mapping[str, str] | None = None, door: str = "LocalClient.run_round") -> RoundInfo:
+        """Run round ``key``'s job in this process; the round with its decision, or RoundFailed.
+
+        The task's round is claimed for the run first (a worker takes over the claim its ``start_round`` took)
+        and given back when the run has ended.
+
+        Raises:
+            RefusedError: another round of the task holds the claim.
+        """
         from dagster._core.utils import make_new_run_id
 
+        from envloop_pipelines.resources.round_claim import release_round_of
+
+        cfg = self._cfg()
+        run_id = run_id or make_new_run_id()
+        self._claim(key, run_id, door, os.getpid())
+        try:
+            return self._execute_claimed(key, proposal, run_key, retry_of, progress, run_id, extra_tags)
+        finally:
+            release_round_of(cfg, run_id)
+
+    def _execute_claimed(self, key: str, proposal: Mapping[str, Any] | None, run_key: str | None, retry_of: Any,
+                         progress: bool, run_id: str, extra_tags: Mapping[str, str] | None) -> RoundInfo:
         from envloop_pipelines.defs.rounds.recovery import worker_tags
 
         cfg = self._cfg()
         self.instance.add_dynamic_partitions(ROUNDS_PARTITIONS, [key])
-        run_config: dict[str, Any] = dict(QUIET)
+        run_config: dict[str, Any] = dict(self.run_logging)
         if proposal is not None:
             run_config["ops"] = {"registered_hypothesis": {"config": {"proposal_json": json.dumps(proposal)}}}
         tags = {**dict(extra_tags or {}), **worker_tags(), SETTINGS_TAG: json.dumps(cfg.to_settings(), sort_keys=True)}
@@ -285,7 +352,6 @@ class LocalClient:
             tags.update({RETRY_OF_TAG: retry_of.run_id, PARENT_RUN_TAG: retry_of.run_id,
                          ROOT_RUN_TAG: retry_of.tags.get(ROOT_RUN_TAG, retry_of.run_id)})
         job = code_location_job(ROUND_JOB)
-        run_id = run_id or make_new_run_id()
         with (watch_steps(self.instance, run_id, len(job.graph.nodes), f"round {key}") if progress
               else contextlib.nullcontext()):
             job.execute_in_process(instance=self.instance, resources=self._resources, partition_key=key,
@@ -314,11 +380,26 @@ class LocalClient:
         if not self.is_set_up():
             raise RefusedError(f"the task {self.task!r} has no noise floor yet: run setup() (setup_job) before the "
                                f"first round")
+        self.ensure_no_round_running()
+        return round_key(last_round_number(self.task, self._home) + 1)
+
+    def ensure_no_round_running(self) -> None:
+        """Refuse while a round of the task runs, from whichever door (nothing is claimed: the round's own claim
+        is taken when it starts).
+
+        Raises:
+            RefusedError: a round of the task runs; the message names it, its run and (from its claim) its door.
+        """
+        from envloop_pipelines.resources.round_claim import RoundBusy, live_claim_on
+
+        self.reap_orphans()  # a claim whose worker died holds nothing: its run is marked failed first
+        claim = live_claim_on(self.instance, self._cfg()) if self._resources is not None else None
+        if claim is not None:
+            raise RefusedError(str(RoundBusy(claim)))
         running = self._running_round()
         if running is not None:
             raise RefusedError(f"round {running[0]} of task {self.task!r} is running (run {running[1]}): wait for it "
                                f"or cancel it first")
-        return round_key(last_round_number(self.task, self._home) + 1)
 
     def _running_round(self) -> tuple[str, str] | None:
         """``(key, run id)`` of a round of this task whose worker is alive: one started here that has not created
@@ -354,9 +435,10 @@ class LocalClient:
             RoundFailed: the round ended without a decision.
         """
         proposal = self._proposal(hypothesis)
+        self.probe()
         key = key or self._next_round()
         return self._execute_round(key, proposal, (tags or {}).get(LOOP_TAG), progress=progress, run_id=run_id,
-                                   extra_tags=tags)
+                                   extra_tags=tags, door=self._door_of("run_round"))
 
     def start_round(self, hypothesis: Mapping[str, Any] | str | os.PathLike[str] | None = None, *,
                     key: str | None = None, tags: Mapping[str, str] | None = None) -> RoundRun:
@@ -381,6 +463,7 @@ class LocalClient:
         started = time.time()
         cfg = self._cfg()
         proposal = self._proposal(hypothesis)
+        self.probe()
         following = self._next_round()
         if key is not None:
             try:
@@ -391,16 +474,25 @@ class LocalClient:
                 raise RefusedError(f"key: round {key} exists already; leave key out for the next one ({following})")
         key = key or following
         run_id = make_new_run_id()
+        door = self._door_of("start_round")
+        self._claim(key, run_id, door, os.getpid())  # before anything: a second start, anywhere, is refused
         folder = dagster_home() / "workers"
         folder.mkdir(parents=True, exist_ok=True)
         spec = folder / f"{run_id}.json"
-        atomic_write_json(spec, {"settings": cfg.to_settings(), "key": key, "proposal": proposal, "run_id": run_id,
-                                 "tags": dict(tags or {})})
-        with open(folder / f"{run_id}.log", "wb") as log:
-            self._workers[run_id] = subprocess.Popen(
-                [sys.executable, "-m", "envloop_pipelines.sdk.worker", str(spec)], stdout=log,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                env={**os.environ, "DAGSTER_HOME": str(dagster_home())})
+        try:
+            atomic_write_json(spec, {"settings": cfg.to_settings(), "key": key, "proposal": proposal,
+                                     "run_id": run_id, "tags": dict(tags or {}), "door": door})
+            with open(folder / f"{run_id}.log", "wb") as log:
+                self._workers[run_id] = subprocess.Popen(
+                    [sys.executable, "-m", "envloop_pipelines.sdk.worker", str(spec)], stdout=log,
+                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                    env={**os.environ, "DAGSTER_HOME": str(dagster_home())})
+        except BaseException:
+            from envloop_pipelines.resources.round_claim import release_round_of
+
+            release_round_of(cfg, run_id)
+            raise
+        self._claim(key, run_id, door, self._workers[run_id].pid)  # the worker holds it now (it outlives us)
         self.notify(f"round {key}: run {run_id} started in worker pid {self._workers[run_id].pid}")
         return RoundRun(key=key, run_id=run_id, launched_at=started)
 
@@ -442,13 +534,14 @@ class LocalClient:
             NotFoundError: no such run.
             ClientError: ``timeout_s`` passed first (the run goes on), or the worker ended before starting it.
         """
-        from envloop_pipelines.core.progress import Progress
+        from envloop_pipelines.core.progress import Progress, ensure_shown
         from envloop_pipelines.defs.rounds.recovery import worker_is_gone
 
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         run = self._await_run(run_id, deadline, poll_s)
         bar = None
         if progress:
+            ensure_shown()  # a notebook or a script: the progress lines go to stderr, where a person sees them
             total = len(code_location_job(run.job_name).graph.nodes)
             bar = Progress(desc or (f"round {run.tags[PARTITION_TAG]}" if PARTITION_TAG in run.tags else run.job_name),
                            total=total, unit="step")
@@ -532,7 +625,7 @@ class LocalClient:
 
         def run(nxt: NextRound) -> bool:
             result = pending.pop()[1]() if pending else self._execute_round(
-                nxt.round, None if done else proposal, nxt.run_key, progress=progress)
+                nxt.round, None if done else proposal, nxt.run_key, progress=progress, door=self._door_of("run_loop"))
             done.append(result)
             if on_round is not None:
                 on_round(result)
@@ -563,6 +656,8 @@ class LocalClient:
             budget = LoopBudget(max_rounds=rounds, patience=patience, max_wall_s=max_wall_s)
         except ValueError as exc:
             raise RefusedError(str(exc)) from None
+        self.probe()
+        self.ensure_no_round_running()  # before the active loop is replaced
         state = start_loop(cfg.task, f"cli-{int(time.time())}", budget, home=cfg.home)
         self.notify(f"loop {state.loop_id}: up to {rounds} rounds")
         return self._drive(None, on_round, progress, proposal)
@@ -605,10 +700,13 @@ class LocalClient:
         settings = json.loads(failed.tags[SETTINGS_TAG])
         if settings.get("task") != task:
             raise RefusedError(f"round {key}'s run belongs to task {settings.get('task')!r}, not {task!r}")
-        self.notify(f"retrying round {key} (run {failed.run_id} {failed.status.value})")
         self._use(settings)
+        self.probe()
+        self.ensure_no_round_running()
+        self.notify(f"retrying round {key} (run {failed.run_id} {failed.status.value})")
         return self._drive((key, lambda: self._execute_round(key, None, failed.tags.get(LOOP_TAG), retry_of=failed,
-                                                             progress=progress)), on_round, progress)
+                                                             progress=progress, door=self._door_of("retry"))),
+                           on_round, progress)
 
     # ------------------------------------------------------------------ what the steps recorded
 

@@ -47,7 +47,28 @@ def answer(post: Callable[..., Any], body: Mapping[str, Any], where: str) -> dic
         detail = response.text[:300]
     kind = (RefusedError if response.status_code in (400, 413, 422) else NotFoundError if response.status_code == 404
             else UnavailableError if response.status_code >= 500 else ClientError)
-    raise kind(f"the server at {where} answered {response.status_code}: {json.dumps(detail)[:500]}")
+    raise kind(f"the server at {where} answered {response.status_code}: {refusal_text(detail)}")
+
+
+def refusal_text(detail: Any) -> str:
+    """A server's error body in words: each schema failure as ``field.path: reason`` (the request's own fields,
+    ``body`` left out), an error's message, or the body's JSON as a last resort (shortened).
+
+    The server's errors (``core/serve/app.py``): ``{"detail": [{"loc", "msg", "type"}]}`` for a request that
+    fails the schema (422), ``{"detail": {"error_type", "message"}}`` for the rest.
+    """
+    inner = detail.get("detail") if isinstance(detail, Mapping) else None
+    if isinstance(inner, list) and inner and all(isinstance(d, Mapping) for d in inner):
+        parts = []
+        for d in inner:
+            loc = [str(p) for p in (d.get("loc") or []) if p != "body"]
+            parts.append(f"{'.'.join(loc) or 'request'}: {d.get('msg') or d.get('type') or 'invalid'}")
+        return "; ".join(parts)[:1000]
+    if isinstance(inner, Mapping) and inner.get("message"):
+        return f"{inner['message']}" + (f" ({inner['error_type']})" if inner.get("error_type") else "")
+    if isinstance(inner, str):
+        return inner[:500]
+    return json.dumps(detail)[:500]
 
 
 class Answerer:
@@ -68,6 +89,9 @@ class Answerer:
         many = not isinstance(request, Mapping)
         bodies = [jev_body(r) for r in (request if many else [request])]
         if url is None:
+            from envloop_pipelines.console import quiet_third_party
+
+            quiet_third_party()  # the CLI's filters: a model loads here (its "Loading weights" bars, a FutureWarning)
             server = self._server(source())
             answers = [answer(server.post, body, "in process") for body in bodies]
         else:
@@ -100,4 +124,4 @@ class Answerer:
             server.__exit__(None, None, None)
 
 
-__all__ = ["Answerer", "JEV_PATH", "answer", "jev_body"]
+__all__ = ["Answerer", "JEV_PATH", "answer", "jev_body", "refusal_text"]

@@ -40,7 +40,15 @@ class LoopClient(Protocol):
 
     def start_round(self, hypothesis: Any = None, *, key: str | None = None,
                     tags: Mapping[str, str] | None = None) -> RoundRun:
-        """Start the next round and return at once (follow it with :meth:`wait`)."""
+        """Start the next round and return at once (follow it with :meth:`wait`); refused while a round of the task runs."""
+        ...
+
+    def probe(self) -> None:
+        """Raise ``UnavailableError`` in seconds, naming the URL and its setting, when a server it uses is dead."""
+        ...
+
+    def ensure_no_round_running(self) -> None:
+        """Raise ``RefusedError`` naming the round and its run while a round of the task runs."""
         ...
 
     def run_round(self, hypothesis: Any = None, *, progress: bool = True,
@@ -106,7 +114,8 @@ class LoopClient(Protocol):
 
 
 #: The methods of :class:`LoopClient` (the test compares both clients' signatures on these).
-LOOP_CLIENT_METHODS: tuple[str, ...] = ("is_set_up", "setup", "promotion_warning", "start_round", "run_round", "wait",
+LOOP_CLIENT_METHODS: tuple[str, ...] = ("probe", "is_set_up", "setup", "promotion_warning", "ensure_no_round_running",
+                                        "start_round", "run_round", "wait",
                                         "cancel", "run_loop", "retry", "run", "run_error", "decision", "rounds",
                                         "ledger", "releases", "release_cards", "predict", "close")
 

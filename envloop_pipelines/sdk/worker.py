@@ -20,8 +20,9 @@ from pathlib import Path
 def main(argv: list[str] | None = None) -> int:
     """Run the round the spec names; 0 when it was decided, 1 when it failed or was cancelled."""
     from envloop_pipelines.console import quiet_third_party
+    from envloop_pipelines.sdk.client import RoundFailed
     from envloop_pipelines.sdk.errors import ClientError
-    from envloop_pipelines.sdk.local import LocalClient
+    from envloop_pipelines.sdk.local import SILENT, LocalClient
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
@@ -29,10 +30,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     quiet_third_party()
     spec = json.loads(Path(args[0]).read_text(encoding="utf-8"))
-    client = LocalClient(spec["settings"], notify=print)
+    client = LocalClient(spec["settings"], notify=print, door=spec.get("door"))
+    client.run_logging = SILENT  # this log says how the round ended, in one line (the run's event log has the rest)
     try:
         result = client.run_round(spec["proposal"], key=spec["key"], run_id=spec["run_id"], tags=spec["tags"],
                                   progress=False)
+    except RoundFailed as exc:
+        if exc.run is not None and exc.run.status == "CANCELED":  # LocalClient.cancel: not a failure to debug
+            print(f"round {spec['key']}: cancelled (run {exc.run.run_id} ended CANCELED); `envloop round retry` "
+                  f"runs it again", file=sys.stderr)
+        else:
+            print(f"round {spec['key']}: failed: {exc}" + (f" ({exc.reason})" if exc.reason else ""), file=sys.stderr)
+        return 1
     except ClientError as exc:
         print(f"round {spec['key']}: {exc}", file=sys.stderr)
         return 1

@@ -214,3 +214,53 @@ def test_a_tick_inside_the_minimum_interval_is_not_evaluated(home: Path, instanc
     # Past the interval it is evaluated and the run appears.
     assert len(tick(workspace, t0 + STEP_S).run_ids) == 1
     assert len(runs_for(instance, "r0002")) == 1
+
+
+def test_a_tick_while_another_door_runs_a_round_is_skipped_naming_it(home: Path, instance: dg.DagsterInstance,
+                                                                     workspace: WorkspaceProcessContext) -> None:
+    """Issue 37: one round at a time from every door. A round started from the SDK (its claim taken, its run not on
+    the instance yet) makes the sensor skip, naming it; once the round is over, the next decision starts the next."""
+    import os
+
+    from envloop_pipelines.core.ledger.round_claim import claim_round, release_round
+
+    decide_round_one(home)
+    instance.add_dynamic_partitions("rounds", ["r0001"])
+    t0 = time.time()
+    tick(workspace, t0)
+    claim_round(TASK, home, "r0002", run_id="run-of-the-sdk", door="LocalClient.start_round",
+                run_finished=lambda run_id: None, pid=os.getpid())
+    report_decision(instance, "r0001")
+    busy = tick(workspace, t0 + STEP_S)
+    assert busy.status == TickStatus.SKIPPED and not busy.run_ids
+    assert (f"round r0002 of task {TASK!r} is running (run run-of-the-sdk, started by LocalClient.start_round, pid "
+            f"{os.getpid()}") in (busy.skip_reason or ""), busy.skip_reason
+    assert not runs_for(instance, "r0002") and instance.get_dynamic_partitions("rounds") == ["r0001"]
+
+    assert release_round(TASK, home, "run-of-the-sdk")  # the round's run ended; its decision is the next event
+    report_decision(instance, "r0001")
+    assert len(tick(workspace, t0 + 2 * STEP_S).run_ids) == 1
+    assert len(runs_for(instance, "r0002")) == 1
+
+
+def test_the_nightly_schedule_starts_no_loop_beside_a_running_round(home: Path, instance: dg.DagsterInstance) -> None:
+    import datetime
+    import os
+
+    from envloop_pipelines.core.ledger.loop_budget import load_loop
+    from envloop_pipelines.core.ledger.round_claim import claim_round
+    from envloop_pipelines.defs.rounds.schedules import nightly_loop
+    from envloop_pipelines.resources.loop import loop_resource
+
+    decide_round_one(home)
+    claim_round(TASK, home, "r0002", run_id="run-of-the-cli", door="envloop round start",
+                run_finished=lambda run_id: None, pid=os.getpid())
+    context = dg.build_schedule_context(instance=instance, resources={"loop": loop_resource({"task": TASK,
+                                                                                             "home": str(home)})},
+                                        scheduled_execution_time=datetime.datetime(2026, 1, 2, 2, 0))
+    skipped = nightly_loop(context)
+    assert isinstance(skipped, dg.SkipReason)
+    assert f"round r0002 of task {TASK!r} is running (run run-of-the-cli, started by envloop round start" in str(
+        skipped.skip_message)
+    assert load_loop(TASK, home).loop_id == LOOP_ID  # the active loop is not replaced
+    assert not instance.get_dynamic_partitions("rounds")

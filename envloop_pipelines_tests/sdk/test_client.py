@@ -86,3 +86,42 @@ def test_evaluate_needs_exactly_one_source(tmp_path: Path) -> None:
         Client.evaluate(tmp_path, records=tmp_path / "x.jsonl", task="t")
     with pytest.raises(ClientError, match="split: 'test' is not an open split"):
         Client.evaluate(tmp_path, task="t", split="test")
+
+
+def test_a_start_while_a_round_runs_on_the_deployment_is_refused_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 37: the remote Client accepted a second start_round while one ran. It now asks the deployment for a
+    round run that has not ended before adding a partition (the round's first step claims the round on the
+    deployment for starts that pass this check together: ``sdk/test_local_client_rounds.py``)."""
+    from envloop_pipelines.sdk import RefusedError
+
+    client = Client("http://127.0.0.1:9")
+    client._settings = {"task": "personal_agent"}
+    monkeypatch.setattr(client, "probe", lambda: None, raising=False)  # no servers here
+    monkeypatch.setattr(client, "is_set_up", lambda: True)
+    asked: dict = {}
+
+    def runs(job: str, *, partition: str | None = None, limit: int = 50, statuses: object = None) -> list[RunInfo]:
+        asked.update(job=job, statuses=statuses)
+        return [RunInfo(run_id="abc", job=job, status="STARTED", partition="r0003", start_time=None, end_time=None,
+                        created=None, tags={}, steps=())]
+
+    monkeypatch.setattr(client, "runs", runs)
+    monkeypatch.setattr(client, "add_round", lambda key=None: pytest.fail("a partition was added"))
+    with pytest.raises(RefusedError, match=r"^round r0003 of task 'personal_agent' is running \(run abc, STARTED\)"):
+        client.start_round()
+    assert asked["job"] == "round_job" and set(asked["statuses"]) >= {"QUEUED", "STARTING", "STARTED"}
+
+
+def test_a_release_answers_as_the_same_model_id_locally_and_remotely(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 37: one release, two model ids (``envloop-personal_agent-r0001`` from the home's chain,
+    ``envloop-<sha256>-<sha12>`` from MLflow); docs/serving.md says the first."""
+    ckpt = tmp_path / ("ab" * 32)
+    ckpt.mkdir()
+    (ckpt / "manifest.json").write_text(json.dumps({"files": {"model.safetensors": "cd" * 32}}), encoding="utf-8")
+    client = Client("http://127.0.0.1:9")
+    client._settings = {"task": "personal_agent"}
+    monkeypatch.setattr(client, "_release_number", lambda release: 1)
+    monkeypatch.setattr(client, "fetch_checkpoint", lambda release, dest: ckpt)
+    source = client._release_source("champion", tmp_path)
+    assert (source.model_id, source.release, source.task) == ("envloop-personal_agent-r0001", 1, "personal_agent")

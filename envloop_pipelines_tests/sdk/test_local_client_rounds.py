@@ -99,6 +99,9 @@ def test_a_running_round_is_cancelled_and_a_second_start_is_refused_meanwhile(lo
     info = client.cancel(started.run_id, timeout_s=300)
     assert info.status == "CANCELED"
     assert client._workers[started.run_id].wait(timeout=60) == 1  # the worker's round failed: it was cancelled
+    log = (Path(os.environ["DAGSTER_HOME"]) / "workers" / f"{started.run_id}.log").read_text(encoding="utf-8")
+    assert "Stack Trace" not in log and "Traceback" not in log, log[-2000:]  # issue 37: 320 lines of Dagster's
+    assert log.strip().splitlines()[-1].startswith(f"round r0004: cancelled (run {started.run_id} ended CANCELED)")
     assert client.decision("r0004") is None
     tracker = MlflowTracker(home=loop["home"])
     experiment = tracker.client.get_experiment_by_name(TASK)
@@ -147,3 +150,67 @@ def test_predict_answers_from_the_homes_release_chain(loop: dict[str, Any]) -> N
         client.predict(record, release="latest")
     with pytest.raises(RefusedError, match="state"):
         client.predict({"questions": record["questions"]})
+
+
+def test_two_clients_started_0_1s_apart_run_one_round_and_every_other_door_is_refused_naming_it(
+        loop: dict[str, Any]) -> None:
+    """Issue 37: a second LocalClient started 1.5 s after the first was accepted with the same key, and two workers
+    trained it (two ``lora_checkpoint_trained`` events, two MLflow runs of each step); ``envloop round start`` and a
+    launch of ``round_job`` (the remote Client's door, the sensor's and the schedule's) ran beside it too."""
+    import threading
+    from collections import Counter
+
+    from click.testing import CliRunner
+
+    from envloop_pipelines.cli import main
+    from envloop_pipelines.core.ledger.ledger import EVENT_CHECKPOINT_TRAINED
+    from envloop_pipelines.names import CLIENT_TAG, REFUSED_TAG, ROUND_JOB
+    from envloop_pipelines.sdk.local import code_location_job
+
+    clients = [LocalClient({**SETTINGS, "home": str(loop["home"])}) for _ in range(2)]
+    answers: dict[int, Any] = {}
+
+    def start(i: int) -> None:
+        time.sleep(0.1 * i)
+        try:
+            answers[i] = clients[i].start_round()
+        except RefusedError as exc:
+            answers[i] = exc
+
+    threads = [threading.Thread(target=start, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    started = [a for a in answers.values() if not isinstance(a, Exception)]
+    refused = [str(a) for a in answers.values() if isinstance(a, RefusedError)]
+    assert len(started) == 1 and len(refused) == 1, answers
+    run = started[0]
+    owner = next(c for c in clients if run.run_id in c._workers)
+    named = f"round {run.key} of task {TASK!r} is running (run {run.run_id}, started by LocalClient.start_round"
+    assert named in refused[0], refused
+
+    cli = CliRunner().invoke(main, ["round", "start", "--task", TASK, "--generator", GENERATOR])
+    assert cli.exit_code == 1 and named in cli.output, cli.output
+    assert len(cli.output.strip().splitlines()) == 1, cli.output  # one line: no setup, no round, no traceback
+
+    # the round's first step claims for every door: a launch of the same round from elsewhere is refused
+    owner.instance.add_dynamic_partitions("rounds", [run.key])  # as the launcher's partition request does
+    other = code_location_job(ROUND_JOB).execute_in_process(
+        instance=owner.instance, resources=owner._resources, partition_key=run.key, raise_on_error=False,
+        tags={CLIENT_TAG: "sdk"})
+    assert not other.success
+    assert other.dagster_run.run_id != run.run_id
+    assert owner.instance.get_run_by_id(other.dagster_run.run_id).tags[REFUSED_TAG] == "busy"
+    assert named in str(owner.run_error(other.dagster_run.run_id))
+
+    info = owner.wait(run.run_id, progress=False, timeout_s=900)
+    assert info.status == "SUCCESS" and owner.decision(run.key) is not None
+    trained = [e for e in Ledger(TASK, loop["home"]).events(EVENT_CHECKPOINT_TRAINED) if e.get("round") == run.key]
+    assert len(trained) == 1, trained
+    tracker = MlflowTracker(home=loop["home"])
+    experiment = tracker.client.get_experiment_by_name(TASK)
+    runs = tracker.client.search_runs([experiment.experiment_id], filter_string=f"tags.`{TAG_ROUND}` = '{run.key}'")
+    names = Counter(r.info.run_name for r in runs)
+    assert runs and all(n == 1 for n in names.values()), names
+    assert all(r.info.status == "FINISHED" for r in runs), [(r.info.run_name, r.info.status) for r in runs]

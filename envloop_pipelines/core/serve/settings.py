@@ -224,6 +224,22 @@ def _slug(text: str) -> str:
     return s or "model"
 
 
+def release_model_id(task: str, release: int) -> str:
+    """The id a release answers as, wherever its checkpoint was read from (``envloop-<task>-r<NNNN>``)."""
+    return f"envloop-{_slug(task)}-r{int(release):04d}"
+
+
+def source_from_release_checkpoint(checkpoint_dir: str | Path, task: str, release: int) -> ModelSource:
+    """A release's checkpoint read from elsewhere (the remote client's download from MLflow) served as that
+    release: the id, task and release number a home's release chain gives it (:func:`source_from_release`).
+
+    Raises:
+        FileNotFoundError: the directory has no ``manifest.json``.
+    """
+    return dataclasses.replace(source_from_checkpoint(checkpoint_dir), model_id=release_model_id(task, release),
+                               release=int(release), task=task)
+
+
 def source_from_checkpoint(checkpoint_dir: str | Path, *, model_id: str | None = None) -> ModelSource:
     """A checkpoint directory served under ``envloop-<dir>-<sha[:12]>`` (or ``model_id``).
 
@@ -287,7 +303,7 @@ def source_from_release(
         date = datetime.fromtimestamp(when, timezone.utc).strftime("%Y-%m-%d")
     return ModelSource(
         checkpoint_dir=ckpt,
-        model_id=model_id or f"envloop-{_slug(task)}-r{number:04d}",
+        model_id=model_id or release_model_id(task, number),
         release=number,
         task=task,
         release_date=date,
@@ -317,7 +333,9 @@ __all__ = [
     "ServeSettings",
     "SettingsError",
     "load_api_keys",
+    "release_model_id",
     "settings_for",
     "source_from_checkpoint",
     "source_from_release",
+    "source_from_release_checkpoint",
 ]

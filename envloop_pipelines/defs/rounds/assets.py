@@ -68,17 +68,52 @@ def refuse_bad_proposal(context: dg.AssetExecutionContext, proposal_json: str) -
                                                                                   "; ".join(exc.errors)))
 
 
-def refuse(context: dg.AssetExecutionContext, message: str) -> NoReturn:
-    """Fail the step with a refusal: the run tagged never to be retried, and ``dg.Failure(allow_retries=False)``
-    with ``message``; a round that has written nothing yet and has no other run gives its partition back."""
+def refuse(context: dg.AssetExecutionContext, message: str, reason: str = "hypothesis") -> NoReturn:
+    """Fail the step with a refusal: the run tagged never to be retried (``REFUSED_TAG``: ``reason``), and
+    ``dg.Failure(allow_retries=False)`` with ``message``; a round that has written nothing yet and has no other run
+    gives its partition back."""
     key = context.partition_key
     instance = context.instance
-    instance.add_run_tags(context.run_id, {NO_RETRY_TAG: "false", REFUSED_TAG: "hypothesis"})
+    instance.add_run_tags(context.run_id, {NO_RETRY_TAG: "false", REFUSED_TAG: reason})
     runs = instance.get_runs_count(dg.RunsFilter(tags={names.PARTITION_TAG: key}))
     if runs <= 1 and not _round_started(context, key):
         instance.delete_dynamic_partition(rounds.name, key)
         message += f" (nothing of round {key} was written; its partition is removed)"
     raise dg.Failure(description=message, allow_retries=False)
+
+
+def claim_the_round(context: dg.AssetExecutionContext, loop: LoopResource) -> None:
+    """Claim the task's round for this run (``core/ledger/round_claim.py``) before anything of it is written.
+
+    The round's first step does it for every door: a run launched while another round of the task runs (by the
+    remote ``Client``, the sensor, the schedule, the UI) is refused naming that round, its run and its door, and
+    writes nothing (no ledger event, no MLflow run; the failure hook closes none of the other round's). A run whose
+    door claimed for it already (``LocalClient``, ``envloop round start``) takes its claim over.
+    """
+    from envloop_pipelines.defs.rounds.recovery import worker_pid
+    from envloop_pipelines.resources.round_claim import RoundBusy, claim_round_on
+
+    try:
+        claim_round_on(context.instance, loop.config(), context.partition_key, run_id=context.run_id,
+                       door=run_door(context.run), pid=worker_pid(context.run))
+    except RoundBusy as exc:
+        refuse(context, f"round {context.partition_key}: refused: {exc}", reason=BUSY)
+
+
+#: ``REFUSED_TAG`` of a run refused because another round of the task held the claim.
+BUSY = "busy"
+
+
+def run_door(run: dg.DagsterRun) -> str:
+    """Who launched ``run``, in words: the sensor or schedule that requested it, the SDK's ``Client``, or a launch."""
+    tags = run.tags
+    if tags.get(names.SENSOR_NAME_TAG):
+        return f"sensor {tags[names.SENSOR_NAME_TAG]}"
+    if tags.get(names.SCHEDULE_NAME_TAG):
+        return f"schedule {tags[names.SCHEDULE_NAME_TAG]}"
+    if tags.get(names.CLIENT_TAG) == "sdk":
+        return "Client.start_round"
+    return f"a launch of {names.ROUND_JOB}"
 
 
 def _round_started(context: dg.AssetExecutionContext, key: str) -> bool:
@@ -155,6 +190,7 @@ def baseline_eval(context: dg.AssetExecutionContext, loop: LoopResource,
     from envloop_pipelines.core.decision_loop.plots import reliability_diagram
 
     refuse_bad_proposal(context, _run_proposal_json(context))  # before anything of the round is written
+    claim_the_round(context, loop)
     task = loop.task_snapshot(task_benchmark)
     result = steps.evaluate_champion(loop.config(), task, context.partition_key)
     preds = pq.read_table(result.predictions).to_pylist()
@@ -349,7 +385,7 @@ def close_failed_round(context: dg.HookContext) -> None:
     """A step of a round failed: the round's MLflow runs still RUNNING (its parent, the step's) end FAILED."""
     run = context.instance.get_run_by_id(context.run_id)
     key = run.tags.get(names.PARTITION_TAG) if run is not None else None
-    if key:
+    if key and run.tags.get(REFUSED_TAG) != BUSY:  # a run refused as busy: the round's MLflow runs are another's
         cfg = context.resources.loop.config()
         close_round_runs(context.resources.mlflow.tracker(), cfg.task, key, RUN_FAILED)
 

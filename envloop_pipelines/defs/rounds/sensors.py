@@ -10,14 +10,19 @@ from envloop_pipelines.defs.rounds.assets import REFUSED_TAG, promotion_decision
 from envloop_pipelines.defs.rounds.partitions import rounds
 from envloop_pipelines.names import LOOP_TAG, PARTITION_TAG
 from envloop_pipelines.resources.loop import LoopResource, MlflowResource
+from envloop_pipelines.resources.round_claim import live_claim_on
 
 
 @dg.asset_sensor(asset_key=promotion_decision.key, job=round_job, minimum_interval_seconds=30,
                  default_status=dg.DefaultSensorStatus.RUNNING)
 def next_round_sensor(context: dg.SensorEvaluationContext, asset_event: dg.EventLogEntry,
                       loop: LoopResource) -> dg.SensorResult | dg.SkipReason:
-    """After a round is decided, add the next partition and request its run while the loop's budget lasts."""
+    """After a round is decided, add the next partition and request its run while the loop's budget lasts (not while
+    another round of the task runs: the tick is skipped naming it)."""
     cfg = loop.config()
+    claim = live_claim_on(context.instance, cfg)
+    if claim is not None:
+        return dg.SkipReason(f"{claim.describe()}: the next round waits for it")
     nxt = next_round(cfg.task, home=cfg.home)
     if nxt.round is None:
         return dg.SkipReason(nxt.reason)
