@@ -120,6 +120,8 @@ class RunInfo:
     created: float | None
     tags: Mapping[str, str]
     steps: tuple[StepInfo, ...]
+    #: The steps this run executes when it runs a subset of its job (a retry from the failed step); else None.
+    step_keys: tuple[str, ...] | None = None
 
     @property
     def finished(self) -> bool:
@@ -142,7 +144,8 @@ class RunInfo:
                       for s in raw.get("stepStats") or [])
         return cls(run_id=raw["runId"], job=raw.get("jobName") or "", status=raw["status"],
                    partition=tags.get(PARTITION_TAG), start_time=raw.get("startTime"), end_time=raw.get("endTime"),
-                   created=raw.get("creationTime"), tags=tags, steps=steps)
+                   created=raw.get("creationTime"), tags=tags, steps=steps,
+                   step_keys=tuple(raw["stepKeysToExecute"]) if raw.get("stepKeysToExecute") else None)
 
 
 @dataclass(frozen=True)
@@ -535,8 +538,10 @@ class Client:
         info = self.run(run_id)
         if progress:
             ensure_shown()  # a notebook or a script: the progress lines go to stderr, where a person sees them
+        # A retry runs the failed step and those after it: its bar counts what it runs, not the whole job.
+        total = len(info.step_keys) if info.step_keys else self.job_steps(info.job)
         bar = Progress(desc or (f"round {info.partition}" if info.partition else info.job),
-                       total=self.job_steps(info.job), unit="step") if progress else None
+                       total=total, unit="step") if progress else None
         cursor: str | None = None
         latest: dict[str | None, str] = {}  # the last progress line of each step
         deadline = None if timeout_s is None else time.monotonic() + timeout_s

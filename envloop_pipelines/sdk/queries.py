@@ -86,7 +86,7 @@ mutation LaunchRun($params: ExecutionParams!) {
 """
 
 _RUN_FIELDS = """
-      runId jobName status startTime endTime creationTime
+      runId jobName status startTime endTime creationTime stepKeysToExecute
       tags { key value }
       stepStats { stepKey status startTime endTime }
 """

@@ -145,6 +145,12 @@ def test_a_notebook_watches_a_round_cancels_it_and_retries_it_to_its_decision(de
     assert f"round {key}: " in retried.stdout and ("promoted" in retried.stdout or "rejected" in retried.stdout)
     decided = client.round(key)
     assert decided.status == "decided" and decided.run.tags.get("dagster/parent_run_id") == run_id
+    # issue 37: the retry's progress counts the steps it runs (it stopped at "41% 5/12 step": the whole job's)
+    ran, whole = decided.run.step_keys, client.job_steps("round_job")
+    assert ran and len(ran) < whole, (ran, whole)
+    totals = {line.split(" step")[0].rsplit("/", 1)[-1] for line in retried.stderr.splitlines()
+              if line.startswith(f"round {key}:") and " step" in line and "/" in line}
+    assert totals == {str(len(ran))}, (totals, retried.stderr[-2000:])
     # the decision closes the round's parent run FINISHED
     statuses = _mlflow_runs(client, key)
     assert statuses.get("round") == "FINISHED" and "RUNNING" not in statuses.values(), statuses
