@@ -499,6 +499,8 @@ def releases(task: str | None, as_json: bool, remote: str | None, mlflow_uri: st
                                  "(--mlflow http://host:port, or set MLFLOW_TRACKING_URI)", param_hint="--mlflow")
     client = any_client(remote, mlflow_uri, task)
     print_releases(client.task, as_json, client=client)
+    if not as_json:
+        echo_champion_vs_tfidf(client.task, client=client)  # the last line: the champion beside TF-IDF + LR
 
 
 def echo_ledger(events: list[dict[str, Any]], as_json: bool, *, calibration: bool = True) -> None:

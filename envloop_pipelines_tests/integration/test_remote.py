@@ -233,6 +233,10 @@ def test_the_cli_goes_through_the_sdk_with_remote(deployment: Deployment) -> Non
     local = Ledger(TASK, deployment.home).releases()
     assert [r["release"] for r in releases] == [c["release"] for c in local]
     assert [r["champion"] for r in releases] == [False] * (len(local) - 1) + [True]
+    # The chain ends with the champion beside TF-IDF + LR on the holdout, as the demo's does (README).
+    chain = envloop("releases", "--mlflow", deployment.mlflow).stdout.strip().splitlines()
+    assert chain[-1].startswith(f"champion (release {local[-1]['release']}) on the holdout: family_macro_accuracy "), chain
+    assert "TF-IDF + LR" in chain[-1] and "classical baseline" in chain[-1], chain
 
     decided = json.loads(envloop("ledger", "--kind", "round_decided", "--json").stdout)
     assert [e["round"] for e in decided] == [r["round"] for r in rows]
