@@ -80,11 +80,10 @@ def decide_round(config: LoopConfig, task: TaskSnapshot, hypothesis: RegisteredH
                                config.safety_families, paired=reeval.paired)
     scores = {"champion_score": reeval.champion.get(gate.primary_metric),
               "candidate_score": reeval.candidate.get(gate.primary_metric)}
-    if ledger.candidate_answers_as_champion(key):
-        verdict = PromotionDecision(False, (*verdict.reasons, "the candidate answers every test question exactly as "
-                                            "the champion does (identical predictions): the change moved nothing "
-                                            "the test sees"), verdict.checks)
-    verdict = PromotionDecision(verdict.promote, verdict.reasons,
+    unchanged = ledger.candidate_answers_as_champion(key)
+    reasons = (*verdict.reasons, "the candidate answers every test question exactly as the champion does (identical "
+                                 "predictions): the change moved nothing the test sees") if unchanged else verdict.reasons
+    verdict = PromotionDecision(verdict.promote and not unchanged, reasons,
                                 {**verdict.checks, **power_checks(registered, delta), **scores})
     decision = RoundDecision.of(key, verdict, delta=delta, noise_floor=noise_floor.floor.floor, hypothesis=registered,
                                 gate=gate)

@@ -455,6 +455,11 @@ def draw_seeds(count: int = 1, used: Any = ()) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _answers_as_baseline(read: Mapping[str, Any] | None) -> bool:
+    """Whether a round's paired ``test_read`` scored predictions identical to its baseline's (same sha256)."""
+    return read is not None and read["predictions_sha256"] == read.get("baseline_sha256")
+
+
 @dataclass(frozen=True)
 class Hypothesis:
     """A round's registered proposal: the change, the predicted effect, the gate, the seeds."""
@@ -1112,8 +1117,7 @@ class Ledger:
         moved no weight): it cannot be promoted, and rejecting it selects nothing, so the predictions the
         setup or another round read before (the champion's) do not make it ineligible.
         """
-        read = self.round_candidate_read(round_key)
-        return read is not None and read["predictions_sha256"] == read.get("baseline_sha256")
+        return _answers_as_baseline(self.round_candidate_read(round_key))
 
     def require_unread_candidate(self, round_key: str) -> None:
         """Refuse a round's candidate whose test predictions anyone else read on test (issue 34: no redraw on test).
@@ -1129,7 +1133,7 @@ class Ledger:
         """
         own = f"round:{round_key}"
         read = self.round_candidate_read(round_key)
-        if read is None or self.candidate_answers_as_champion(round_key):
+        if read is None or _answers_as_baseline(read):
             return  # the champion's own predictions: the gate can only reject them (decide_round says so)
         candidate = read["predictions_sha256"]
         for event in self.events(EVENT_TEST_READ):

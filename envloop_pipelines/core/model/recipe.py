@@ -180,7 +180,7 @@ class TrainerFields:
             RecipeError: a key that is no field of the recipe (naming it, a close match and the fields), or a
                 value its field refuses.
         """
-        unknown_field_error(changes, type(self), "recipe field")
+        require_known_fields(changes, type(self), "recipe field")
         if "lora" in changes and isinstance(changes["lora"], Mapping):
             changes["lora"] = dataclasses.replace(self.lora, **changes["lora"])
         return dataclasses.replace(self, **changes)
@@ -321,7 +321,7 @@ def recipe_values(data: Any, cls: type[TrainerFields], kind: str) -> dict[str, A
     """
     if not isinstance(data, Mapping):
         raise RecipeError(f"a {kind} must be a mapping of field → value, got {type(data).__name__}")
-    unknown_field_error(data, cls, f"{kind} key")
+    require_known_fields(data, cls, f"{kind} key")
     values = dict(data)
     if "lora" in values:
         if not isinstance(values["lora"], Mapping):
@@ -330,7 +330,7 @@ def recipe_values(data: Any, cls: type[TrainerFields], kind: str) -> dict[str, A
     return values
 
 
-def unknown_field_error(data: Mapping[str, Any], cls: type[TrainerFields], what: str) -> None:
+def require_known_fields(data: Mapping[str, Any], cls: type[TrainerFields], what: str) -> None:
     """Refuse a key of ``data`` that is no field of ``cls``: the message names it, a close match and every field.
 
     Raises:
@@ -361,7 +361,7 @@ def check_recipe_overrides(overrides: Any) -> dict[str, Any]:
     if not isinstance(overrides, Mapping):
         raise RecipeError(f"recipe overrides must be a mapping of recipe field -> value, got {overrides!r}")
     values = dict(overrides)
-    unknown_field_error(values, Recipe, "recipe override")
+    require_known_fields(values, Recipe, "recipe override")
     Recipe().replace(**values)
     return values
 

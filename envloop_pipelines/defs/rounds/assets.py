@@ -82,6 +82,10 @@ def refuse(context: dg.AssetExecutionContext, message: str, reason: str = "hypot
     raise dg.Failure(description=message, allow_retries=False)
 
 
+#: ``REFUSED_TAG`` of a run refused because another round of the task held the claim.
+BUSY = "busy"
+
+
 def claim_the_round(context: dg.AssetExecutionContext, loop: LoopResource) -> None:
     """Claim the task's round for this run (``core/ledger/round_claim.py``) before anything of it is written.
 
@@ -98,10 +102,6 @@ def claim_the_round(context: dg.AssetExecutionContext, loop: LoopResource) -> No
                        door=run_door(context.run), pid=worker_pid(context.run))
     except RoundBusy as exc:
         refuse(context, f"round {context.partition_key}: refused: {exc}", reason=BUSY)
-
-
-#: ``REFUSED_TAG`` of a run refused because another round of the task held the claim.
-BUSY = "busy"
 
 
 def run_door(run: dg.DagsterRun) -> str:
