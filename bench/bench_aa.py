@@ -193,7 +193,7 @@ def train_pool(config: Any, n: int, home: Path, *, indices: list[int] | None = N
 def decide(config: Any, pool: list[dict[str, Any]], rep: Replicate, pairs: dict[tuple[int, int], Any]) -> dict[str, Any]:
     """One replicate through the gate's decision function; the paired run is cached per (champion, candidate)."""
     from envloop_pipelines.core.ledger.ledger import Gate
-    from envloop_pipelines.core.ledger.promotion import decide_promotion, noise_floor_from_arms
+    from envloop_pipelines.core.loop.promotion import decide_promotion, noise_floor_from_arms
     from envloop_pipelines.core.release.tracked_runs import verify_predictions
 
     arms = [pool[i] for i in rep.arms]
@@ -251,7 +251,7 @@ def main() -> None:
     from envloop_pipelines.cli.round import DEMO_BUILTIN_USERS, DEMO_HIDDEN_USERS, DEMO_OVERRIDES
     from envloop_pipelines.core.data.snapshots import open_task
     from envloop_pipelines.core.decision_loop import noise_floor as setup
-    from envloop_pipelines.core.ledger.loop_config import LoopConfig
+    from envloop_pipelines.core.loop.config import LoopConfig
     from envloop_pipelines.core.progress import configure_command_line
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])

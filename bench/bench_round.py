@@ -26,7 +26,7 @@ import dagster as dg  # noqa: E402
 from envloop_pipelines.cli.options import add_recipe_override_argument, parse_recipe_overrides  # noqa: E402
 from envloop_pipelines.cli.round import DEMO_OVERRIDES, QUIET  # noqa: E402
 from envloop_pipelines.core.data.snapshots import open_task  # noqa: E402
-from envloop_pipelines.core.decision_loop import candidate, verdict as decide, noise_floor as setup, before_training as steps  # noqa: E402
+from envloop_pipelines.core.decision_loop import candidate, promotion_decision as decide, noise_floor as setup, before_training as steps  # noqa: E402
 from envloop_pipelines.core.decision_loop.step_records import RoundDecision  # noqa: E402
 from envloop_pipelines.core.ledger.store import RoundStore  # noqa: E402
 from envloop_pipelines.core.model.predict import rescore_matches  # noqa: E402

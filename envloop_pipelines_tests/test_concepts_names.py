@@ -84,7 +84,7 @@ def test_the_cli_spellings_are_the_commands_options() -> None:
 
 def test_the_config_spellings_are_loopconfig_and_its_environment() -> None:
     from envloop_pipelines.core.decision_loop import candidate
-    from envloop_pipelines.core.ledger.loop_config import LoopConfig, loop_fields, settings_from_env
+    from envloop_pipelines.core.loop.config import LoopConfig, loop_fields, settings_from_env
 
     field, env = _code(_table()["loop recipe override"]["config"])
     assert field.startswith("LoopConfig.") and field.split(".")[1] in {f.name for f in loop_fields()}

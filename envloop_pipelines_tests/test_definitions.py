@@ -19,7 +19,7 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from envloop_pipelines.core.ledger.loop_config import LoopConfig, env_name, loop_fields
+from envloop_pipelines.core.loop.config import LoopConfig, env_name, loop_fields
 from envloop_pipelines.core.sandbox import SandboxSettings
 from envloop_pipelines.resources.loop import DeploymentLoopResource, LoopResource
 from envloop_pipelines.resources.sandbox import SANDBOX_ENVS, SandboxResource

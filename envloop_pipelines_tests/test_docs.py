@@ -524,7 +524,7 @@ def test_concept_table_names_exist() -> None:
 
 def test_loop_settings_are_loop_config() -> None:
     """The "Loop settings" table lists exactly LoopConfig's fields, with their env variable and CLI option."""
-    from envloop_pipelines.core.ledger.loop_config import env_name, loop_fields
+    from envloop_pipelines.core.loop.config import env_name, loop_fields
 
     text = (DOCS / "concepts.md").read_text(encoding="utf-8")
     rows = _table(text, "## Loop settings")

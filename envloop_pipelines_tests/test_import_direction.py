@@ -45,7 +45,8 @@ CORE_FLOORS: list[tuple[str, ...]] = [
     ("storage", "metrics", "tokens", "fractions", "progress", "services"),  # the ground floor; probing a server
     ("tracking", "data"),                                       # MLflow behind a protocol; records, splits, snapshots
     ("benchmark", "model", "sandbox"),                          # the generator; readouts and training; the sandbox
-    ("baseline", "ledger"),                                     # TF-IDF; the ledger, the loop's files, gate, settings
+    ("baseline", "ledger"),                                     # TF-IDF; the ledger, the loop's files, hypotheses, gate
+    ("loop",),                                                  # the loop's rules: settings, budget, promotion, claim
     ("verify",),                                                # the verifier (opens the ledger for hidden reads)
     ("environments", "serve", "release"),                       # environments; serving; publishing a release
     ("agents",),                                                # agents on environments
@@ -307,5 +308,5 @@ def test_the_floor_check_sees_an_up_arrow_and_a_cycle(tmp_path: Path) -> None:
                              ("ledger", "storage"), ("rl_loop", "ledger")]
     bad = floor_violations(edges, CORE_FLOORS)
     assert [line.split(": ", 1)[1] for line in bad] == ["data (floor 1) imports benchmark (floor 2)",
-                                                         "decision_loop (floor 7) imports rl_loop (floor 7)"]
+                                                         "decision_loop (floor 8) imports rl_loop (floor 8)"]
     assert cycles(edges) == [["benchmark", "data", "benchmark"]]

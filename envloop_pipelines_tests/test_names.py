@@ -15,7 +15,7 @@ import pytest
 
 import envloop_pipelines
 from envloop_pipelines.core.ledger import ledger as ledger_mod
-from envloop_pipelines.core.ledger.loop_config import LoopConfig, env_name, field_default, loop_fields, settings_from_env
+from envloop_pipelines.core.loop.config import LoopConfig, env_name, field_default, loop_fields, settings_from_env
 from envloop_pipelines.core.decision_loop.step_records import STEP_RECORDS
 from envloop_pipelines.core import tracking
 

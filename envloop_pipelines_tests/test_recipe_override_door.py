@@ -15,7 +15,7 @@ import dagster as dg
 import pytest
 from click.testing import CliRunner
 
-from envloop_pipelines.core.ledger.loop_config import LoopConfig, settings_from_env
+from envloop_pipelines.core.loop.config import LoopConfig, settings_from_env
 from envloop_pipelines.core.model.recipe import Recipe, RecipeError, check_recipe_overrides
 
 NAMED = r"unknown recipe override\(s\) \['lrr'\] \(did you mean 'lr' for 'lrr'\?\); allowed: base_model, .*max_steps"

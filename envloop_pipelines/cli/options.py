@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from envloop_pipelines.core.ledger.loop_config import field_default, field_type, loop_fields, parse_setting
+from envloop_pipelines.core.loop.config import field_default, field_type, loop_fields, parse_setting
 
 #: Older spellings of loop options, still accepted.
 OPTION_ALIASES = {"n_synthesized": ("--synthesized",), "builtin_users": ("--users",),

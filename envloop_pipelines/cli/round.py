@@ -103,7 +103,7 @@ def run_loop(*, loop_settings: dict[str, Any], rounds: int, patience: int, max_w
     """Set up the benchmark and noise floor, then run rounds while the loop's budget lasts (in this process).
 
     Refused (exit 1, one line naming the round, its run and its door) before anything runs while a round of the
-    task runs, from whichever door; the rounds claim the task's round themselves (``core/ledger/round_claim.py``).
+    task runs, from whichever door; the rounds claim the task's round themselves (``core/loop/round_claim.py``).
     """
     from envloop_pipelines.sdk import RoundFailed
 
@@ -423,8 +423,8 @@ def round_add(task: str) -> None:
     """Add the next round partition (for `dagster asset materialize --partition`) and print its key."""
     import dagster as dg
 
-    from envloop_pipelines.core.ledger.loop_budget import last_round_number
-    from envloop_pipelines.core.ledger.loop_config import round_key
+    from envloop_pipelines.core.loop.budget import last_round_number
+    from envloop_pipelines.core.loop.config import round_key
 
     dagster_home()
     instance = dg.DagsterInstance.get()

@@ -20,6 +20,13 @@ from envloop_pipelines.core.storage import envloop_home
 log = logging.getLogger(__name__)
 
 CHAMPION_ALIAS = "champion"
+
+
+def model_name(task: str) -> str:
+    """The MLflow registered model of a task's releases."""
+    return f"envloop-{task}"
+
+
 #: MLflow's own tag that nests a run under its parent in the UI.
 PARENT_RUN_TAG = "mlflow.parentRunId"
 

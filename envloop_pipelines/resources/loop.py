@@ -1,6 +1,6 @@
 """Dagster resources wrapping the loop's core: its settings, MLflow, and the store of step values.
 
-``LoopResource``'s fields are generated from :class:`~envloop_pipelines.core.ledger.loop_config.LoopConfig`
+``LoopResource``'s fields are generated from :class:`~envloop_pipelines.core.loop.config.LoopConfig`
 (one field per setting, same name and default), so the resource cannot drift from
 the core. ``recipe_overrides`` is JSON text here (Dagster config and environment
 variables are text); ``safety_families`` a list.
@@ -24,7 +24,7 @@ import pydantic
 
 from envloop_pipelines.core.data.snapshots import TaskSnapshot, open_pinned_task
 from envloop_pipelines.core.decision_loop.step_records import Benchmark
-from envloop_pipelines.core.ledger.loop_config import (
+from envloop_pipelines.core.loop.config import (
     LoopConfig,
     env_name,
     field_default,

@@ -1,12 +1,12 @@
-"""The round claim (``core/ledger/round_claim.py``) judged against a Dagster instance: a claim whose run has
+"""The round claim (``core/loop/round_claim.py``) judged against a Dagster instance: a claim whose run has
 finished there is stale. Every door takes it through here; the core never sees the instance."""
 
 from __future__ import annotations
 
 import dagster as dg
 
-from envloop_pipelines.core.ledger.loop_config import LoopConfig
-from envloop_pipelines.core.ledger.round_claim import (
+from envloop_pipelines.core.loop.config import LoopConfig
+from envloop_pipelines.core.loop.round_claim import (
     RoundBusy,
     RoundClaim,
     RunFinished,
@@ -30,7 +30,7 @@ def run_finished_on(instance: dg.DagsterInstance) -> RunFinished:
 
 def claim_round_on(instance: dg.DagsterInstance, cfg: LoopConfig, round_key: str, *, run_id: str, door: str,
                    pid: int | None) -> RoundClaim:
-    """Claim ``cfg.task``'s round for ``run_id`` (:func:`~envloop_pipelines.core.ledger.round_claim.claim_round`).
+    """Claim ``cfg.task``'s round for ``run_id`` (:func:`~envloop_pipelines.core.loop.round_claim.claim_round`).
 
     Raises:
         RoundBusy: a live claim of another run holds it (the message names its round, run and door).

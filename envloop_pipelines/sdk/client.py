@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envloop_pipelines.core.ledger.loop_config import LoopConfig, round_key, round_number
+from envloop_pipelines.core.loop.config import LoopConfig, round_key, round_number
 from envloop_pipelines.core.decision_loop.step_records import RoundDecision
 from envloop_pipelines.core.progress import Progress, ensure_shown
 from envloop_pipelines.core.ledger.projection import projection_error
@@ -641,7 +641,7 @@ class Client:
 
         One round at a time: a round of the deployment that has not ended refuses the start (naming it and its
         run); two starts that pass this check together are told apart by the round's first step, which claims the
-        task's round on the deployment (``core/ledger/round_claim.py``): the second run ends refused, having
+        task's round on the deployment (``core/loop/round_claim.py``): the second run ends refused, having
         written nothing.
 
         Raises:
@@ -703,7 +703,7 @@ class Client:
         for name, value in (("rounds", rounds), ("patience", patience), ("max_wall_s", max_wall_s)):
             if not value > 0:
                 raise ClientError(f"{name}: the loop's budget must be positive, got {value}")
-        from envloop_pipelines.core.ledger.loop_budget import LoopBudget, NextRound, drive_loop, spent
+        from envloop_pipelines.core.loop.budget import LoopBudget, NextRound, drive_loop, spent
 
         budget = LoopBudget(max_rounds=rounds, patience=patience, max_wall_s=max_wall_s)
         started, done = time.monotonic(), []

@@ -284,7 +284,7 @@ class LocalClient:
     def promotion_warning(self) -> str | None:
         """Why no candidate can be promoted with the measured noise floor; ``None`` when one can, or with no floor."""
         from envloop_pipelines.core.ledger.ledger import LedgerError
-        from envloop_pipelines.core.ledger.promotion import champion_out_of_reach
+        from envloop_pipelines.core.loop.promotion import champion_out_of_reach
         from envloop_pipelines.core.data.snapshots import open_task
         from envloop_pipelines.core.decision_loop.noise_floor import current_noise_floor
 
@@ -300,7 +300,7 @@ class LocalClient:
         return self._door or f"LocalClient.{method}"
 
     def _claim(self, key: str, run_id: str, door: str, pid: int) -> None:
-        """Claim the task's round for ``run_id`` (``core/ledger/round_claim.py``); a live claim of another run refuses.
+        """Claim the task's round for ``run_id`` (``core/loop/round_claim.py``); a live claim of another run refuses.
 
         Raises:
             RefusedError: another round of the task runs (the message names it, its run and its door).
@@ -374,8 +374,8 @@ class LocalClient:
 
     def _next_round(self) -> str:
         """The key of the task's next round; refused before setup and while a round of the task runs."""
-        from envloop_pipelines.core.ledger.loop_budget import last_round_number
-        from envloop_pipelines.core.ledger.loop_config import round_key
+        from envloop_pipelines.core.loop.budget import last_round_number
+        from envloop_pipelines.core.loop.config import round_key
 
         if not self.is_set_up():
             raise RefusedError(f"the task {self.task!r} has no noise floor yet: run setup() (setup_job) before the "
@@ -458,7 +458,7 @@ class LocalClient:
         """
         from dagster._core.utils import make_new_run_id
 
-        from envloop_pipelines.core.ledger.loop_config import round_number
+        from envloop_pipelines.core.loop.config import round_number
 
         started = time.time()
         cfg = self._cfg()
@@ -610,9 +610,9 @@ class LocalClient:
     def _drive(self, first: tuple[str, Callable[[], RoundInfo]] | None, on_round: Callable[[RoundInfo], None] | None,
                progress: bool, proposal: Mapping[str, Any] | None = None) -> list[RoundInfo]:
         """Run ``first`` (a round key and how to run it, if any), then the active loop's rounds while its budget
-        lasts (:func:`~envloop_pipelines.core.ledger.loop_budget.drive_loop`); ``proposal`` is the first round's
+        lasts (:func:`~envloop_pipelines.core.loop.budget.drive_loop`); ``proposal`` is the first round's
         hypothesis (later rounds derive theirs from the champion's failures)."""
-        from envloop_pipelines.core.ledger.loop_budget import NextRound, drive_loop, load_loop, next_round
+        from envloop_pipelines.core.loop.budget import NextRound, drive_loop, load_loop, next_round
 
         cfg = self._cfg()
         done: list[RoundInfo] = []
@@ -648,7 +648,7 @@ class LocalClient:
             RefusedError: a bad hypothesis (every field named) or budget.
             RoundFailed: a round ended without a decision.
         """
-        from envloop_pipelines.core.ledger.loop_budget import LoopBudget, start_loop
+        from envloop_pipelines.core.loop.budget import LoopBudget, start_loop
 
         cfg = self._cfg()
         proposal = self._proposal(hypothesis)
@@ -679,8 +679,8 @@ class LocalClient:
         """
         import dagster as dg
 
-        from envloop_pipelines.core.ledger.loop_budget import decided_rounds, last_round_number
-        from envloop_pipelines.core.ledger.loop_config import round_key
+        from envloop_pipelines.core.loop.budget import decided_rounds, last_round_number
+        from envloop_pipelines.core.loop.config import round_key
 
         task = self.task
         last = last_round_number(task, self._home)
@@ -754,7 +754,7 @@ class LocalClient:
         """This home's rounds, in order: each with its latest run on the local instance and its decision."""
         import dagster as dg
 
-        from envloop_pipelines.core.ledger.loop_config import round_key, round_number
+        from envloop_pipelines.core.loop.config import round_key, round_number
         from envloop_pipelines.core.ledger.store import RoundStore
 
         keys = set(round_key(n) for n in RoundStore(self.task, self._home).started_rounds())

@@ -68,7 +68,7 @@ class LoopClient(Protocol):
     def run_loop(self, *, rounds: int, patience: int = 2, max_wall_s: float = 6 * 3600,
                  hypothesis: Any = None, progress: bool = True,
                  on_round: Callable[[RoundInfo], None] | None = None) -> list[RoundInfo]:
-        """Run rounds while the budget lasts (``core.ledger.loop_budget.drive_loop``)."""
+        """Run rounds while the budget lasts (``core.loop.budget.drive_loop``)."""
         ...
 
     def retry(self, run: Any, *, wait: bool = ..., progress: bool = True) -> Any:

@@ -125,7 +125,7 @@ def _contaminated_task(root: Path) -> tuple[Any, int]:
 
 def test_null_arms_refuse_unchecked_data_before_any_training(tmp_path: Path) -> None:
     """Policy ``refuse`` and flagged base rows: the floor is refused before a single arm trains."""
-    from envloop_pipelines.core.ledger.loop_config import LoopConfig
+    from envloop_pipelines.core.loop.config import LoopConfig
     from envloop_pipelines.core.ledger.ledger import Ledger
     from envloop_pipelines.core.decision_loop.noise_floor import ContaminatedDataError, measure_noise_floor
     from envloop_pipelines.core.ledger.store import RoundStore
@@ -145,7 +145,7 @@ def test_null_arms_refuse_unchecked_data_before_any_training(tmp_path: Path) -> 
 @pytest.mark.slow
 def test_null_arms_and_release_1_train_on_the_checked_snapshot(tmp_path: Path) -> None:
     """Before: the arms trained on raw ``train`` (data hash = the task snapshot id), shared states and all."""
-    from envloop_pipelines.core.ledger.loop_config import LoopConfig
+    from envloop_pipelines.core.loop.config import LoopConfig
     from envloop_pipelines.core.ledger.ledger import Ledger
     from envloop_pipelines.core.decision_loop.noise_floor import measure_noise_floor
     from envloop_pipelines.core.tracking import MlflowTracker
@@ -175,7 +175,7 @@ def test_null_arms_and_release_1_train_on_the_checked_snapshot(tmp_path: Path) -
 def test_a_user_generator_reads_nothing_of_the_labels_and_its_rows_are_checked(tmp_path: Path) -> None:
     """``generator=module:attr`` runs in the sandbox. Before, it ran in the loop's process, as the owner of the
     0400 label files, and read them whole (shown here in-process)."""
-    from envloop_pipelines.core.ledger.loop_config import LoopConfig
+    from envloop_pipelines.core.loop.config import LoopConfig
     from envloop_pipelines.core.decision_loop.mining import FailureCluster
     from envloop_pipelines.core.decision_loop.before_training import checked_training_snapshot
     from envloop_pipelines.core.decision_loop.synthesis import SandboxedGenerator, SynthesisRequest, load_generator

@@ -258,7 +258,7 @@ def test_the_synthesis_step_stores_its_rows_as_a_dataset(task_home: Path, tmp_pa
 
     import pyarrow.parquet as pq
 
-    from envloop_pipelines.core.ledger.loop_config import LoopConfig
+    from envloop_pipelines.core.loop.config import LoopConfig
     from envloop_pipelines.core.decision_loop.step_records import EnvironmentSynthesis, FailureMining
     from envloop_pipelines.core.decision_loop.before_training import synthesize_environments
 

@@ -22,8 +22,8 @@ import pytest
 from envloop_pipelines.cli.round import decision_lines
 from envloop_pipelines.core import metrics
 from envloop_pipelines.core.data.datasets import import_file
-from envloop_pipelines.core.ledger.loop_config import LoopConfig
-from envloop_pipelines.core.decision_loop.verdict import FloorRecipeError, decide_round
+from envloop_pipelines.core.loop.config import LoopConfig
+from envloop_pipelines.core.decision_loop.promotion_decision import FloorRecipeError, decide_round
 from envloop_pipelines.core.ledger.ledger import (
     EVENT_CHECKPOINT_TRAINED,
     EVENT_ROUND_DECIDED,
@@ -35,7 +35,7 @@ from envloop_pipelines.core.ledger.ledger import (
 from envloop_pipelines.core.model.checkpoint import RECIPE_FILE
 from envloop_pipelines.core.model.recipe import dump_recipe
 from envloop_pipelines.core.verify.runner import read_result_digest
-from envloop_pipelines.core.ledger.promotion import gate_bar, noise_floor_from_arms
+from envloop_pipelines.core.loop.promotion import gate_bar, noise_floor_from_arms
 from envloop_pipelines.core.decision_loop.step_records import (
     EnvironmentSynthesis,
     MeasuredNoiseFloor,

@@ -21,7 +21,7 @@ from envloop_pipelines.core.ledger.ledger import (
     Ledger,
     LedgerError,
 )
-from envloop_pipelines.core.ledger.promotion import NoiseFloor, decide_promotion
+from envloop_pipelines.core.loop.promotion import NoiseFloor, decide_promotion
 from envloop_pipelines.core.verify.labels import read_hidden_labels
 from envloop_pipelines.core.verify.protocol import write_predictions
 from envloop_pipelines.core.verify.runner import HiddenSplitQueryError, holdout_read_key, verify_task
@@ -345,7 +345,7 @@ def test_the_decision_checks_the_reevaluation_against_the_verifiers_recorded_res
     import json
 
     from envloop_pipelines.core.decision_loop.step_records import Reevaluation
-    from envloop_pipelines.core.decision_loop.verdict import reeval_result_error
+    from envloop_pipelines.core.decision_loop.promotion_decision import reeval_result_error
 
     home = _home(tmp_path)
     rows = oracle(read_hidden_labels(TASK, "test", home=home))

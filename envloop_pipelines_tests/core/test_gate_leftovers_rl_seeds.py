@@ -23,7 +23,7 @@ round_setup = test_rl_round.round_setup
 
 
 def test_an_amended_rl_round_refuses_a_candidate_on_a_used_seed(round_setup: dict[str, Any], tmp_path: Path) -> None:
-    from envloop_pipelines.core.ledger.promotion import noise_floor_from_arms
+    from envloop_pipelines.core.loop.promotion import noise_floor_from_arms
     from envloop_pipelines.core.rl_loop.step_records import ArmScore, HeldoutComparison, RlRoundResult
     from envloop_pipelines.core.rl_loop.run_round import candidate_seed, decided_rl_round
     from envloop_pipelines.core.rl_loop.round_steps import register_rl_hypothesis, train_policy

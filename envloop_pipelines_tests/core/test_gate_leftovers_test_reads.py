@@ -173,7 +173,7 @@ def test_the_loops_own_setup_and_round_read_test_within_their_budgets(tmp_path: 
     from envloop_pipelines.core.data.datasets import import_file
     from envloop_pipelines.core.data.snapshots import open_task
     from envloop_pipelines.core.decision_loop.candidate import reevaluate, snapshot_rows, train_into_store
-    from envloop_pipelines.core.ledger.loop_config import LoopConfig
+    from envloop_pipelines.core.loop.config import LoopConfig
     from envloop_pipelines.core.decision_loop.step_records import TrainedCheckpoint
     from envloop_pipelines.core.release.tracked_runs import verify_predictions
     from envloop_pipelines.core.decision_loop.noise_floor import continuation_path, measure_noise_floor, setup_reader

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 import pytest
 
-from envloop_pipelines.core.ledger.loop_config import LoopConfig, settings_from_env
+from envloop_pipelines.core.loop.config import LoopConfig, settings_from_env
 from envloop_pipelines.core.ledger.ledger import (
     EVENT_CHECKPOINT_TRAINED,
     Gate,
@@ -21,7 +21,7 @@ from envloop_pipelines.core.ledger.ledger import (
     LedgerError,
     gate_errors,
 )
-from envloop_pipelines.core.ledger.promotion import decide_promotion, noise_floor_from_arms
+from envloop_pipelines.core.loop.promotion import decide_promotion, noise_floor_from_arms
 from envloop_pipelines.core.decision_loop.before_training import proposal_errors
 from envloop_pipelines_tests.core.measured_power import measured_power
 

@@ -76,7 +76,7 @@ def test_the_ledger_refuses_an_invalid_hypothesis_and_writes_nothing(tmp_path: P
 
 def test_the_registration_step_refuses_before_writing_anything(tmp_path: Path) -> None:
     """``steps.register_hypothesis`` (the launchpad's registration step): no ledger, file or MLflow run."""
-    from envloop_pipelines.core.ledger.loop_config import LoopConfig
+    from envloop_pipelines.core.loop.config import LoopConfig
     from envloop_pipelines.core.decision_loop.step_records import EnvironmentSynthesis
     from envloop_pipelines.core.data.snapshots import TaskSnapshot
     from envloop_pipelines.core.decision_loop.before_training import register_hypothesis

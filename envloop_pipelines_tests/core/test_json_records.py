@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from envloop_pipelines.core.ledger.ledger import Gate, Hypothesis
-from envloop_pipelines.core.ledger.promotion import noise_floor_from_arms
+from envloop_pipelines.core.loop.promotion import noise_floor_from_arms
 from envloop_pipelines.core.ledger.store import JsonRecord, RoundStore
 
 

@@ -10,11 +10,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from envloop_pipelines.core.ledger.loop_budget import LoopBudget, next_round, start_loop
+from envloop_pipelines.core.loop.budget import LoopBudget, next_round, start_loop
 from envloop_pipelines.core.data.contamination import check_contamination
 from envloop_pipelines.core.ledger.ledger import Gate, GateTooLooseError, Hypothesis, Ledger, LedgerError, gate_errors
 from envloop_pipelines.core.decision_loop.mining import mine_failures, mine_failures_with_fallback
-from envloop_pipelines.core.ledger.promotion import (
+from envloop_pipelines.core.loop.promotion import (
     ArmIdentityError,
     check_arm_identity,
     decide_promotion,
@@ -257,7 +257,7 @@ def test_family_and_safety_guards_decide_on_paired_cis_not_point_drops() -> None
 
 def test_snapshot_rows_overlapping_test_or_holdout_are_removed_base_rows_too(tmp_path: Path) -> None:
     from envloop_pipelines.core.data.datasets import import_file
-    from envloop_pipelines.core.ledger.loop_config import LoopConfig
+    from envloop_pipelines.core.loop.config import LoopConfig
     from envloop_pipelines.core.decision_loop.step_records import EnvironmentSynthesis
     from envloop_pipelines.core.decision_loop.before_training import build_training_snapshot
     from envloop_pipelines.core.decision_loop.synthesis import SNAPSHOT_SCHEMA

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from envloop_pipelines.core.ledger.ledger import Gate
-from envloop_pipelines.core.ledger.promotion import NoiseFloor, decide_promotion, gate_bar
+from envloop_pipelines.core.loop.promotion import NoiseFloor, decide_promotion, gate_bar
 
 METRIC = "family_macro_accuracy"
 

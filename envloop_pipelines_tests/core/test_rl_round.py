@@ -321,7 +321,7 @@ def test_a_round_that_clears_the_gate_publishes_a_release_the_next_round_samples
     from dataclasses import replace
 
     from envloop_pipelines.core.ledger.ledger import HoldoutAlreadyReadError
-    from envloop_pipelines.core.ledger.promotion import noise_floor_from_arms
+    from envloop_pipelines.core.loop.promotion import noise_floor_from_arms
     from envloop_pipelines.core.rl_loop.step_records import ArmScore, HeldoutComparison, RlRoundResult
     from envloop_pipelines.core.rl_loop.round_steps import current_policy, register_rl_hypothesis, train_policy
     from envloop_pipelines.core.tracking import KIND_RELEASE, TAG_KIND, MlflowTracker
@@ -391,7 +391,7 @@ def _promoting_round(round_setup: dict[str, Any], tmp_path: Path, task: str) -> 
     """A trained policy and the records of round r0001 that promote it (given aggregates)."""
     from dataclasses import replace
 
-    from envloop_pipelines.core.ledger.promotion import noise_floor_from_arms
+    from envloop_pipelines.core.loop.promotion import noise_floor_from_arms
     from envloop_pipelines.core.rl_loop.round_steps import register_rl_hypothesis, train_policy
     from envloop_pipelines.core.rl_loop.step_records import ArmScore, HeldoutComparison
     from envloop_pipelines.core.tracking import MlflowTracker

@@ -1,4 +1,4 @@
-"""The round claim (``core/ledger/round_claim.py``): one round of a task at a time, whichever door asks first.
+"""The round claim (``core/loop/round_claim.py``): one round of a task at a time, whichever door asks first.
 
 Issue 37: a second ``LocalClient`` started 1.5 s after the first was accepted with the same key and both trained
 r0001. Here the doors are processes racing for the claim; exactly one wins and the others are refused naming it.
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from envloop_pipelines.core.ledger.round_claim import (
+from envloop_pipelines.core.loop.round_claim import (
     RoundBusy,
     claim_path,
     claim_round,

@@ -18,10 +18,10 @@ import pytest
 
 from envloop_pipelines.core.data.snapshots import open_task
 from envloop_pipelines.core.decision_loop import candidate, noise_floor as setup
-from envloop_pipelines.core.ledger.loop_config import round_key
+from envloop_pipelines.core.loop.config import round_key
 from envloop_pipelines.core.decision_loop.step_records import RegisteredHypothesis, RoundDecision, TrainingSnapshot
 from envloop_pipelines.core.ledger.store import RoundStore
-from envloop_pipelines.core.ledger.loop_budget import LoopBudget, start_loop
+from envloop_pipelines.core.loop.budget import LoopBudget, start_loop
 from envloop_pipelines.core.ledger.ledger import Gate, Ledger, LedgerError
 from envloop_pipelines.core.tracking import KIND_HYPOTHESIS, KIND_REEVAL, KIND_ROUND, KIND_TRAINING, TAG_KIND, TAG_ROUND, MlflowTracker
 from envloop_pipelines.definitions import defs as load_code_location
@@ -361,7 +361,7 @@ def tick_sensor(env: dict[str, Any]) -> Any:
 
 
 def test_sensor_ticks_request_the_next_round_until_the_budget_is_spent(loop_env: dict[str, Any]) -> None:
-    from envloop_pipelines.core.ledger.loop_budget import last_round_number
+    from envloop_pipelines.core.loop.budget import last_round_number
 
     env = loop_env
     home = env["home"]

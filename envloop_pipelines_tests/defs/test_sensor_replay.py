@@ -49,7 +49,7 @@ from dagster._core.workspace.context import WorkspaceProcessContext
 from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
 from dagster._daemon.sensor import execute_sensor_iteration
 
-from envloop_pipelines.core.ledger.loop_budget import LoopBudget, next_round, start_loop
+from envloop_pipelines.core.loop.budget import LoopBudget, next_round, start_loop
 from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.ledger.store import RoundStore
 from envloop_pipelines.definitions import defs as load_code_location
@@ -222,7 +222,7 @@ def test_a_tick_while_another_door_runs_a_round_is_skipped_naming_it(home: Path,
     the instance yet) makes the sensor skip, naming it; once the round is over, the next decision starts the next."""
     import os
 
-    from envloop_pipelines.core.ledger.round_claim import claim_round, release_round
+    from envloop_pipelines.core.loop.round_claim import claim_round, release_round
 
     decide_round_one(home)
     instance.add_dynamic_partitions("rounds", ["r0001"])
@@ -247,8 +247,8 @@ def test_the_nightly_schedule_starts_no_loop_beside_a_running_round(home: Path, 
     import datetime
     import os
 
-    from envloop_pipelines.core.ledger.loop_budget import load_loop
-    from envloop_pipelines.core.ledger.round_claim import claim_round
+    from envloop_pipelines.core.loop.budget import load_loop
+    from envloop_pipelines.core.loop.round_claim import claim_round
     from envloop_pipelines.defs.rounds.schedules import nightly_loop
     from envloop_pipelines.resources.loop import loop_resource
 

@@ -116,7 +116,7 @@ def test_a_terminal_of_any_reported_size_shows_the_bar(rows: int, columns: int) 
 
 
 def test_a_rounds_mlflow_runs_are_closed_with_its_status(tmp_path: Path) -> None:
-    from envloop_pipelines.core.ledger.loop_config import LoopConfig
+    from envloop_pipelines.core.loop.config import LoopConfig
     from envloop_pipelines.core.release.tracked_runs import child_run
     from envloop_pipelines.core.tracking import MlflowTracker, close_round_runs
 

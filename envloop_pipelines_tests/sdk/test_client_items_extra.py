@@ -40,7 +40,7 @@ def test_the_sdk_and_the_cli_refuse_the_issues_hypotheses_naming_the_field(tmp_p
 
 def test_the_launchpads_registration_step_writes_nothing_for_an_unknown_recipe_key(tmp_path: Path) -> None:
     """A run launched with the raw config (the doc's curl, the launchpad) reaches this step unchecked."""
-    from envloop_pipelines.core.ledger.loop_config import LoopConfig
+    from envloop_pipelines.core.loop.config import LoopConfig
     from envloop_pipelines.core.decision_loop.step_records import EnvironmentSynthesis
     from envloop_pipelines.core.data.snapshots import open_task
     from envloop_pipelines.core.decision_loop.before_training import register_hypothesis

@@ -13,7 +13,7 @@ import pytest
 
 import envloop_pipelines
 from envloop_pipelines import names
-from envloop_pipelines.core.ledger.loop_budget import LoopBudget, NextRound, drive_loop, spent
+from envloop_pipelines.core.loop.budget import LoopBudget, NextRound, drive_loop, spent
 from envloop_pipelines.core.decision_loop.proposals import ProposalError, parse_proposal
 from envloop_pipelines.sdk import Client
 from envloop_pipelines.sdk.local import LocalClient
@@ -185,11 +185,11 @@ def _calls(path: Path) -> set[str]:
 def test_the_budget_loop_is_one_function() -> None:
     """The rule lives in ``budget.spent`` alone; the clients loop with ``drive_loop``; the daemon asks
     ``next_round``."""
-    assert "spent" in _calls(PACKAGE / "core" / "ledger" / "loop_budget.py")  # next_round applies it
+    assert "spent" in _calls(PACKAGE / "core" / "loop" / "budget.py")  # next_round applies it
     assert {"drive_loop", "spent"} <= _calls(PACKAGE / "sdk" / "client.py")  # the remote client
     assert "drive_loop" in _calls(PACKAGE / "sdk" / "local.py")  # the CLI's local client
     assert {"start_loop", "next_round"} <= _calls(PACKAGE / "defs" / "rounds" / "schedules.py")
     assert "run_loop" in _calls(PACKAGE / "cli" / "round.py")
     patience_rule = re.compile(r"\[-\s*[\w.]*patience")
     found = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if patience_rule.search(p.read_text())]
-    assert found == ["core/ledger/loop_budget.py"], found
+    assert found == ["core/loop/budget.py"], found

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from envloop_pipelines.core.ledger.ledger import Gate
-from envloop_pipelines.core.ledger.promotion import NoiseFloor, decide_promotion, unreachable_bar
+from envloop_pipelines.core.loop.promotion import NoiseFloor, decide_promotion, unreachable_bar
 
 
 def floor_of(*values: float) -> NoiseFloor:

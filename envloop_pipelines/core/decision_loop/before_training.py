@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from envloop_pipelines.core.data.snapshots import TaskSnapshot, require_same_benchmark
-from envloop_pipelines.core.ledger.loop_config import LoopConfig, round_number
+from envloop_pipelines.core.loop.config import LoopConfig, round_number
 from envloop_pipelines.core.data.contamination import ContaminationReport, check_contamination, record_texts, row_texts
 from envloop_pipelines.core.ledger.ledger import EVENT_ROUND_DECIDED, Gate, Hypothesis, Ledger, LedgerError, draw_seeds
 from envloop_pipelines.core.decision_loop.mining import FailureCluster, mine_failures_with_fallback
@@ -38,7 +38,7 @@ from envloop_pipelines.core.decision_loop.proposer import (
     refuted_on,
 )
 from envloop_pipelines.core.ledger.anchor import anchor_head, verify_ledger
-from envloop_pipelines.core.ledger.promotion import hypothesis_power
+from envloop_pipelines.core.loop.promotion import hypothesis_power
 from envloop_pipelines.core.release.publish import champion
 from envloop_pipelines.core.decision_loop.step_records import (
     BaselineEval,
@@ -361,7 +361,7 @@ def register_hypothesis(config: LoopConfig, task: TaskSnapshot, synthesis: Envir
     change and the rationale.
 
     The registration records the test's power (rule 2): the minimum detectable effect of the primary
-    metric at 80% power and the measured noise (:func:`paired_noise`, :func:`~envloop_pipelines.core.ledger.promotion.hypothesis_power`)
+    metric at 80% power and the measured noise (:func:`paired_noise`, :func:`~envloop_pipelines.core.loop.promotion.hypothesis_power`)
     beside the predicted delta, and flags the hypothesis ``underpowered`` when its predicted effect is
     below it: in the hypothesis, its ledger event and its MLflow run (tag ``envloop.underpowered``).
     The flag changes no rule of the gate. A hypothesis whose MDE cannot be measured (no noise floor for

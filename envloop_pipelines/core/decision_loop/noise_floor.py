@@ -19,9 +19,9 @@ from typing import Any
 
 from envloop_pipelines.core.data.snapshots import TaskSnapshot, open_task
 from envloop_pipelines.core.release.card import benchmark_limitations
-from envloop_pipelines.core.ledger.loop_config import LoopConfig
+from envloop_pipelines.core.loop.config import LoopConfig
 from envloop_pipelines.core.ledger.ledger import EVENT_CHECKPOINT_TRAINED, EVENT_NULL_ARM, Ledger, LedgerError
-from envloop_pipelines.core.ledger.promotion import check_arm_identity, noise_floor_from_arms
+from envloop_pipelines.core.loop.promotion import check_arm_identity, noise_floor_from_arms
 from envloop_pipelines.core.release.publish import publish_release, tfidf_baseline
 from envloop_pipelines.core.decision_loop.step_records import Benchmark, MeasuredNoiseFloor, TrainingSnapshot
 from envloop_pipelines.core.storage import envloop_home

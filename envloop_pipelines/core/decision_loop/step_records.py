@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from envloop_pipelines.core.ledger.ledger import Gate, Hypothesis
-from envloop_pipelines.core.ledger.promotion import NoiseFloor, PromotionDecision
+from envloop_pipelines.core.loop.promotion import NoiseFloor, PromotionDecision
 from envloop_pipelines.core.ledger.store import JsonRecord
 
 

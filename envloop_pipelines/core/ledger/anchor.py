@@ -13,10 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from envloop_pipelines.core.ledger.ledger import Ledger, LedgerChainError
-from envloop_pipelines.core.ledger.loop_config import model_name
 from envloop_pipelines.core.ledger.projection import ChampionMismatchError, projection_error
 from envloop_pipelines.core.storage import sha256_bytes
-from envloop_pipelines.core.tracking import TAG_LEDGER_HEAD, Tracker
+from envloop_pipelines.core.tracking import TAG_LEDGER_HEAD, Tracker, model_name
 
 
 def verify_ledger(ledger: Ledger, tracker: Tracker | None = None) -> dict[str, Any]:

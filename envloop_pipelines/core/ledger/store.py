@@ -3,7 +3,7 @@
 ::
 
     ledger.jsonl, hypotheses/, amendments/, releases/   the ledger (core/ledger/ledger.py)
-    loop.json                                          the active loop and its budget (core/ledger/loop_budget.py)
+    loop.json                                          the active loop and its budget (core/loop/budget.py)
     noise/<key>.json, noise/<key>/                     noise floors by key, their arms' predictions
     <step>.json                                        the value of an unpartitioned step (task_benchmark, noise_floor)
     rounds/<round>/<step>.json                         the value of each round step (the IO manager's files)

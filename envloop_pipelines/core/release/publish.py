@@ -19,7 +19,7 @@ from typing import Any
 
 from envloop_pipelines.core.data.snapshots import TaskSnapshot
 from envloop_pipelines.core.release.card import render_card
-from envloop_pipelines.core.ledger.loop_config import LoopConfig
+from envloop_pipelines.core.loop.config import LoopConfig
 from envloop_pipelines.core.ledger.anchor import anchor_head
 from envloop_pipelines.core.ledger.ledger import Ledger, LedgerError
 from envloop_pipelines.core.release.tracked_runs import child_run, flat_metrics, verify_predictions, write_predictions

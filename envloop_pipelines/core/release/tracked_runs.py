@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from envloop_pipelines.core.ledger.loop_config import LoopConfig
+from envloop_pipelines.core.loop.config import LoopConfig
 from envloop_pipelines.core.sandbox import SandboxSettings
 from envloop_pipelines.core.storage import atomic_write_parquet
 from envloop_pipelines.core.tracking import KIND_ROUND, TAG_KIND, TAG_ROUND, TAG_SUPERSEDED, TrackedRun, Tracker

@@ -15,7 +15,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from envloop_pipelines.core.ledger.loop_config import CONTAMINATION_POLICIES, LoopConfig
+from envloop_pipelines.core.loop.config import CONTAMINATION_POLICIES, LoopConfig
 
 #: What an RL round measures and gates on: held-out pass@1 (``Gate.primary_metric``).
 RL_METRIC = "pass_at_1"

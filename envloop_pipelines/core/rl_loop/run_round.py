@@ -23,7 +23,7 @@ without Dagster):
    held-out environment with the same sampling seeds; only aggregates leave (each arm's pass@1 with its CI,
    the paired delta with a percentile-bootstrap CI over environments, both from ``agents/stats.py``).
 7. **Decision** (``rl_decision``): the registered (or amended) gate, the floor and the CI through the
-   decision loop's :func:`~envloop_pipelines.core.ledger.promotion.decide_promotion`; a rejection is recorded
+   decision loop's :func:`~envloop_pipelines.core.loop.promotion.decide_promotion`; a rejection is recorded
    (``candidate_rejected``, ``hypothesis_refuted``); a promotion is published as the decision loop's are
    (:func:`~envloop_pipelines.core.release.publish.release_checkpoint`): the held-out split read once for the
    release (:meth:`Ledger.read_holdout_once`), the policy checkpoint logged as the release run's artifact,
@@ -44,14 +44,14 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from envloop_pipelines.core.ledger.loop_config import round_key
+from envloop_pipelines.core.loop.config import round_key
 from envloop_pipelines.core.ledger.ledger import (
     EVENT_CANDIDATE_REJECTED,
     EVENT_HYPOTHESIS_REFUTED,
     EVENT_ROUND_DECIDED,
     Ledger,
 )
-from envloop_pipelines.core.ledger.promotion import decide_promotion
+from envloop_pipelines.core.loop.promotion import decide_promotion
 from envloop_pipelines.core.rl_loop.round_config import CHANGE_KIND, RL_METRIC, RlRoundConfig
 from envloop_pipelines.core.rl_loop.step_records import (
     HeldoutComparison,

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envloop_pipelines.core.ledger.ledger import Hypothesis
-from envloop_pipelines.core.ledger.promotion import NoiseFloor
+from envloop_pipelines.core.loop.promotion import NoiseFloor
 from envloop_pipelines.core.ledger.store import JsonRecord
 from envloop_pipelines.core.rl_loop.sft_snapshot import SftSnapshot
 

@@ -12,7 +12,7 @@ from typing import NoReturn
 import dagster as dg
 import pyarrow.parquet as pq
 
-from envloop_pipelines.core.decision_loop import candidate, verdict as decide, noise_floor as setup, before_training as steps
+from envloop_pipelines.core.decision_loop import candidate, promotion_decision as decide, noise_floor as setup, before_training as steps
 from envloop_pipelines.core.decision_loop.step_records import (
     BaselineEval,
     Benchmark,
@@ -87,7 +87,7 @@ BUSY = "busy"
 
 
 def claim_the_round(context: dg.AssetExecutionContext, loop: LoopResource) -> None:
-    """Claim the task's round for this run (``core/ledger/round_claim.py``) before anything of it is written.
+    """Claim the task's round for this run (``core/loop/round_claim.py``) before anything of it is written.
 
     The round's first step does it for every door: a run launched while another round of the task runs (by the
     remote ``Client``, the sensor, the schedule, the UI) is refused naming that round, its run and its door, and
@@ -160,7 +160,7 @@ def task_benchmark(loop: LoopResource) -> dg.Output[Benchmark]:
 def noise_floor(context: dg.AssetExecutionContext, loop: LoopResource, mlflow: MlflowResource,
                 sandbox: SandboxResource, task_benchmark: Benchmark) -> dg.Output[MeasuredNoiseFloor]:
     """Spread of the primary metric over K null arms of the control recipe; cached per benchmark version and recipe."""
-    from envloop_pipelines.core.ledger.promotion import champion_out_of_reach
+    from envloop_pipelines.core.loop.promotion import champion_out_of_reach
 
     cfg = loop.config()
     result = setup.measure_noise_floor(cfg, loop.task_snapshot(task_benchmark), mlflow.tracker(),

@@ -3,7 +3,7 @@
 
 import dagster as dg
 
-from envloop_pipelines.core.ledger.loop_budget import LoopBudget, next_round, start_loop
+from envloop_pipelines.core.loop.budget import LoopBudget, next_round, start_loop
 from envloop_pipelines.defs.rounds.assets import round_job
 from envloop_pipelines.defs.rounds.partitions import rounds
 from envloop_pipelines.names import LOOP_TAG

@@ -3,7 +3,7 @@
 
 import dagster as dg
 
-from envloop_pipelines.core.ledger.loop_budget import next_round
+from envloop_pipelines.core.loop.budget import next_round
 from envloop_pipelines.core.ledger.ledger import EVENT_ROUND_FAILED, Ledger
 from envloop_pipelines.core.tracking import RUN_KILLED, close_round_runs
 from envloop_pipelines.defs.rounds.assets import REFUSED_TAG, promotion_decision, round_job

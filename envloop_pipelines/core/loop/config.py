@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envloop_pipelines.core.model.recipe import DEFAULT_RECIPE
+from envloop_pipelines.core.tracking import model_name
 
 ROUND_KEY_WIDTH = 4
 #: Environment variables of a code location: ``ENVLOOP_<FIELD>`` (``ENVLOOP_RECIPE_OVERRIDES`` is JSON).
@@ -46,11 +47,6 @@ def round_number(key: str) -> int:
 
 def _help(text: str) -> dict[str, str]:
     return {"help": text}
-
-
-def model_name(task: str) -> str:
-    """The MLflow registered model of a task's releases."""
-    return f"envloop-{task}"
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The round's verdict (``promotion_decision``): the registered gate applied; a release on promotion.
+"""The round's promotion decision (the asset ``promotion_decision``): the registered gate applied; a release on promotion.
 
 A round is decided once: the decision record rides on the round's ``round_decided`` ledger event
 (``Ledger.round_decision``), and a retry returns it unchanged instead of deciding and publishing again.
@@ -23,8 +23,8 @@ from envloop_pipelines.core.ledger.ledger import (
     LedgerError,
 )
 from envloop_pipelines.core.ledger.anchor import anchor_head, verify_ledger
-from envloop_pipelines.core.ledger.loop_config import LoopConfig
-from envloop_pipelines.core.ledger.promotion import PromotionDecision, decide_promotion
+from envloop_pipelines.core.loop.config import LoopConfig
+from envloop_pipelines.core.loop.promotion import PromotionDecision, decide_promotion
 from envloop_pipelines.core.release.publish import champion, publish_release, tfidf_baseline
 from envloop_pipelines.core.decision_loop.step_records import (
     MeasuredNoiseFloor,
