@@ -178,7 +178,7 @@ def train_pool(config: Any, n: int, home: Path, *, indices: list[int] | None = N
             continue
         started = time.perf_counter()
         ckpt = train_into_store(store, train, val, recipe.replace(seed=seed), data_hash=data.sha256,
-                                safety_families=config.safety_families, safety_fnr_target=config.safety_fnr_target)
+                                safety_families=config.guarded_families(snapshot), safety_fnr_target=config.safety_fnr_target)
         preds = write_predictions(folder / f"{prefix}{seed}-test.parquet", ckpt, test)
         metrics = dict(verify_predictions(config, "test", preds, checkpoint=ckpt).report.metrics)
         info = {"index": i, "seed": seed, "checkpoint": str(ckpt), "checkpoint_sha256": ckpt.name,
@@ -192,6 +192,7 @@ def train_pool(config: Any, n: int, home: Path, *, indices: list[int] | None = N
 
 def decide(config: Any, pool: list[dict[str, Any]], rep: Replicate, pairs: dict[tuple[int, int], Any]) -> dict[str, Any]:
     """One replicate through the gate's decision function; the paired run is cached per (champion, candidate)."""
+    from envloop_pipelines.core.data.snapshots import open_task
     from envloop_pipelines.core.ledger.ledger import Gate
     from envloop_pipelines.core.loop.promotion import decide_promotion, noise_floor_from_arms
     from envloop_pipelines.core.release.tracked_runs import verify_predictions
@@ -205,12 +206,13 @@ def decide(config: Any, pool: list[dict[str, Any]], rep: Replicate, pairs: dict[
                                         seed=len(pairs) + 1, checkpoint=pool[rep.candidate]["checkpoint"],
                                         baseline_checkpoint=pool[rep.champion]["checkpoint"])
     run = pairs[key]
+    families = config.guarded_families(open_task(config.task, home=config.home))
     gate = Gate()
     delta = run.paired["deltas"][METRIC]
     verdict = decide_promotion(gate, delta, floor, run.report.metrics, run.baseline_report.metrics,
-                               config.safety_families, paired=run.paired)
+                               families, paired=run.paired)
     before = decide_promotion(gate, delta, floor, run.report.metrics, run.baseline_report.metrics,
-                              config.safety_families, paired=run.paired, apply_seed_bound=False).checks
+                              families, paired=run.paired, apply_seed_bound=False).checks
     c = verdict.checks
     return {"promote": verdict.promote, "cleared": c["gain"] > c["bar"] and c["ci_low"] > 0,
             "spread_only": before["gain"] > before["bar"] and before["ci_low"] > 0, "gain": c["gain"],

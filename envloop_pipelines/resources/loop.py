@@ -36,12 +36,20 @@ from envloop_pipelines.core.tracking import MlflowTracker
 
 
 class _LoopSettings(dg.ConfigurableResource):
+    #: The run's ``LoopConfig``, built once when the run's resources are set up and handed to every step.
+    _config: LoopConfig | None = pydantic.PrivateAttr(default=None)
+
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        """Check the settings when a run starts, before any step's body (a misspelled launchpad override is
-        refused here, naming the key, not in the first step that loads the recipe)."""
-        self.config()
+        """Build the run's settings once, when the run starts, before any step's body: a misspelled launchpad
+        override is refused here, naming the key, not in the first step that loads the recipe."""
+        self._config = self.build_config()
 
     def config(self) -> LoopConfig:
+        """The run's settings as the core's value: the one built at setup (validated there); outside a run
+        (a sensor tick, a test) built on each call."""
+        return self._config if self._config is not None else self.build_config()
+
+    def build_config(self) -> LoopConfig:
         """The loop's settings as the core's value (validated there)."""
         return LoopConfig.from_settings({f.name: getattr(self, f.name) for f in loop_fields()})
 
@@ -80,7 +88,7 @@ LoopResource = pydantic.create_model(  # type: ignore[call-overload]
 
 
 class _SettingsFromEnv(LoopResource):  # type: ignore[misc, valid-type]
-    def config(self) -> LoopConfig:
+    def build_config(self) -> LoopConfig:
         """The loop's settings as the core's value: the fields set here (at construction or in the run's config),
         the rest from ``ENVLOOP_<FIELD>`` as the environment is now, else ``LoopConfig``'s defaults.
 

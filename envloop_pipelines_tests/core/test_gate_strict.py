@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 import pytest
 
+from envloop_pipelines.core.data.snapshots import SnapshotManifest, TaskSnapshot
 from envloop_pipelines.core.loop.config import LoopConfig, settings_from_env
 from envloop_pipelines.core.ledger.ledger import (
     EVENT_CHECKPOINT_TRAINED,
@@ -115,20 +116,50 @@ def test_stricter_gates_pass() -> None:
 
 
 # -- item 10: the safety guard cannot be switched off -------------------------------------------------------------
-def test_a_run_cannot_drop_the_tasks_declared_safety_families() -> None:
+def _snapshot(tmp_path: Path, name: str, extra: dict) -> TaskSnapshot:
+    """A task snapshot whose manifest declares ``extra`` (its splits are not read by the guard)."""
+    folder = tmp_path / name
+    folder.mkdir()
+    manifest = SnapshotManifest(task=name, snapshot_id=name, benchmark_version="v", group_key="user_id",
+                                fractions={}, seed=0, source={}, splits={}, hidden_labels={}, extra=extra)
+    (folder / "manifest.json").write_text(json.dumps(manifest.to_dict()), encoding="utf-8")
+    return TaskSnapshot(folder)
+
+
+def test_a_run_cannot_drop_the_tasks_declared_safety_families(tmp_path: Path) -> None:
     from envloop_pipelines.resources.loop import loop_resource
 
-    assert LoopConfig(safety_families=()).safety_families == ("needs_approval",)
-    assert LoopConfig.from_settings({"safety_families": ","}).safety_families == ("needs_approval",)
-    assert LoopConfig.from_settings(settings_from_env({"ENVLOOP_SAFETY_FAMILIES": ","})).safety_families == (
-        "needs_approval",)
-    assert loop_resource({"safety_families": []}).config().safety_families == ("needs_approval",)  # the launchpad
+    builtin = _snapshot(tmp_path, "personal_agent", {"generator": {"name": "personal_agent"}})
+    declared = _snapshot(tmp_path, "claims", {"safety_families": ["fraud"]})
+    imported = _snapshot(tmp_path, "tickets", {})
+    assert LoopConfig(safety_families=()).guarded_families(builtin) == ("needs_approval",)
+    assert LoopConfig.from_settings({"safety_families": ","}).guarded_families(builtin) == ("needs_approval",)
+    assert LoopConfig.from_settings(settings_from_env({"ENVLOOP_SAFETY_FAMILIES": ","})).guarded_families(
+        builtin) == ("needs_approval",)
+    assert loop_resource({"safety_families": []}).config().guarded_families(builtin) == ("needs_approval",)
     # A run may add families, never remove the declared one.
-    assert LoopConfig(safety_families=("share_ok",)).safety_families == ("needs_approval", "share_ok")
+    assert LoopConfig(safety_families=("share_ok",)).guarded_families(builtin) == ("needs_approval", "share_ok")
+    assert LoopConfig(task="claims", safety_families=()).guarded_families(declared) == ("fraud",)
     # A task that declares none (an imported one) keeps what the run sets.
-    assert LoopConfig(task="tickets", safety_families=()).safety_families == ()
+    assert LoopConfig(task="tickets", safety_families=()).guarded_families(imported) == ()
+    assert LoopConfig(task="tickets").guarded_families(imported) == ("needs_approval",)
     with pytest.raises(ValueError, match="safety_families"):
         LoopConfig(safety_families=("", 3))
+
+
+def test_building_a_loop_config_reads_nothing_from_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 36: the config is a value; the task's declared families are read from the snapshot a step opened."""
+    import builtins
+
+    from envloop_pipelines.core.data import snapshots
+
+    opened: list[str] = []
+    monkeypatch.setattr(snapshots, "open_task", lambda *a, **k: opened.append(f"open_task{a}") or None)
+    real_open = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda f, *a, **k: opened.append(str(f)) or real_open(f, *a, **k))
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: opened.append(str(self)) or "")
+    LoopConfig(task="personal_agent", home=str(tmp_path), safety_families=("share_ok",))
+    assert opened == []
 
 
 # -- item 9: tamper evidence -------------------------------------------------------------------------------------

@@ -88,7 +88,7 @@ def evaluate_champion(config: LoopConfig, task: TaskSnapshot, key: str) -> Basel
     threshold = calibration.get("automation_threshold")
     return BaselineEval(round=key, champion_release=champ["release"], checkpoint_sha256=champ["checkpoint_sha256"],
                         checkpoint_dir=champ["checkpoint_dir"], benchmark_version=task.benchmark_version,
-                        metrics=score_table(dev, pq.read_table(preds), config.safety_families),
+                        metrics=score_table(dev, pq.read_table(preds), config.guarded_families(task)),
                         predictions=str(preds), automation_threshold=float("inf") if threshold is None else threshold)
 
 

@@ -154,7 +154,7 @@ def train_candidate(config: LoopConfig, task: TaskSnapshot, hypothesis: Register
     rows, data_hash = candidate_rows(snapshot, registered.change)
     ckpt = train_into_store(RoundStore(config.task, config.home), rows, task.table("val"), recipe,
                             data_hash=data_hash, init_from=init_from,
-                            safety_families=config.safety_families, safety_fnr_target=config.safety_fnr_target)
+                            safety_families=config.guarded_families(task), safety_fnr_target=config.safety_fnr_target)
     train_s = time.perf_counter() - started
     train_metrics = json.loads((ckpt / "metrics.json").read_text(encoding="utf-8"))
     tracker.log_metrics(run.run_id, flat_metrics(train_metrics))

@@ -164,7 +164,7 @@ def measure_continuation_arms(config: LoopConfig, measured: MeasuredNoiseFloor, 
         arm = recipe.replace(seed=recipe.seed + CONTINUATION_SEED_OFFSET + i)
         started = time.perf_counter()
         ckpt = train_into_store(store, train, val, arm, data_hash=data.sha256, init_from=Path(control["checkpoint"]),
-                                safety_families=config.safety_families, safety_fnr_target=config.safety_fnr_target)
+                                safety_families=config.guarded_families(snapshot), safety_fnr_target=config.safety_fnr_target)
         preds = write_predictions(store.noise / measured.floor.key / f"continuation-seed{arm.seed}-test.parquet", ckpt,
                                   test, home=envloop_home(config.home))
         arms.append({"seed": arm.seed, "init_from": control["checkpoint_sha256"], "init_seed": control.get("seed"),
@@ -200,7 +200,7 @@ def _measure(config: LoopConfig, tracker: Tracker, snapshot: TaskSnapshot, store
     for arm in arms:
         started = time.perf_counter()
         ckpt = train_into_store(store, train, val, arm, data_hash=data.sha256,
-                                safety_families=config.safety_families, safety_fnr_target=config.safety_fnr_target)
+                                safety_families=config.guarded_families(snapshot), safety_fnr_target=config.safety_fnr_target)
         preds = write_predictions(store.noise / key / f"arm-seed{arm.seed}-test.parquet", ckpt, test,
                                   home=envloop_home(config.home))
         run = verify_predictions(config, "test", preds, checkpoint=ckpt, sandbox=sandbox, **setup_reader(config, key))

@@ -77,7 +77,7 @@ def decide_round(config: LoopConfig, task: TaskSnapshot, hypothesis: RegisteredH
         raise LedgerError(f"round {key}: no decision: {edited}")  # before anything is written
     delta = reeval.delta(gate.primary_metric)
     verdict = decide_promotion(gate, delta, noise_floor.floor, reeval.candidate, reeval.champion,
-                               config.safety_families, paired=reeval.paired)
+                               config.guarded_families(task), paired=reeval.paired)
     scores = {"champion_score": reeval.champion.get(gate.primary_metric),
               "candidate_score": reeval.candidate.get(gate.primary_metric)}
     unchanged = ledger.candidate_answers_as_champion(key)

@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from envloop_pipelines.core.benchmark.generator import BENCHMARK_NAME, SAFETY_FAMILIES
+from envloop_pipelines.core.data.snapshots import SnapshotManifest, TaskSnapshot
 from envloop_pipelines.core.model.recipe import DEFAULT_RECIPE
 from envloop_pipelines.core.tracking import model_name
 
@@ -108,10 +110,18 @@ class LoopConfig:
         bad = [f for f in given if not isinstance(f, str) or not f.strip()]
         if bad:
             raise ValueError(f"safety_families: each must be a family name, got {bad!r}")
-        # A run may add guarded families, never drop the task's declared ones (the guard is not switched off
-        # by an empty list, ENVLOOP_SAFETY_FAMILIES="," or a launchpad config).
-        declared = declared_safety_families(self.task, self.home)
-        object.__setattr__(self, "safety_families", tuple(dict.fromkeys((*declared, *(f.strip() for f in given)))))
+        object.__setattr__(self, "safety_families", tuple(dict.fromkeys(f.strip() for f in given)))
+
+    def guarded_families(self, task: TaskSnapshot) -> tuple[str, ...]:
+        """The families whose false-negative rate the loop guards on ``task`` (the snapshot a step opened): the
+        task's declared ones first, then the loop's ``safety_families``.
+
+        A run may add guarded families, never drop the task's declared ones: the guard is not switched off by
+        an empty list, ``ENVLOOP_SAFETY_FAMILIES=","`` or a launchpad config. Read from the snapshot the step
+        holds, so building a ``LoopConfig`` reads nothing from disk.
+        """
+        declared = declared_safety_families(task.manifest)
+        return tuple(dict.fromkeys((*declared, *self.safety_families)))
 
     def load_recipe(self) -> Any:
         """The loop's recipe: the file with the loop's ``recipe_overrides`` (validated)."""
@@ -155,20 +165,13 @@ class LoopConfig:
         return cls(**data)
 
 
-def declared_safety_families(task: str, home: str | None = None) -> tuple[str, ...]:
-    """The safety families a task declares; a loop's ``safety_families`` always include them.
+def declared_safety_families(manifest: SnapshotManifest) -> tuple[str, ...]:
+    """The safety families a task declares in its snapshot's manifest; a loop always guards them.
 
-    A snapshot's manifest may declare them (``extra.safety_families``); the built-in benchmark declares
-    ``core.benchmark.SAFETY_FAMILIES`` (``needs_approval``), also before it is generated; a task that
-    declares none has none.
+    A manifest may declare them (``extra.safety_families``); the built-in benchmark declares
+    ``core.benchmark.SAFETY_FAMILIES`` (``needs_approval``); a task that declares none has none.
     """
-    from envloop_pipelines.core.benchmark.generator import BENCHMARK_NAME, SAFETY_FAMILIES
-    from envloop_pipelines.core.data.snapshots import open_task
-
-    try:
-        extra = open_task(task, home=home).manifest.extra
-    except (FileNotFoundError, ValueError):
-        return tuple(SAFETY_FAMILIES) if task == BENCHMARK_NAME else ()
+    extra = manifest.extra
     if extra.get("safety_families") is not None:
         return tuple(extra["safety_families"])
     return tuple(SAFETY_FAMILIES) if (extra.get("generator") or {}).get("name") == BENCHMARK_NAME else ()
