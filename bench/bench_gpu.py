@@ -70,7 +70,7 @@ from envloop_pipelines.core.model.checkpoint import METRICS_FILE  # noqa: E402
 from envloop_pipelines.core.model.label_token import LabelTokenModel  # noqa: E402
 from envloop_pipelines.core.model.predict import DecisionModel, predictions_table  # noqa: E402
 from envloop_pipelines.core.model.readout import QuestionInput, as_questions, questions_from_table  # noqa: E402
-from envloop_pipelines.core.model.recipe import DEFAULT_RECIPE, load_recipe_spec  # noqa: E402
+from envloop_pipelines.core.model.recipe import DEFAULT_RECIPE, load_recipe  # noqa: E402
 from envloop_pipelines.core.model.training import build_trainable_model, train_checkpoint, train_readout  # noqa: E402
 from envloop_pipelines.core.progress import configure_command_line  # noqa: E402
 
@@ -263,7 +263,7 @@ def label_token_rows(sizes: Sizes, device: torch.device) -> list[Row]:
     objects = generate_benchmark(BenchmarkConfig(n_users=sizes.users // 4, records_per_user=4))
     questions = as_questions(records_from_objects([(o, i) for i, o in enumerate(objects, 1)], file="bench",
                                                   token_budget=None))
-    recipe = load_recipe_spec(LABEL_TOKEN_RECIPE, {**sizes.label_token_overrides, "max_steps": sizes.label_token_steps})
+    recipe = load_recipe(LABEL_TOKEN_RECIPE, {**sizes.label_token_overrides, "max_steps": sizes.label_token_steps})
     tokenizer = AutoTokenizer.from_pretrained(str(packaged_model_dir()))
     tokenizer.model_max_length = 2**30  # states are tokenized whole, then cut to max_length by the readout
     torch.manual_seed(recipe.seed)
@@ -309,7 +309,7 @@ def decision_head_rows(sizes: Sizes, home: Path, device: torch.device) -> list[R
     wide_table = open_task(wide, home=home).table("test")
     tfidf = score(wide, home, "tfidf", TfidfBaseline().fit(train, val).predict_table(wide_table))
 
-    recipe = load_recipe_spec(DEFAULT_RECIPE, sizes.decision_recipe_overrides)
+    recipe = load_recipe(DEFAULT_RECIPE, sizes.decision_recipe_overrides)
     t0 = time.perf_counter()
     ckpt = train_checkpoint(train, val, recipe, home / "trained", data_hash=snapshot.snapshot_id)
     wall_s = time.perf_counter() - t0
@@ -347,7 +347,7 @@ def decision_head_rows(sizes: Sizes, home: Path, device: torch.device) -> list[R
 
 def one_pass_rows(sizes: Sizes, device: torch.device) -> list[Row]:
     """Section c: one pass per question against one pass per option, 8 options, the default recipe's model."""
-    recipe = load_recipe_spec(DEFAULT_RECIPE, sizes.decision_recipe_overrides)
+    recipe = load_recipe(DEFAULT_RECIPE, sizes.decision_recipe_overrides)
     model, _ = build_trainable_model(recipe)
     model = model.to(device).eval()
     figures = pass_ratio(model, eight_option_questions(sizes.pass_questions, 8), sizes.pass_batch_size)

@@ -54,7 +54,7 @@ from envloop_pipelines.core.model.calibration import fit_calibration  # noqa: E4
 from envloop_pipelines.core.model.checkpoint import METRICS_FILE  # noqa: E402
 from envloop_pipelines.core.model.predict import DecisionModel, predictions_table  # noqa: E402
 from envloop_pipelines.core.model.readout import questions_from_table  # noqa: E402
-from envloop_pipelines.core.model.recipe import DEFAULT_RECIPE, load_recipe_spec  # noqa: E402
+from envloop_pipelines.core.model.recipe import DEFAULT_RECIPE, load_recipe  # noqa: E402
 from envloop_pipelines.core.model.training import build_trainable_model, train_checkpoint  # noqa: E402
 from envloop_pipelines.core.data.snapshots import open_task  # noqa: E402
 from envloop_pipelines.core.storage import atomic_write_parquet  # noqa: E402
@@ -176,7 +176,7 @@ def main() -> None:
         print(f"wide test: {tasks[wide].num_rows} questions of users unseen in training "
               f"(generator at {args.wide_users} users)")
     overrides = parse_recipe_overrides(tuple(args.override))
-    recipe = load_recipe_spec(args.recipe, overrides)
+    recipe = load_recipe(args.recipe, overrides)
     results: dict[str, dict[str, dict]] = {name: {} for name in tasks}
     timings: dict[str, float] = {}
 

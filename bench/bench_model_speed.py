@@ -25,7 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from envloop_pipelines.core.benchmark import BenchmarkConfig, generate_benchmark  # noqa: E402
 from envloop_pipelines.core.model.decision_head import option_text  # noqa: E402
 from envloop_pipelines.core.model.readout import Encoded, QuestionInput, fit_state, tokenize_unique  # noqa: E402
-from envloop_pipelines.core.model.recipe import DEFAULT_RECIPE, load_recipe_spec  # noqa: E402
+from envloop_pipelines.core.model.recipe import DEFAULT_RECIPE, load_recipe  # noqa: E402
 from envloop_pipelines.core.model.training import build_trainable_model, train_checkpoint  # noqa: E402
 from envloop_pipelines.core.data.records import records_from_objects, render_value  # noqa: E402
 from envloop_pipelines.core.progress import configure_command_line  # noqa: E402
@@ -113,7 +113,7 @@ def main() -> None:
     parser.add_argument("--train-questions", type=int, default=160)
     args = parser.parse_args()
     configure_command_line()  # progress: a bar on a terminal, lines elsewhere (ENVLOOP_PROGRESS)
-    recipe = load_recipe_spec(DEFAULT_RECIPE)
+    recipe = load_recipe(DEFAULT_RECIPE)
     model, _ = build_trainable_model(recipe)
     model.eval()
     questions = eight_option_questions(args.questions, args.options)

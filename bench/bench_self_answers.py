@@ -44,7 +44,7 @@ from envloop_pipelines.core.data.records import QUESTION_SCHEMA  # noqa: E402
 from envloop_pipelines.core.data.snapshots import open_task  # noqa: E402
 from envloop_pipelines.core.decision_loop.self_answers import verified_self_answers  # noqa: E402
 from envloop_pipelines.core.model.predict import predict_table  # noqa: E402
-from envloop_pipelines.core.model.recipe import DEFAULT_RECIPE, load_recipe_spec  # noqa: E402
+from envloop_pipelines.core.model.recipe import DEFAULT_RECIPE, load_recipe  # noqa: E402
 from envloop_pipelines.core.model.training import train_checkpoint  # noqa: E402
 from envloop_pipelines.core.progress import configure_command_line  # noqa: E402
 
@@ -93,7 +93,7 @@ def main() -> None:
           f"unseen in training (generator at {args.wide_users} users)  [{timings['data']:.0f}s]", flush=True)
 
     overrides = parse_recipe_overrides(tuple(DEFAULT_OVERRIDES if args.override is None else args.override))
-    recipe = load_recipe_spec(args.recipe, overrides)
+    recipe = load_recipe(args.recipe, overrides)
     arm_recipe = recipe.replace(max_steps=args.steps)
     print(f"recipe: {args.recipe} {overrides} (seed {recipe.seed}); continuations: max_steps={args.steps}", flush=True)
 

@@ -29,7 +29,7 @@ import torch  # noqa: E402
 
 from envloop_pipelines.core.benchmark.builtin_task import generate_builtin_task  # noqa: E402
 from envloop_pipelines.core.data.snapshots import open_task  # noqa: E402
-from envloop_pipelines.core.model.recipe import DEFAULT_RECIPE, load_recipe_spec  # noqa: E402
+from envloop_pipelines.core.model.recipe import DEFAULT_RECIPE, load_recipe  # noqa: E402
 from envloop_pipelines.core.model.training import train_checkpoint  # noqa: E402
 from envloop_pipelines.core.progress import configure_command_line  # noqa: E402
 
@@ -69,7 +69,7 @@ def main() -> None:
             f"new (frozen_layers={args.frozen}, length_grouped)": {"frozen_layers": args.frozen, "length_grouped": True}}
     rows = {}
     for name, extra in arms.items():
-        recipe = load_recipe_spec(DEFAULT_RECIPE, {"max_steps": args.steps, **extra})
+        recipe = load_recipe(DEFAULT_RECIPE, {"max_steps": args.steps, **extra})
         ckpt = train_checkpoint(train, val, recipe, root / f"ckpt-{len(rows)}", data_hash="bench")
         m = json.loads((ckpt / "metrics.json").read_text())["train"]
         from envloop_pipelines.core.model.readout import as_questions

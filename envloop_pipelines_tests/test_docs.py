@@ -399,7 +399,7 @@ def test_hypothesis_examples(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     from envloop_pipelines.core.decision_loop.candidate import recipe_diff
     from envloop_pipelines.core.ledger.ledger import Gate
     from envloop_pipelines.core.decision_loop.before_training import proposal_errors
-    from envloop_pipelines.core.model.recipe import DEFAULT_RECIPE, load_recipe_spec
+    from envloop_pipelines.core.model.recipe import DEFAULT_RECIPE, load_recipe
 
     def no_loop(**_: Any) -> None:
         raise AssertionError("an invalid hypothesis file must be refused before the loop starts")
@@ -414,7 +414,7 @@ def test_hypothesis_examples(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         if "invalid" not in f.tags:
             assert proposal_errors(body) == [], f.where()
             Gate(**body.get("gate", {}))
-            load_recipe_spec(DEFAULT_RECIPE, recipe_diff(body["change"]))
+            load_recipe(DEFAULT_RECIPE, recipe_diff(body["change"]))
             continue
         following = fs[i + 1] if i + 1 < len(fs) else None
         assert following is not None and following.lang == "text" and "output" in following.tags, (

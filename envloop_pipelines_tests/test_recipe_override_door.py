@@ -16,7 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 from envloop_pipelines.core.loop.config import LoopConfig, settings_from_env
-from envloop_pipelines.core.model.recipe import Recipe, RecipeError, check_recipe_overrides
+from envloop_pipelines.core.model.causal_sft import CausalSftRecipe
+from envloop_pipelines.core.model.recipe import Recipe, RecipeError, check_recipe_overrides, load_recipe
 
 NAMED = r"unknown recipe override\(s\) \['lrr'\] \(did you mean 'lr' for 'lrr'\?\); allowed: base_model, .*max_steps"
 
@@ -95,3 +96,20 @@ def test_the_environment_variable_door_names_the_variable() -> None:
     with pytest.raises(RecipeError, match=r"ENVLOOP_RECIPE_OVERRIDES: "):
         deployment_loop_resource(environ)  # the code location does not load
     assert settings_from_env({"ENVLOOP_RECIPE_OVERRIDES": '{"max_steps": 3}'}) == {"recipe_overrides": {"max_steps": 3}}
+
+
+@pytest.mark.parametrize("spec, kind", [("packaged:decision_head_cpu.yaml", Recipe),
+                                        ("packaged:causal_sft_qwen_gpu.yaml", CausalSftRecipe)])
+def test_one_loader_for_both_recipe_kinds_refuses_a_misspelled_override_alike(spec: str, kind: type) -> None:
+    """Issue 36: the decision recipe and the causal-SFT recipe load through one ``load_recipe``: the same
+    misspelled override is one ``RecipeError`` naming the file, the key, a close match and the fields."""
+    assert isinstance(load_recipe(spec, {"lr": 1e-4}, kind=kind), kind)
+    with pytest.raises(RecipeError) as caught:
+        load_recipe(spec, {"lrr": 1e-4}, kind=kind)
+    message = str(caught.value)
+    assert message.startswith(str(kind.PACKAGED_DIR / spec.split(":", 1)[1]) + ": unknown recipe field(s) ['lrr']")
+    assert "did you mean 'lr' for 'lrr'?" in message and "allowed: " in message and "max_length" in message
+    with pytest.raises(RecipeError, match=r"recipe field 'lr': must be a number"):
+        load_recipe(spec, {"lr": -1}, kind=kind)
+    with pytest.raises(FileNotFoundError, match="shipped: packaged:"):
+        load_recipe("packaged:nope.yaml", kind=kind)

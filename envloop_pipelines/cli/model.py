@@ -53,12 +53,12 @@ def train(task: str, recipe_path: str, out: Path, init_from: Path | None, recipe
     Stdout is one JSON document (the checkpoint, its metrics); what the libraries print goes to stderr.
     """
     with stdout_to_stderr():
-        from envloop_pipelines.core.model.recipe import RecipeError, load_recipe_spec
+        from envloop_pipelines.core.model.recipe import RecipeError, load_recipe
         from envloop_pipelines.core.model.training import is_main_process, train_checkpoint
         from envloop_pipelines.core.data.snapshots import open_task
 
         try:
-            recipe = load_recipe_spec(recipe_path, parse_recipe_overrides(recipe_overrides))
+            recipe = load_recipe(recipe_path, parse_recipe_overrides(recipe_overrides))
         except (RecipeError, FileNotFoundError, TypeError, ValueError) as exc:
             raise click.BadParameter(str(exc), param_hint="--recipe/--recipe-override") from None
         if out.exists():

@@ -21,15 +21,13 @@ from envloop_pipelines.core.model.causal_sft import (
     CausalSftRecipe,
     ChatTemplateError,
     assistant_spans,
-    causal_sft_recipe_from_dict,
     encode_chat,
-    load_causal_sft_recipe,
     load_tokenizer,
     read_policy_checkpoint,
     render,
     train_causal_sft,
 )
-from envloop_pipelines.core.model.recipe import LoraSpec, RecipeError
+from envloop_pipelines.core.model.recipe import LoraSpec, RecipeError, load_recipe
 from envloop_pipelines_tests.core.test_model_data import limit_threads_under_xdist
 
 limit_threads_under_xdist()
@@ -239,17 +237,17 @@ def test_the_trained_adapter_puts_more_probability_on_the_assistant_tokens(train
 
 def test_recipes_are_validated_by_field(lm_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(RecipeError, match="unknown causal-SFT recipe key"):
-        causal_sft_recipe_from_dict({"base_model": str(lm_dir), "readout": "label_token"})
+        CausalSftRecipe.from_dict({"base_model": str(lm_dir), "readout": "label_token"})
     with pytest.raises(RecipeError, match="'base_model': required"):
-        causal_sft_recipe_from_dict({"lr": 1e-4})
+        CausalSftRecipe.from_dict({"lr": 1e-4})
     with pytest.raises(RecipeError, match="lr_scheduler"):
-        causal_sft_recipe_from_dict({"base_model": str(lm_dir), "lr_scheduler": "cyclic"})
+        CausalSftRecipe.from_dict({"base_model": str(lm_dir), "lr_scheduler": "cyclic"})
     bad = tmp_path / "bad.yaml"
     bad.write_text(f"base_model: {lm_dir}\nepochs: 0\n")
     with pytest.raises(RecipeError, match=r"bad\.yaml: recipe field 'epochs'"):
-        load_causal_sft_recipe(bad)
+        load_recipe(bad, kind=CausalSftRecipe)
     r = CausalSftRecipe(base_model=str(lm_dir))
-    assert causal_sft_recipe_from_dict(r.to_dict()) == r and r.hash == causal_sft_recipe_from_dict(r.to_dict()).hash
+    assert CausalSftRecipe.from_dict(r.to_dict()) == r and r.hash == CausalSftRecipe.from_dict(r.to_dict()).hash
 
 
 def test_the_shipped_qwen_recipe_loads_and_documents_itself() -> None:
@@ -260,7 +258,7 @@ def test_the_shipped_qwen_recipe_loads_and_documents_itself() -> None:
 
     paths = sorted(CAUSAL_SFT_RECIPES_DIR.glob("*.yaml"))
     assert [p.name for p in paths] == ["causal_sft_qwen_gpu.yaml"]
-    recipe = load_causal_sft_recipe("packaged:causal_sft_qwen_gpu.yaml")
+    recipe = load_recipe("packaged:causal_sft_qwen_gpu.yaml", kind=CausalSftRecipe)
     assert recipe.precision == "bf16" and recipe.gradient_checkpointing and recipe.lora.r == 16
     ds = resolve_deepspeed(recipe.as_training_recipe())
     assert ds is not None and ds.name == "deepspeed_zero2.json"
@@ -270,7 +268,7 @@ def test_the_shipped_qwen_recipe_loads_and_documents_itself() -> None:
     for line in text.splitlines():  # every key carries a comment on its line (the trade-off it controls)
         if re.match(r"^\s*[a-z_]+:\s*\S", line) and not line.lstrip().startswith("#"):
             assert "#" in line, f"key line without a comment: {line!r}"
-    assert causal_sft_recipe_from_dict(recipe.to_dict()) == recipe
+    assert CausalSftRecipe.from_dict(recipe.to_dict()) == recipe
 
 
 @pytest.mark.gpu
@@ -281,7 +279,7 @@ def test_the_qwen_recipe_trains_on_a_gpu_and_the_policy_generates_there(lm_dir: 
 
     from envloop_pipelines.core.serve.generation import PolicyGenerator, policy_settings
 
-    shipped = load_causal_sft_recipe("packaged:causal_sft_qwen_gpu.yaml")
+    shipped = load_recipe("packaged:causal_sft_qwen_gpu.yaml", kind=CausalSftRecipe)
     recipe = shipped.replace(base_model=str(lm_dir), max_length=512, lora=LORA, lr=2e-2, epochs=12, batch_size=2,
                              grad_accum=1, warmup_ratio=0.0, lr_scheduler="constant_with_warmup",
                              deepspeed=shipped.deepspeed if importlib.util.find_spec("deepspeed") else None)

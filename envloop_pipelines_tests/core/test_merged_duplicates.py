@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from envloop_pipelines.core.model.causal_sft import CausalSftRecipe, causal_sft_recipe_from_dict
+from envloop_pipelines.core.model.causal_sft import CausalSftRecipe
 from envloop_pipelines.core.model.recipe import Recipe, RecipeError, TrainerFields, recipe_from_dict
 from envloop_pipelines_tests.core.test_model_data import make_table
 
@@ -75,7 +75,7 @@ def test_both_recipes_share_the_trainer_fields_and_their_checks(tmp_path: Path) 
         with pytest.raises(RecipeError) as decision_error:
             recipe_from_dict({name: bad})
         with pytest.raises(RecipeError) as causal_error:
-            causal_sft_recipe_from_dict({"base_model": lm, name: bad})
+            CausalSftRecipe.from_dict({"base_model": lm, name: bad})
         assert str(decision_error.value) == str(causal_error.value)
         assert str(decision_error.value).startswith(f"recipe field {name!r}: must be")
 
@@ -86,11 +86,11 @@ def test_each_recipe_keeps_its_keys_defaults_and_messages(tmp_path: Path) -> Non
     causal = CausalSftRecipe(base_model=lm)
     assert (causal.lr, causal.lr_scheduler, causal.batch_size, causal.max_length) == (2e-4, "cosine", 8, 1024)
     with pytest.raises(RecipeError, match=r"unknown causal-SFT recipe key\(s\) \['readout'\]"):
-        causal_sft_recipe_from_dict({"base_model": lm, "readout": "label_token"})
+        CausalSftRecipe.from_dict({"base_model": lm, "readout": "label_token"})
     with pytest.raises(RecipeError, match=r"unknown recipe key\(s\) \['bogus'\]"):
         recipe_from_dict({"bogus": 1})
     with pytest.raises(RecipeError, match="'base_model': required"):
-        causal_sft_recipe_from_dict({"lr": 1e-4})
+        CausalSftRecipe.from_dict({"lr": 1e-4})
     assert causal.replace(lora={"r": 4}).lora.r == 4 and Recipe().replace(lora={"r": 4}).lora.r == 4
 
 
@@ -98,8 +98,8 @@ def test_a_causal_recipe_hashes_a_whole_number_as_its_float(tmp_path: Path) -> N
     """Drift fixed: the decision recipe stored ``weight_decay: 0`` as 0.0, the causal-SFT recipe kept the int,
     so ``weight_decay: 0`` and ``weight_decay: 0.0`` were two causal recipes with two hashes."""
     lm = _local_lm(tmp_path)
-    as_int = causal_sft_recipe_from_dict({"base_model": lm, "weight_decay": 0, "lr": 1, "max_grad_norm": 2})
-    as_float = causal_sft_recipe_from_dict({"base_model": lm, "weight_decay": 0.0, "lr": 1.0, "max_grad_norm": 2.0})
+    as_int = CausalSftRecipe.from_dict({"base_model": lm, "weight_decay": 0, "lr": 1, "max_grad_norm": 2})
+    as_float = CausalSftRecipe.from_dict({"base_model": lm, "weight_decay": 0.0, "lr": 1.0, "max_grad_norm": 2.0})
     assert as_int == as_float and as_int.hash == as_float.hash
     assert isinstance(as_int.to_dict()["weight_decay"], float)
 
@@ -107,13 +107,13 @@ def test_a_causal_recipe_hashes_a_whole_number_as_its_float(tmp_path: Path) -> N
 def test_the_recipes_keep_their_hashes(tmp_path: Path) -> None:
     """The merge changes no recipe's identity (hashes as computed before it; sorted JSON, so the new field
     order does not count, and the shipped recipe's values were floats already)."""
-    from envloop_pipelines.core.model.causal_sft import load_causal_sft_recipe
+    from envloop_pipelines.core.model.recipe import load_recipe
     from envloop_pipelines.core.model.recipe import recipe_hash
 
-    recipe = load_causal_sft_recipe("packaged:causal_sft_qwen_gpu.yaml")
+    recipe = load_recipe("packaged:causal_sft_qwen_gpu.yaml", kind=CausalSftRecipe)
     assert recipe.hash == "921fe6f41e3d25fb4340bede8124baa0e755d11569679505fcc98616d786a3a8"
     assert CausalSftRecipe(base_model="/tmp").hash == "e6cdcee992c4260f923e892118e382858dc03a4c43e042bca493aa313e8e3aa4"
-    assert causal_sft_recipe_from_dict(recipe.to_dict()).hash == recipe.hash
+    assert CausalSftRecipe.from_dict(recipe.to_dict()).hash == recipe.hash
     assert recipe_hash(Recipe()) == "fbf552c34d445801b9830c9d6fa8179d5b93368ab3ee49625d13a59718dc379c"
 
 

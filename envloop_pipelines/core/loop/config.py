@@ -125,9 +125,9 @@ class LoopConfig:
 
     def load_recipe(self) -> Any:
         """The loop's recipe: the file with the loop's ``recipe_overrides`` (validated)."""
-        from envloop_pipelines.core.model.recipe import load_recipe_spec
+        from envloop_pipelines.core.model.recipe import load_recipe
 
-        return load_recipe_spec(self.recipe, self.recipe_overrides)
+        return load_recipe(self.recipe, self.recipe_overrides)
 
     def recipe_hash(self) -> str:
         from envloop_pipelines.core.model.recipe import recipe_hash

@@ -50,7 +50,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
 import yaml
@@ -125,13 +125,24 @@ class CausalSftRecipe(TrainerFields):
     warmup_ratio: float = 0.03
     lr_scheduler: str = "cosine"
 
+    KIND: ClassVar[str] = "causal-SFT recipe"
+    PACKAGED_DIR: ClassVar[Path] = CAUSAL_SFT_RECIPES_DIR
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "CausalSftRecipe":
+        """Build and validate a causal-SFT recipe; an unknown key is an error naming it, ``base_model`` required."""
+        values = recipe_values(data, cls, cls.KIND)
+        if "base_model" not in values:
+            raise RecipeError("causal-SFT recipe field 'base_model': required (a local causal LM directory)")
+        return cls(**values)
+
     def as_training_recipe(self) -> Recipe:
         """The same training settings as a :class:`Recipe` (for the LoRA config and provenance helpers)."""
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         return Recipe(readout="label_token", **values)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON/YAML-safe form (inverse of :func:`causal_sft_recipe_from_dict`)."""
+        """JSON/YAML-safe form (inverse of :meth:`from_dict`)."""
         data = dataclasses.asdict(self)
         data["lora"]["target_modules"] = list(self.lora.target_modules)
         return data
@@ -140,34 +151,6 @@ class CausalSftRecipe(TrainerFields):
     def hash(self) -> str:
         """sha256 of the recipe's canonical JSON."""
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def causal_sft_recipe_from_dict(data: Mapping[str, Any]) -> CausalSftRecipe:
-    """Build and validate a :class:`CausalSftRecipe`; an unknown key is an error naming it."""
-    values = recipe_values(data, CausalSftRecipe, "causal-SFT recipe")
-    if "base_model" not in values:
-        raise RecipeError("causal-SFT recipe field 'base_model': required (a local causal LM directory)")
-    return CausalSftRecipe(**values)
-
-
-def load_causal_sft_recipe(path: str | Path, overrides: Mapping[str, Any] | None = None) -> CausalSftRecipe:
-    """Read a causal-SFT recipe YAML (``packaged:<file>`` names one in ``recipes/causal_sft/``).
-
-    Raises:
-        FileNotFoundError: the file does not exist.
-        RecipeError: with the file name and the field at fault.
-    """
-    spec = str(path)
-    path = CAUSAL_SFT_RECIPES_DIR / spec[len("packaged:"):] if spec.startswith("packaged:") else Path(spec)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise RecipeError(f"{path}: not valid YAML: {exc}") from None
-    try:
-        recipe = causal_sft_recipe_from_dict(data if data is not None else {})
-        return recipe.replace(**dict(overrides)) if overrides else recipe
-    except (RecipeError, TypeError, ValueError) as exc:
-        raise RecipeError(f"{path}: {exc}") from None
 
 
 # --------------------------------------------------------------------------- rendering and masks
@@ -388,10 +371,8 @@ __all__ = [
     "IGNORE_INDEX",
     "PolicyCheckpoint",
     "assistant_spans",
-    "causal_sft_recipe_from_dict",
     "encode_chat",
     "ensure_chat_template",
-    "load_causal_sft_recipe",
     "load_policy",
     "load_tokenizer",
     "read_policy_checkpoint",

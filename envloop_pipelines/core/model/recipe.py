@@ -23,7 +23,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Self
+from typing import Any, ClassVar, Mapping, Self, TypeVar
 
 import yaml
 
@@ -173,6 +173,19 @@ class TrainerFields:
         for name in ("lr", "weight_decay", "warmup_ratio", "max_grad_norm"):
             object.__setattr__(self, name, float(getattr(self, name)))
 
+    #: What the recipe is called in messages, and the folder its ``packaged:<file>`` names are read from.
+    KIND: ClassVar[str] = "recipe"
+    PACKAGED_DIR: ClassVar[Path] = RECIPES_DIR
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Self:
+        """Build and validate a recipe of this kind from a mapping (a parsed YAML file).
+
+        Raises:
+            RecipeError: naming the unknown key or the invalid field.
+        """
+        return cls(**recipe_values(data, cls, cls.KIND))
+
     def replace(self, **changes: Any) -> Self:
         """A copy with ``changes`` applied (a ``lora`` mapping changes only the keys it names), validated again.
 
@@ -303,12 +316,12 @@ def _lora_from_dict(data: Mapping[str, Any]) -> LoraSpec:
 
 
 def recipe_from_dict(data: Mapping[str, Any]) -> Recipe:
-    """Build and validate a :class:`Recipe` from a mapping (a parsed YAML file).
+    """Build and validate a decision :class:`Recipe` from a mapping (``Recipe.from_dict``).
 
     Raises:
         RecipeError: naming the unknown key or the invalid field.
     """
-    return Recipe(**recipe_values(data, Recipe, "recipe"))
+    return Recipe.from_dict(data)
 
 
 def recipe_values(data: Any, cls: type[TrainerFields], kind: str) -> dict[str, Any]:
@@ -366,21 +379,29 @@ def check_recipe_overrides(overrides: Any) -> dict[str, Any]:
     return values
 
 
-def load_recipe(path: str | Path) -> Recipe:
-    """Read and validate a recipe YAML file.
+R = TypeVar("R", bound=TrainerFields)
+
+
+def load_recipe(spec: str | Path, overrides: Mapping[str, Any] | None = None, *,
+                kind: type[R] = Recipe) -> R:  # type: ignore[assignment]
+    """The one recipe loader: read the YAML file ``spec`` names, build a recipe of ``kind`` (the decision
+    :class:`Recipe`, or the causal-SFT recipe) and apply ``overrides``, every value validated.
+
+    ``spec`` is ``packaged:<file>`` (a file shipped in ``kind.PACKAGED_DIR``) or a path.
 
     Raises:
-        FileNotFoundError: when the file does not exist.
-        RecipeError: with the file name, and the field at fault.
+        FileNotFoundError: the file does not exist (naming the shipped ones).
+        RecipeError: starting with the file name: not YAML, an unknown key or override (naming it, a close
+            match and the fields) or a value its field refuses.
     """
-    path = Path(path)
-    text = path.read_text(encoding="utf-8")
+    path = resolve_recipe_path(str(spec), kind)
     try:
-        data = yaml.safe_load(text)
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise RecipeError(f"{path}: not valid YAML: {exc}") from None
     try:
-        return recipe_from_dict(data if data is not None else {})
+        recipe = kind.from_dict(data if data is not None else {})
+        return recipe.replace(**dict(overrides)) if overrides else recipe
     except RecipeError as exc:
         raise RecipeError(f"{path}: {exc}") from None
 
@@ -449,28 +470,22 @@ def resolve_deepspeed(recipe: TrainerFields) -> Path | None:
     return path.resolve()
 
 
-def shipped_recipes() -> list[Path]:
-    """Every recipe YAML shipped with the package."""
-    return sorted(RECIPES_DIR.glob("*.yaml"))
+def shipped_recipes(kind: type[TrainerFields] = TrainerFields) -> list[Path]:
+    """Every recipe YAML of ``kind`` shipped with the package (decision recipes by default)."""
+    return sorted(kind.PACKAGED_DIR.glob("*.yaml"))
 
 
-def resolve_recipe_path(spec: str) -> Path:
-    """The recipe file of ``spec``: ``packaged:<file>`` (a shipped recipe) or a path.
+def resolve_recipe_path(spec: str, kind: type[TrainerFields] = TrainerFields) -> Path:
+    """The recipe file of ``spec``: ``packaged:<file>`` (a recipe of ``kind`` shipped with the package) or a path.
 
     Raises:
         FileNotFoundError: naming the spec and the shipped recipes.
     """
-    path = RECIPES_DIR / spec[len(PACKAGED_PREFIX):] if spec.startswith(PACKAGED_PREFIX) else Path(spec)
+    path = kind.PACKAGED_DIR / spec[len(PACKAGED_PREFIX):] if spec.startswith(PACKAGED_PREFIX) else Path(spec)
     if not path.exists():
-        shipped = ", ".join(f"{PACKAGED_PREFIX}{p.name}" for p in shipped_recipes())
-        raise FileNotFoundError(f"recipe {spec!r} not found; shipped recipes: {shipped}")
+        shipped = ", ".join(f"{PACKAGED_PREFIX}{p.name}" for p in shipped_recipes(kind))
+        raise FileNotFoundError(f"{kind.KIND} {spec!r} not found; shipped: {shipped}")
     return path
-
-
-def load_recipe_spec(spec: str, overrides: Mapping[str, Any] | None = None) -> Recipe:
-    """Load the recipe named by ``spec`` (see :func:`resolve_recipe_path`) with ``overrides`` applied (validated)."""
-    recipe = load_recipe(resolve_recipe_path(spec))
-    return recipe.replace(**dict(overrides)) if overrides else recipe
 
 
 __all__ = [
@@ -486,7 +501,6 @@ __all__ = [
     "check_recipe_overrides",
     "dump_recipe",
     "load_recipe",
-    "load_recipe_spec",
     "recipe_from_dict",
     "recipe_hash",
     "recipe_to_dict",

@@ -83,9 +83,10 @@ class RlRoundConfig:
 
     def load_recipe(self) -> Any:
         """The causal-SFT recipe (``CausalSftRecipe``) the file names, validated."""
-        from envloop_pipelines.core.model.causal_sft import load_causal_sft_recipe
+        from envloop_pipelines.core.model.causal_sft import CausalSftRecipe
+        from envloop_pipelines.core.model.recipe import load_recipe
 
-        return load_causal_sft_recipe(self.recipe)
+        return load_recipe(self.recipe, kind=CausalSftRecipe)
 
     def gate(self) -> Any:
         """The gate the round registers (``Gate`` on :data:`RL_METRIC`)."""
