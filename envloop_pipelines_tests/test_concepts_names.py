@@ -2,7 +2,8 @@
 
 Each spelling in the CLI, config and SDK columns exists (Click options, ``LoopConfig`` fields and
 environment variables, SDK signatures); each old spelling of the last column is read only in the
-files that column names (the edge), and ``--override`` still works there, with a deprecation message.
+files that column names (the edge); the loop override's old spellings (``--override``,
+``recipe_overrides_json``) are read nowhere (issue 36: one spelling from the flag to the recipe).
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def test_the_cli_spellings_are_the_commands_options() -> None:
             cmd = cmd.commands[part]  # type: ignore[attr-defined]
         params = _params(cmd)
         assert flag in params and params[flag].name == "recipe_overrides" and not params[flag].hidden
-        assert params["--override"].hidden and params["--override"].deprecated  # the old one: hidden, deprecated
+        assert "--override" not in params  # the old spelling is gone
     hyp = _code(_table()["hypothesis recipe change"]["CLI"])[0].split()[0]
     assert hyp in _params(main.commands["round"].commands["start"])  # type: ignore[attr-defined]
 
@@ -106,7 +107,7 @@ def test_the_sdk_spellings_are_the_clients_signatures() -> None:
     assert "hypothesis" in inspect.signature(Client.start_round).parameters
 
 
-@pytest.mark.parametrize("concept", ["loop recipe override", "hypothesis recipe change"])
+@pytest.mark.parametrize("concept", ["hypothesis recipe change"])
 def test_old_spellings_are_read_only_at_the_edge(concept: str) -> None:
     olds = _old_spellings(_table()[concept]["old spelling (read only in)"])
     assert olds, concept
@@ -118,9 +119,19 @@ def test_old_spellings_are_read_only_at_the_edge(concept: str) -> None:
         assert not bench, f"{old}: the benches spell it in {bench}"
 
 
-def test_the_old_flag_still_works_and_says_so(tmp_path: Path) -> None:
-    """``--override`` reaches the command as ``recipe_overrides`` (before the new flag's values) and prints a
-    deprecation on stderr; a bad value names the field either way."""
+def test_the_loop_override_has_no_old_spelling_left() -> None:
+    """Issue 36: ``--override`` and ``recipe_overrides_json`` are read nowhere, in the package or the benches."""
+    cell = _table()["loop recipe override"]["old spelling (read only in)"]
+    assert cell.startswith("none") and _old_spellings(cell) == {}
+    for old in ("--override", "recipe_overrides_json"):
+        pattern = re.compile(OLD_PATTERNS[old])
+        found = [str(p.relative_to(REPO)) for folder in (PACKAGE, REPO / "bench") for p in folder.rglob("*.py")
+                 if pattern.search(p.read_text())]
+        assert found == [], f"{old} is still spelled in {found}"
+
+
+def test_the_old_flag_is_refused_naming_the_new_one() -> None:
+    """``--override`` is a usage error (exit 2) that points at ``--recipe-override``; the new flag works."""
     from envloop_pipelines.cli.options import loop_options, loop_settings, recipe_override_option
 
     seen = {}
@@ -136,15 +147,14 @@ def test_the_old_flag_still_works_and_says_so(tmp_path: Path) -> None:
         seen["train"] = recipe_overrides
 
     runner = CliRunner()
-    res = runner.invoke(start, ["--override", "max_steps=2", "--recipe-override", "max_length=64",
-                                "--recipe-override", "max_steps=3"])
+    for command, args in ((start, ["--override", "max_steps=2"]), (train, ["--override", "lr=0.1"])):
+        res = runner.invoke(command, args)
+        assert res.exit_code == 2 and "No such option '--override'" in res.output and "--recipe-override" in res.output
+    res = runner.invoke(start, ["--recipe-override", "max_length=64", "--recipe-override", "max_steps=3"])
     assert res.exit_code == 0, res.output
     assert seen["loop"]["recipe_overrides"] == {"max_steps": 3, "max_length": 64}
-    assert "'override' is deprecated" in res.stderr and "--recipe-override" in res.stderr
-    res = runner.invoke(train, ["--override", "lr=0.1"])
-    assert res.exit_code == 0 and seen["train"] == ("lr=0.1",) and "deprecated" in res.stderr
     res = runner.invoke(train, ["--recipe-override", "lr=0.1"])
-    assert res.exit_code == 0 and "deprecated" not in res.stderr
+    assert res.exit_code == 0 and seen["train"] == ("lr=0.1",)
 
 
 def test_the_benches_parser_has_the_same_flag(capsys: pytest.CaptureFixture[str]) -> None:
@@ -158,6 +168,6 @@ def test_the_benches_parser_has_the_same_flag(capsys: pytest.CaptureFixture[str]
     args = parser.parse_args(["--recipe-override", "max_length=64"])
     assert parse_recipe_overrides(tuple(args.override)) == {"max_steps": 24, "max_length": 64}
     assert "deprecated" not in capsys.readouterr().err
-    args = parser.parse_args(["--override", "lexical=true"])
-    assert parse_recipe_overrides(tuple(args.override)) == {"max_steps": 24, "lexical": True}
-    assert "--override is deprecated. Use --recipe-override" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse's usage error: the old spelling is gone
+        parser.parse_args(["--override", "lexical=true"])
+    assert "unrecognized arguments: --override" in capsys.readouterr().err

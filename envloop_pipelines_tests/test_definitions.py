@@ -9,7 +9,6 @@ value fails that run, naming the variable.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -135,7 +134,7 @@ def test_loading_shows_the_environments_settings_as_configured_values(clean_env:
     clean_env.setenv("ENVLOOP_NOISE_ARMS", "3")
     clean_env.setenv("ENVLOOP_RECIPE_OVERRIDES", '{"max_steps": 2}')
     loop = definitions.defs().resources["loop"]
-    assert (loop.task, loop.noise_arms, json.loads(loop.recipe_overrides)) == ("tickets", 3, {"max_steps": 2})
+    assert (loop.task, loop.noise_arms, loop.recipe_overrides) == ("tickets", 3, {"max_steps": 2})
     assert loop.top_clusters is None  # unset at load: read by the run, else LoopConfig's default
     clean_env.setenv("ENVLOOP_TASK", "claims")  # after the load: the loaded value stands
     assert loop.config().task == "tickets"

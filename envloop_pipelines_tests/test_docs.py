@@ -534,8 +534,9 @@ def test_loop_settings_are_loop_config() -> None:
 
     start = main.commands["round"].commands["start"]  # type: ignore[attr-defined]
     options = {o for p in start.params for o in p.opts}
-    for old in ("--override", "--synthesized", "--users", "--records-per-user"):  # the Renamed list's old flags
+    for old in ("--synthesized", "--users", "--records-per-user"):  # the Renamed list's old flags still accepted
         assert old in options and f"`{old}`" in text
+    assert "--override" not in options and "`--override`" in text  # removed (issue 36), and the list says so
     for row in rows:
         name = row[0].strip("`")
         option = "--recipe-override" if name == "recipe_overrides" else f"--{name.replace('_', '-')}"  # KEY=VALUE, repeated

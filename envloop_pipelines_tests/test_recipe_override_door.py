@@ -49,8 +49,8 @@ def test_the_sdk_door_refuses_it_before_anything_is_written(tmp_path: Path) -> N
         LoopConfig(recipe_overrides={"lrr": 1e-4}, home=str(home))
     with pytest.raises(RecipeError, match=NAMED):
         LocalClient({"recipe_overrides": {"lrr": 1e-4}, "home": str(home)})
-    with pytest.raises(RecipeError, match=NAMED):
-        LocalClient({"recipe_overrides": json.dumps({"lrr": 1e-4}), "home": str(home)})
+    with pytest.raises(ValueError, match="recipe_overrides must be a mapping of recipe fields"):  # one spelling
+        LocalClient({"recipe_overrides": json.dumps({"max_steps": 2}), "home": str(home)})
     assert _written(home) == []
 
 
@@ -76,9 +76,12 @@ def test_the_launchpad_door_refuses_it_when_the_run_starts_before_any_step(tmp_p
 
     home = tmp_path / "home"
     monkeypatch.setenv("ENVLOOP_HOME", str(home))
-    loop = LoopResource(home=str(home), builtin_users=30, recipe_overrides=json.dumps({"lrr": 1e-4}))
+    loop = LoopResource.configure_at_launch()  # the launchpad: the run's config gives the override, a mapping
+    run_config = {"resources": {"loop": {"config": {"home": str(home), "builtin_users": 30,
+                                                    "recipe_overrides": {"lrr": 1e-4}}}}}
     with pytest.raises(Exception) as caught:
-        dg.materialize([task_benchmark], resources={"loop": loop}, instance=dg.DagsterInstance.ephemeral())
+        dg.materialize([task_benchmark], resources={"loop": loop}, run_config=run_config,
+                       instance=dg.DagsterInstance.ephemeral())
     chain, exc = [], caught.value
     while exc is not None:
         chain.append(str(exc))

@@ -4,16 +4,15 @@ The loop's options are generated from the fields of ``LoopConfig``: ``--<field-w
 with the field's default and help; ``recipe_overrides`` is ``--recipe-override KEY=VALUE``
 (repeatable), ``safety_families`` a comma-separated list.
 
-Old spellings are read here and nowhere else (``docs/concepts.md``, "Renamed"): ``--override`` is a
-hidden, deprecated alias of ``--recipe-override`` (Click prints the deprecation on stderr; the values are
-merged before the command sees them), and :data:`OPTION_ALIASES` lists the loop options' older names.
+The recipe override has one spelling from the flag to the recipe: ``--recipe-override KEY=VALUE`` here,
+``recipe_overrides`` (a mapping of recipe fields) in ``LoopConfig``, the SDK, the ``loop`` resource and a
+run's recorded settings, its JSON text in ``ENVLOOP_RECIPE_OVERRIDES``. :data:`OPTION_ALIASES` lists the
+loop options' older names.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
-import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -26,9 +25,6 @@ OPTION_ALIASES = {"n_synthesized": ("--synthesized",), "builtin_users": ("--user
                   "builtin_records_per_user": ("--records-per-user",)}
 #: The one flag of the recipe override (``LoopConfig.recipe_overrides``), given once per recipe field.
 RECIPE_OVERRIDE_FLAG = "--recipe-override"
-#: Its old spelling (the benches' until issue 25): accepted with a deprecation message.
-LEGACY_RECIPE_OVERRIDE_FLAG = "--override"
-_LEGACY_PARAM = "override"  # the name Click names in its deprecation message
 
 
 def parse_recipe_overrides(pairs: tuple[str, ...]) -> dict[str, Any]:
@@ -49,56 +45,28 @@ def parse_recipe_overrides(pairs: tuple[str, ...]) -> dict[str, Any]:
         raise click.BadParameter(str(exc), param_hint=RECIPE_OVERRIDE_FLAG) from None
 
 
-def _with_legacy_flag(fn: Callable) -> Callable:
-    """Add the deprecated ``--override`` to a command; its values join ``recipe_overrides`` (first, so the new
-    flag wins on a repeated key) before ``fn`` runs."""
-
-    @functools.wraps(fn)
-    def command(*args: Any, **kwargs: Any) -> Any:
-        legacy = tuple(kwargs.pop(_LEGACY_PARAM, None) or ())
-        kwargs["recipe_overrides"] = legacy + tuple(kwargs.get("recipe_overrides") or ())
-        return fn(*args, **kwargs)
-
-    return click.option(LEGACY_RECIPE_OVERRIDE_FLAG, _LEGACY_PARAM, multiple=True, hidden=True, metavar="KEY=VALUE",
-                        deprecated=f"Use {RECIPE_OVERRIDE_FLAG} KEY=VALUE.")(command)
-
-
 def recipe_override_option(fn: Callable) -> Callable:
-    """``--recipe-override KEY=VALUE`` (repeatable) as the command's ``recipe_overrides``; ``--override`` read too."""
-    fn = click.option(RECIPE_OVERRIDE_FLAG, "recipe_overrides", multiple=True, metavar="KEY=VALUE",
-                      help="Recipe override, one recipe field each (repeatable).")(fn)
-    return _with_legacy_flag(fn)
-
-
-class _DeprecatedAppend(argparse._AppendAction):
-    """argparse's ``append`` with a deprecation message on stderr (``--override`` of the benches' parsers)."""
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
-        print(f"DeprecationWarning: {option_string} is deprecated. Use {RECIPE_OVERRIDE_FLAG} KEY=VALUE.",
-              file=sys.stderr)
-        super().__call__(parser, namespace, values, option_string)
+    """``--recipe-override KEY=VALUE`` (repeatable) as the command's ``recipe_overrides``."""
+    return click.option(RECIPE_OVERRIDE_FLAG, "recipe_overrides", multiple=True, metavar="KEY=VALUE",
+                        help="Recipe override, one recipe field each (repeatable).")(fn)
 
 
 def add_recipe_override_argument(parser: argparse.ArgumentParser, *, default: list[str] | None = None,
                                  help: str = "recipe override KEY=VALUE, one recipe field each (repeatable)") -> None:
     """``--recipe-override KEY=VALUE`` (repeatable, into ``args.override``) on a script's argparse parser.
 
-    The CLI's spelling for the benches (``bench/``); the old ``--override`` is read too, hidden, with a
-    deprecation message. Parse the values with :func:`parse_recipe_overrides`.
+    The CLI's spelling for the benches (``bench/``). Parse the values with :func:`parse_recipe_overrides`.
     """
     parser.add_argument(RECIPE_OVERRIDE_FLAG, dest="override", action="append", default=default, metavar="KEY=VALUE",
                         help=help)
-    parser.add_argument(LEGACY_RECIPE_OVERRIDE_FLAG, dest="override", action=_DeprecatedAppend, metavar="KEY=VALUE",
-                        help=argparse.SUPPRESS)
 
 
 def loop_options(fn: Callable) -> Callable:
     """Add one option per loop setting (``LoopConfig``'s fields, defaults and help)."""
     for f in reversed(loop_fields()):
         if f.name == "recipe_overrides":
-            fn = _with_legacy_flag(click.option(RECIPE_OVERRIDE_FLAG, "recipe_overrides", multiple=True,
-                                                metavar="KEY=VALUE", help=f.metadata["help"])(fn))
+            fn = click.option(RECIPE_OVERRIDE_FLAG, "recipe_overrides", multiple=True, metavar="KEY=VALUE",
+                              help=f.metadata["help"])(fn)
             continue
         default = field_default(f)
         names = (f"--{f.name.replace('_', '-')}", *OPTION_ALIASES.get(f.name, ()), f.name)
@@ -131,5 +99,5 @@ def loop_settings(options: Mapping[str, Any]) -> dict[str, Any]:
     return settings
 
 
-__all__ = ["LEGACY_RECIPE_OVERRIDE_FLAG", "RECIPE_OVERRIDE_FLAG", "add_recipe_override_argument", "loop_options",
+__all__ = ["RECIPE_OVERRIDE_FLAG", "add_recipe_override_argument", "loop_options",
            "loop_settings", "parse_recipe_overrides", "recipe_override_option", "remote_options"]

@@ -631,7 +631,7 @@ def run_process_group(argv: list[str], *, grace_s: float = 20.0) -> int:
 #: ``lexical=true``: the hybrid readout (TF-IDF + LR log-probabilities added to the head's logits, the weight
 #: fitted on val). At 24 steps the head alone is far under-trained (holdout family-macro accuracy 0.356 where
 #: TF-IDF + LR gets 0.515); measured on the 2,276-question wide test (bench_model_quality.py --users 240
-#: --override max_steps=24 --override max_length=256 --override lexical=true) the hybrid scores 0.5288, TF-IDF
+#: --recipe-override max_steps=24 --recipe-override max_length=256 --recipe-override lexical=true) the hybrid scores 0.5288, TF-IDF
 #: 0.5288, paired +0.0000 [-0.0029, +0.0031]: val gives the lexical part the weight, so the demo's release is no
 #: longer worse than the baseline it prints.
 DEMO_OVERRIDES = ("max_steps=24", "max_length=256", "lexical=true")

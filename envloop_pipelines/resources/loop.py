@@ -2,8 +2,8 @@
 
 ``LoopResource``'s fields are generated from :class:`~envloop_pipelines.core.loop.config.LoopConfig`
 (one field per setting, same name and default), so the resource cannot drift from
-the core. ``recipe_overrides`` is JSON text here (Dagster config and environment
-variables are text); ``safety_families`` a list.
+the core. ``recipe_overrides`` is a mapping of recipe fields here as everywhere but the
+environment variable (``ENVLOOP_RECIPE_OVERRIDES``, its JSON text); ``safety_families`` a list.
 
 ``DeploymentLoopResource`` is the code location's loop (``definitions.py``): the same fields, each
 unset by default. When Dagster loads the code location (never at import) every ``ENVLOOP_<FIELD>`` then
@@ -71,7 +71,7 @@ class _LoopSettings(dg.ConfigurableResource):
 def _resource_field(f: Any) -> tuple[Any, Any]:
     default = field_default(f)
     if f.name == "recipe_overrides":
-        return str, json.dumps(dict(default))
+        return dict[str, Any], pydantic.Field(default_factory=dict)
     if f.name == "safety_families":
         return list[str], pydantic.Field(default_factory=lambda d=tuple(default): list(d))
     kind = field_type(f)
@@ -133,15 +133,20 @@ def deployment_loop_resource(environ: Mapping[str, str]) -> Any:
 
 def _resource_values(settings: Mapping[str, Any]) -> dict[str, Any]:
     data = dict(settings)
-    if "recipe_overrides" in data and not isinstance(data["recipe_overrides"], str):
-        data["recipe_overrides"] = json.dumps(dict(data["recipe_overrides"]), sort_keys=True)
+    if isinstance(data.get("recipe_overrides"), Mapping):
+        data["recipe_overrides"] = dict(data["recipe_overrides"])
     if "safety_families" in data:
         data["safety_families"] = list(data["safety_families"])
     return data
 
 
 def loop_resource(settings: Mapping[str, Any]) -> Any:
-    """A ``LoopResource`` from settings (``LoopConfig`` names; ``recipe_overrides`` a mapping or JSON)."""
+    """A ``LoopResource`` from settings (``LoopConfig`` names and values).
+
+    Raises:
+        ValueError: a setting ``LoopConfig`` refuses, named by its check (before pydantic sees the value).
+    """
+    LoopConfig.from_settings(settings)
     return LoopResource(**_resource_values(settings))
 
 

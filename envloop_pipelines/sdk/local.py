@@ -61,8 +61,6 @@ QUIET: dict[str, Any] = {"loggers": {"console": {"config": {"log_level": "WARNIN
 #: Dagster's console logger off but for CRITICAL: a round's worker prints its own line (a cancelled round's
 #: interrupted step would otherwise fill its log with Dagster's stack traces).
 SILENT: dict[str, Any] = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
-#: Loop settings as earlier versions recorded them in a run's tags (read back by ``retry``).
-_LEGACY_SETTINGS = {"recipe_overrides_json": "recipe_overrides"}
 
 
 def dagster_home() -> Path:
@@ -93,8 +91,7 @@ def loop_resources(settings: Mapping[str, Any]) -> dict[str, Any]:
     from envloop_pipelines.resources.round_store import RoundStoreIOManager
     from envloop_pipelines.resources.sandbox import SandboxResource
 
-    loop = loop_resource({_LEGACY_SETTINGS.get(k, k): v for k, v in settings.items()})
-    loop.config()  # checked here, once
+    loop = loop_resource(settings)  # checked here, once
     return {"loop": loop, "mlflow": MlflowResource(), "io_manager": RoundStoreIOManager(loop=loop),
             "sandbox": SandboxResource()}
 

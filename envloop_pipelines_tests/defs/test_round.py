@@ -42,8 +42,8 @@ TASK = "tickets"
 # The encoder and head alone (no lexical part, every layer trained: the CPU default before issue 24): this
 # module's promoting round and its cards are about the loop's mechanics on a head that learns the cues; with
 # the default's TF-IDF part the champion already answers these 80 lexically easy questions right at 2 steps.
-LOOP = dict(task=TASK, noise_arms=2, n_synthesized=12, recipe_overrides=json.dumps(
-    {"max_steps": 2, "max_length": 128, "lexical": False, "frozen_layers": 0, "family_head": False}))
+LOOP = dict(task=TASK, noise_arms=2, n_synthesized=12, recipe_overrides=
+            {"max_steps": 2, "max_length": 128, "lexical": False, "frozen_layers": 0, "family_head": False})
 GENERATOR = "label_preserving_variants"  # imported data: variants of its own training rows
 N_USERS = 400
 # A person's hypothesis for round 2: 80 more steps from the champion, under the default gate (the measured

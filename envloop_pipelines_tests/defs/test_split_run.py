@@ -38,11 +38,11 @@ from .test_round import GENERATOR, LOOP, TASK, learnable_tickets
 pytestmark = pytest.mark.slow
 
 #: The audit's second run: the loop's override changed between registration and training.
-OTHER = {**json.loads(LOOP["recipe_overrides"]), "max_steps": 3, "lr": 0.01}
+OTHER = {**LOOP["recipe_overrides"], "max_steps": 3, "lr": 0.01}
 
 
 def _resources(home: Any, overrides: dict[str, Any]) -> dict[str, Any]:
-    loop = LoopResource(home=str(home), generator=GENERATOR, **{**LOOP, "recipe_overrides": json.dumps(overrides)})
+    loop = LoopResource(home=str(home), generator=GENERATOR, **{**LOOP, "recipe_overrides": overrides})
     return {"loop": loop, "mlflow": MlflowResource(home=str(home)), "io_manager": RoundStoreIOManager(loop=loop),
             "sandbox": SandboxResource()}
 
@@ -61,7 +61,7 @@ def test_a_round_split_across_recipes_is_refused_at_training_and_at_the_decision
     data = tmp_path / "tickets.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in learnable_tickets(160)), encoding="utf-8")
     import_file(data, TASK, home=home)
-    floor_resources = _resources(home, json.loads(LOOP["recipe_overrides"]))
+    floor_resources = _resources(home, LOOP["recipe_overrides"])
     other_resources = _resources(home, OTHER)
     registered_hash = floor_resources["loop"].config().recipe_hash()
     other_hash = other_resources["loop"].config().recipe_hash()

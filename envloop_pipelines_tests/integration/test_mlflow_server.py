@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,7 +36,7 @@ def test_round_against_a_real_mlflow_server(mlflow_server: str, tmp_path: Path, 
     home = tmp_path / "home"
     monkeypatch.setenv("ENVLOOP_HOME", str(home))
     loop = LoopResource(home=str(home), builtin_users=30, builtin_records_per_user=3, noise_arms=2, n_synthesized=8,
-                        recipe_overrides=json.dumps({"max_steps": 1, "max_length": 128}))
+                        recipe_overrides={"max_steps": 1, "max_length": 128})
     resources = {"loop": loop, "mlflow": MlflowResource(tracking_uri=mlflow_server, home=str(home)),
                  "io_manager": RoundStoreIOManager(loop=loop), "sandbox": SandboxResource()}
     instance = dg.DagsterInstance.ephemeral()

@@ -203,7 +203,7 @@ def test_train_prints_only_json_on_stdout(tmp_path: Path) -> None:
     assert generated.returncode == 0, generated.stderr[-2000:]
     out = tmp_path / "ckpt"
     done = subprocess.run([envloop, "train", "--task", "personal_agent", "--recipe", "packaged:decision_head_cpu.yaml",
-                           "--out", str(out), "--override", "max_steps=2", "--override", "max_length=128"], env=env,
+                           "--out", str(out), "--recipe-override", "max_steps=2", "--recipe-override", "max_length=128"], env=env,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout)["checkpoint"] == str(out), done.stdout[:500]  # `| jq .checkpoint` works

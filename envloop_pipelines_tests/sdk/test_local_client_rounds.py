@@ -25,8 +25,8 @@ from envloop_pipelines_tests.defs.test_round import GENERATOR, TASK, learnable_t
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
-SETTINGS = dict(task=TASK, generator=GENERATOR, noise_arms=2, n_synthesized=12, recipe_overrides=json.dumps(
-    {"max_steps": 2, "max_length": 128, "lexical": False, "frozen_layers": 0, "family_head": False}))
+SETTINGS = dict(task=TASK, generator=GENERATOR, noise_arms=2, n_synthesized=12, recipe_overrides=
+                {"max_steps": 2, "max_length": 128, "lexical": False, "frozen_layers": 0, "family_head": False})
 # Long enough to be cancelled in: 3,000 optimizer steps from the champion (minutes on 2 cores).
 FIRST = {"change": {"kind": "recipe", "recipe_diff": {"max_steps": 4}}, "predicted_delta": 0.05,
          "rationale": "a person's hypothesis: the first round's only"}

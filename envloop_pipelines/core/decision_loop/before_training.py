@@ -384,8 +384,7 @@ def register_hypothesis(config: LoopConfig, task: TaskSnapshot, synthesis: Envir
     gate = Gate(**proposal.get("gate", {}))
     registered = ledger.hypothesis(key)
     data_change = {"kind": "data", "generator": synthesis.generator, "clusters": list(synthesis.clusters),
-                   "n_new_examples": synthesis.n_rows, "synthesis_sha256": synthesis.sha256,
-                   "recipe_overrides": dict(config.recipe_overrides)}
+                   "n_new_examples": synthesis.n_rows, "synthesis_sha256": synthesis.sha256}
     power = None
     proposed = propose_change(config, task, key, gate, synthesis, sandbox) \
         if registered is None and not proposal.get("change") else None  # the loop proposes its own experiment

@@ -26,7 +26,14 @@ from typing import Any
 
 from envloop_pipelines.core.benchmark.generator import BENCHMARK_NAME, SAFETY_FAMILIES
 from envloop_pipelines.core.data.snapshots import SnapshotManifest, TaskSnapshot
-from envloop_pipelines.core.model.recipe import DEFAULT_RECIPE
+from envloop_pipelines.core.model.recipe import (
+    DEFAULT_RECIPE,
+    Recipe,
+    RecipeError,
+    check_recipe_overrides,
+    load_recipe,
+    recipe_hash,
+)
 from envloop_pipelines.core.tracking import model_name
 
 ROUND_KEY_WIDTH = 4
@@ -103,8 +110,6 @@ class LoopConfig:
             raise ValueError(f"n_synthesized must be ≥ 0, got {self.n_synthesized}")
         if not isinstance(self.recipe_overrides, Mapping):
             raise ValueError(f"recipe_overrides must be a mapping of recipe fields, got {self.recipe_overrides!r}")
-        from envloop_pipelines.core.model.recipe import check_recipe_overrides
-
         check_recipe_overrides(self.recipe_overrides)  # a misspelled key is refused here, not in a run's step
         given = (self.safety_families,) if isinstance(self.safety_families, str) else tuple(self.safety_families)
         bad = [f for f in given if not isinstance(f, str) or not f.strip()]
@@ -123,15 +128,17 @@ class LoopConfig:
         declared = declared_safety_families(task.manifest)
         return tuple(dict.fromkeys((*declared, *self.safety_families)))
 
-    def load_recipe(self) -> Any:
-        """The loop's recipe: the file with the loop's ``recipe_overrides`` (validated)."""
-        from envloop_pipelines.core.model.recipe import load_recipe
-
-        return load_recipe(self.recipe, self.recipe_overrides)
+    def load_recipe(self) -> Recipe:
+        """The loop's recipe: the file with the loop's ``recipe_overrides`` (validated), read and merged once per
+        config (a run builds one config, so every step of it trains and hashes the same recipe)."""
+        recipe = self.__dict__.get("_recipe")
+        if recipe is None:
+            recipe = load_recipe(self.recipe, self.recipe_overrides)
+            object.__setattr__(self, "_recipe", recipe)  # a cache beside the fields: not compared, not hashed
+        return recipe
 
     def recipe_hash(self) -> str:
-        from envloop_pipelines.core.model.recipe import recipe_hash
-
+        """sha256 of the loop's recipe (the file with the loop's override): what the floor and hypotheses are keyed by."""
         return recipe_hash(self.load_recipe())
 
     @property
@@ -149,19 +156,18 @@ class LoopConfig:
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any]) -> "LoopConfig":
-        """A config from settings; ``recipe_overrides`` may be a mapping or its JSON text.
+        """A config from settings (``LoopConfig`` names and values; ``safety_families`` may be comma-separated text).
 
         Raises:
-            ValueError: an unknown setting, or ``recipe_overrides`` that is not a JSON object.
+            ValueError: an unknown setting, or a value ``LoopConfig`` refuses (naming it).
         """
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(settings) - names)
         if unknown:
             raise ValueError(f"unknown loop setting(s) {unknown}; allowed: {sorted(names)}")
         data = dict(settings)
-        for name in ("recipe_overrides", "safety_families"):
-            if isinstance(data.get(name), str):
-                data[name] = parse_setting(name, data[name] or ("{}" if name == "recipe_overrides" else ""))
+        if isinstance(data.get("safety_families"), str):
+            data["safety_families"] = parse_setting("safety_families", data["safety_families"])
         return cls(**data)
 
 
@@ -230,8 +236,6 @@ def parse_setting(name: str, raw: str, *, label: str | None = None) -> Any:
             raise ValueError(f"{label} is not JSON: {exc}") from None
         if not isinstance(value, dict):
             raise ValueError(f"{label} must be a JSON object of recipe fields")
-        from envloop_pipelines.core.model.recipe import RecipeError, check_recipe_overrides
-
         try:
             return check_recipe_overrides(value)
         except RecipeError as exc:
