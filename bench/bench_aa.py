@@ -193,7 +193,7 @@ def train_pool(config: Any, n: int, home: Path, *, indices: list[int] | None = N
 def decide(config: Any, pool: list[dict[str, Any]], rep: Replicate, pairs: dict[tuple[int, int], Any]) -> dict[str, Any]:
     """One replicate through the gate's decision function; the paired run is cached per (champion, candidate)."""
     from envloop_pipelines.core.data.snapshots import open_task
-    from envloop_pipelines.core.ledger.ledger import Gate
+    from envloop_pipelines.core.ledger.hypothesis import Gate
     from envloop_pipelines.core.loop.promotion import decide_promotion, noise_floor_from_arms
     from envloop_pipelines.core.release.tracked_runs import verify_predictions
 

@@ -397,7 +397,7 @@ def test_hypothesis_examples(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     from envloop_pipelines.cli import main
     from envloop_pipelines.cli import round as cli_round
     from envloop_pipelines.core.decision_loop.candidate import recipe_diff
-    from envloop_pipelines.core.ledger.ledger import Gate
+    from envloop_pipelines.core.ledger.hypothesis import Gate
     from envloop_pipelines.core.decision_loop.before_training import proposal_errors
     from envloop_pipelines.core.model.recipe import DEFAULT_RECIPE, load_recipe
 
@@ -485,7 +485,7 @@ def _names(cell: str) -> set[str]:
 def test_concept_table_spells_tracking_and_ledger_names() -> None:
     """MLflow kinds and ledger events in the concept table are the constants' spelling, and every one is there."""
     from envloop_pipelines.core import tracking
-    from envloop_pipelines.core.ledger import ledger
+    from envloop_pipelines.core.ledger import event_log
 
     text = (DOCS / "concepts.md").read_text(encoding="utf-8")
     rows = _table(text, "## The concepts")
@@ -493,11 +493,11 @@ def test_concept_table_spells_tracking_and_ledger_names() -> None:
     kinds = {n for r in rows for n in _names(r[3]) if "." not in n}  # not the params `recipe.*`
     events = {n for r in rows for n in _names(r[4]) if "." not in n}  # not `change.recipe_overrides`
     assert kinds == set(tracking.RUN_KINDS), f"table {sorted(kinds)} vs tracking.RUN_KINDS {sorted(tracking.RUN_KINDS)}"
-    assert events <= set(ledger.EVENT_KINDS), f"not ledger events: {sorted(events - set(ledger.EVENT_KINDS))}"
+    assert events <= set(event_log.EVENT_KINDS), f"not ledger events: {sorted(events - set(event_log.EVENT_KINDS))}"
     every_doc = "".join(p.read_text(encoding="utf-8") for p in DOC_FILES)
-    missing = [k for k in ledger.EVENT_KINDS if f"`{k}`" not in every_doc]
+    missing = [k for k in event_log.EVENT_KINDS if f"`{k}`" not in every_doc]
     assert not missing, f"ledger events the docs never name: {missing}"
-    for old, new in ledger.LEGACY_EVENT_KINDS.items():
+    for old, new in event_log.LEGACY_EVENT_KINDS.items():
         assert f"`{old}` → `{new}`" in text, f"the Renamed list names the event {old} → {new}"
     tags = [v for k, v in vars(tracking).items() if k.startswith("TAG_")]
     assert {r[0].strip("`") for r in _table(text, "MLflow runs carry these tags")} == set(tags)

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 import envloop_pipelines
-from envloop_pipelines.core.ledger import ledger as ledger_mod
+from envloop_pipelines.core.ledger import event_log
+from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.loop.config import LoopConfig, env_name, field_default, loop_fields, settings_from_env
 from envloop_pipelines.core.decision_loop.step_records import STEP_RECORDS
 from envloop_pipelines.core import tracking
@@ -52,7 +53,7 @@ def test_mlflow_tags_are_spelled_only_in_tracking() -> None:
 
 
 def test_ledger_events_are_appended_by_constant() -> None:
-    kinds = set(ledger_mod.EVENT_KINDS)
+    kinds = set(event_log.EVENT_KINDS)
     offenders = []
     for path in _modules():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -63,15 +64,15 @@ def test_ledger_events_are_appended_by_constant() -> None:
 
 
 def test_the_ledger_refuses_an_event_kind_outside_the_table(tmp_path: Path) -> None:
-    ledger = ledger_mod.Ledger("t", tmp_path)
-    with pytest.raises(ledger_mod.LedgerError, match="unknown ledger event kind 'arm_trained'"):
+    ledger = Ledger("t", tmp_path)
+    with pytest.raises(event_log.LedgerError, match="unknown ledger event kind 'arm_trained'"):
         ledger.append("arm_trained", {"round": "r0001"})
 
 
 def test_old_event_names_are_read_under_the_new_name(tmp_path: Path) -> None:
-    ledger = ledger_mod.Ledger("t", tmp_path)
+    ledger = Ledger("t", tmp_path)
     ledger.events_path.write_text('{"event_id": "x", "at": 0, "kind": "arm_trained", "task": "t", "round": "r0001"}\n')
-    assert [e["round"] for e in ledger.events(ledger_mod.EVENT_CHECKPOINT_TRAINED)] == ["r0001"]
+    assert [e["round"] for e in ledger.events(event_log.EVENT_CHECKPOINT_TRAINED)] == ["r0001"]
     assert "arm_trained" in ledger.events_path.read_text()  # the line on disk is never rewritten
 
 
@@ -113,8 +114,8 @@ def test_the_concept_table_names_what_the_code_uses() -> None:
     assert assets <= names("dagster")
     assert names("dagster") - {"rounds", "loop", "recipe_overrides"} <= assets | automation
     assert set(tracking.RUN_KINDS) <= names("mlflow")
-    assert set(ledger_mod.EVENT_KINDS) - {ledger_mod.EVENT_GATE_AMENDED, ledger_mod.EVENT_ERRATUM} <= names("ledger")
-    assert names("ledger") <= set(ledger_mod.EVENT_KINDS)
+    assert set(event_log.EVENT_KINDS) - {event_log.EVENT_GATE_AMENDED, event_log.EVENT_ERRATUM} <= names("ledger")
+    assert names("ledger") <= set(event_log.EVENT_KINDS)
 
 
 # -- one source of loop settings ---------------------------------------------------------------------------------

@@ -547,7 +547,7 @@ def calibration_lines(events: list[dict[str, Any]]) -> list[str]:
 def ledger(ctx: click.Context, task: str | None, kind: str | None, as_json: bool, remote: str | None,
            mlflow_uri: str | None) -> None:
     """Every hypothesis, arm, rejected candidate and release of the task's loop (`envloop ledger verify`: its chain)."""
-    from envloop_pipelines.core.ledger.ledger import EVENT_KINDS
+    from envloop_pipelines.core.ledger.event_log import EVENT_KINDS
 
     if ctx.invoked_subcommand is not None:
         return
@@ -562,7 +562,8 @@ def ledger(ctx: click.Context, task: str | None, kind: str | None, as_json: bool
 def ledger_verify(task: str) -> None:
     """Verify the ledger's hash chain and its head anchored in MLflow; name the first broken link (exit 1)."""
     from envloop_pipelines.core.ledger.anchor import verify_ledger
-    from envloop_pipelines.core.ledger.ledger import Ledger, LedgerError
+    from envloop_pipelines.core.ledger.event_log import LedgerError
+    from envloop_pipelines.core.ledger.ledger import Ledger
     from envloop_pipelines.core.tracking import MlflowTracker
 
     try:

@@ -123,7 +123,8 @@ def sandbox_verify(task: str, split: str, predictions: Path, kind: str, grader: 
                    items: bool, release: int | None) -> None:
     """Score PREDICTIONS on TASK's SPLIT with a verifier worker in the sandbox; print the report as JSON."""
     from envloop_pipelines.core.data.splits import HIDDEN_SPLITS
-    from envloop_pipelines.core.ledger.ledger import Ledger, LedgerError
+    from envloop_pipelines.core.ledger.event_log import LedgerError
+    from envloop_pipelines.core.ledger.ledger import Ledger
     from envloop_pipelines.core.sandbox import make_sandbox
     from envloop_pipelines.core.verify.runner import (
         DEFAULT_WORKER_LIMITS,

@@ -792,7 +792,7 @@ class Client:
         Raises:
             RefusedError: ``kind`` is not a ledger event kind (the message lists them).
         """
-        from envloop_pipelines.core.ledger.ledger import EVENT_KINDS
+        from envloop_pipelines.core.ledger.event_log import EVENT_KINDS
 
         if kind is not None and kind not in EVENT_KINDS:
             raise RefusedError(f"kind: {kind!r} is not a ledger event kind; allowed: {', '.join(EVENT_KINDS)}")

@@ -280,7 +280,7 @@ class LocalClient:
 
     def promotion_warning(self) -> str | None:
         """Why no candidate can be promoted with the measured noise floor; ``None`` when one can, or with no floor."""
-        from envloop_pipelines.core.ledger.ledger import LedgerError
+        from envloop_pipelines.core.ledger.event_log import LedgerError
         from envloop_pipelines.core.loop.promotion import champion_out_of_reach
         from envloop_pipelines.core.data.snapshots import open_task
         from envloop_pipelines.core.decision_loop.noise_floor import current_noise_floor
@@ -765,7 +765,8 @@ class LocalClient:
 
     def ledger(self, kind: str | None = None) -> list[dict[str, Any]]:
         """The task's ledger events, oldest first (only those of ``kind``, if given)."""
-        from envloop_pipelines.core.ledger.ledger import EVENT_KINDS, Ledger
+        from envloop_pipelines.core.ledger.event_log import EVENT_KINDS
+        from envloop_pipelines.core.ledger.ledger import Ledger
 
         if kind is not None and kind not in EVENT_KINDS:
             raise RefusedError(f"kind: {kind!r} is not a ledger event kind; allowed: {', '.join(EVENT_KINDS)}")

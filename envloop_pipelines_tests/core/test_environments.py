@@ -148,7 +148,9 @@ def _predictions_key(env: DecisionEnvironment, answers: dict) -> str:
 
 def test_a_second_holdout_read_through_an_environment_is_refused(tmp_path: Path) -> None:
     """Rule 4 through an environment: the holdout is read as a release's one read, in the task home's own ledger."""
-    from envloop_pipelines.core.ledger.ledger import EVENT_HOLDOUT_READ, HoldoutAlreadyReadError, Ledger
+    from envloop_pipelines.core.ledger.event_log import EVENT_HOLDOUT_READ
+    from envloop_pipelines.core.ledger.ledger import Ledger
+    from envloop_pipelines.core.ledger.reads import HoldoutAlreadyReadError
     from envloop_pipelines.core.release.publish import _open_holdout_slot
     from envloop_pipelines.core.verify.runner import HiddenSplitQueryError
 

@@ -24,14 +24,10 @@ from envloop_pipelines.core import metrics
 from envloop_pipelines.core.data.datasets import import_file
 from envloop_pipelines.core.loop.config import LoopConfig
 from envloop_pipelines.core.decision_loop.promotion_decision import FloorRecipeError, decide_round
-from envloop_pipelines.core.ledger.ledger import (
-    EVENT_CHECKPOINT_TRAINED,
-    EVENT_ROUND_DECIDED,
-    ROUND_TEST_READ_BUDGET,
-    Gate,
-    Hypothesis,
-    Ledger,
-)
+from envloop_pipelines.core.ledger.event_log import EVENT_CHECKPOINT_TRAINED, EVENT_ROUND_DECIDED
+from envloop_pipelines.core.ledger.hypothesis import Gate, Hypothesis
+from envloop_pipelines.core.ledger.ledger import Ledger
+from envloop_pipelines.core.ledger.reads import ROUND_TEST_READ_BUDGET
 from envloop_pipelines.core.model.checkpoint import RECIPE_FILE
 from envloop_pipelines.core.model.recipe import dump_recipe
 from envloop_pipelines.core.verify.runner import read_result_digest

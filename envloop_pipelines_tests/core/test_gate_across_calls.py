@@ -13,14 +13,10 @@ from typing import Any
 
 import pytest
 
-from envloop_pipelines.core.ledger.ledger import (
-    EVENT_HOLDOUT_READ,
-    EVENT_HOLDOUT_SLOT,
-    HoldoutAlreadyReadError,
-    Gate,
-    Ledger,
-    LedgerError,
-)
+from envloop_pipelines.core.ledger.event_log import EVENT_HOLDOUT_READ, EVENT_HOLDOUT_SLOT, LedgerError
+from envloop_pipelines.core.ledger.hypothesis import Gate
+from envloop_pipelines.core.ledger.ledger import Ledger
+from envloop_pipelines.core.ledger.reads import HoldoutAlreadyReadError
 from envloop_pipelines.core.loop.promotion import NoiseFloor, decide_promotion
 from envloop_pipelines.core.verify.labels import read_hidden_labels
 from envloop_pipelines.core.verify.protocol import write_predictions
@@ -119,7 +115,7 @@ def test_a_missing_or_nan_value_refuses_the_decision_naming_its_field(floor: Noi
 
 def test_the_loop_draws_a_rounds_seeds_a_person_says_how_many() -> None:
     from envloop_pipelines.core.decision_loop.before_training import proposal_errors
-    from envloop_pipelines.core.ledger.ledger import draw_seeds
+    from envloop_pipelines.core.ledger.hypothesis import draw_seeds
 
     # ebf721d: {"seeds": [3004]} registered the one seed of four previewed on test whose CI was above zero.
     assert proposal_errors({"seeds": [3004]}) == [
@@ -151,7 +147,7 @@ def test_an_amendment_identical_to_the_gate_in_force_is_refused(tmp_path: Path) 
 
 
 def test_a_persons_read_cannot_spend_a_rounds_budget(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from envloop_pipelines.core.ledger.ledger import TestReadBudgetError
+    from envloop_pipelines.core.ledger.reads import TestReadBudgetError
 
     home = _home(tmp_path)
     path = write_predictions(tmp_path / "t.jsonl", oracle(read_hidden_labels(TASK, "test", home=home)))
@@ -255,7 +251,7 @@ def chained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 def _refused_everywhere(env: dict[str, Any], message: str) -> None:
     """`envloop ledger verify`, the next round's check, the releases (CLI, serving, the SDK) refuse with ``message``."""
     from envloop_pipelines.core.ledger.anchor import verify_ledger
-    from envloop_pipelines.core.ledger.ledger import LedgerChainError
+    from envloop_pipelines.core.ledger.event_log import LedgerChainError
     from envloop_pipelines.sdk.local import LocalClient
 
     result = _verify_cli(env["home"])

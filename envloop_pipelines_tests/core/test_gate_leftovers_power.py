@@ -14,14 +14,9 @@ from typing import Any
 
 import pytest
 
-from envloop_pipelines.core.ledger.ledger import (
-    EVENT_HYPOTHESIS_REGISTERED,
-    Gate,
-    Hypothesis,
-    HypothesisRefusedError,
-    Ledger,
-    power_errors,
-)
+from envloop_pipelines.core.ledger.event_log import EVENT_HYPOTHESIS_REGISTERED
+from envloop_pipelines.core.ledger.hypothesis import Gate, Hypothesis, HypothesisRefusedError, power_errors
+from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.storage import atomic_write_bytes
 
 from .measured_power import measured_power

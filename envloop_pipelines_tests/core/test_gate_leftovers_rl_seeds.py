@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
-from envloop_pipelines.core.ledger.ledger import Gate, Ledger, LedgerError
+from envloop_pipelines.core.ledger.event_log import LedgerError
+from envloop_pipelines.core.ledger.hypothesis import Gate
+from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.rl_loop.sft_snapshot import build_sft_snapshot
 
 from . import test_rl_round

@@ -18,13 +18,9 @@ from typing import Any
 
 import pytest
 
-from envloop_pipelines.core.ledger.ledger import (
-    EVENT_TEST_READ,
-    ROUND_TEST_READ_BUDGET,
-    Ledger,
-    TestReadBudgetError,
-    reader_budget,
-)
+from envloop_pipelines.core.ledger.event_log import EVENT_TEST_READ
+from envloop_pipelines.core.ledger.ledger import Ledger
+from envloop_pipelines.core.ledger.reads import ROUND_TEST_READ_BUDGET, TestReadBudgetError, reader_budget
 from envloop_pipelines.core.storage import sha256_file
 from envloop_pipelines.core.verify.labels import read_hidden_labels
 from envloop_pipelines.core.verify.protocol import write_predictions
@@ -47,7 +43,8 @@ def _variants(tmp_path: Path, home: Path, n: int) -> list[Path]:
 
 def trained_round(home: Path, key: str = "r0001") -> None:
     """Round ``key`` registered and its candidate trained: its own re-evaluation may read test (issue 34)."""
-    from envloop_pipelines.core.ledger.ledger import EVENT_CHECKPOINT_TRAINED, Gate, Hypothesis
+    from envloop_pipelines.core.ledger.event_log import EVENT_CHECKPOINT_TRAINED
+    from envloop_pipelines.core.ledger.hypothesis import Gate, Hypothesis
 
     from .measured_power import measured_power
 
@@ -110,7 +107,7 @@ def test_a_round_reads_three_files_and_a_fourth_is_refused_before_any_label_is_r
 
 def test_a_gate_amendment_gives_the_round_one_more_read_for_its_fresh_seed_candidate(tmp_path: Path) -> None:
     """Rule 3 trains the candidate again on the amendment's fresh seeds; its re-evaluation reads that new file."""
-    from envloop_pipelines.core.ledger.ledger import Gate, Hypothesis
+    from envloop_pipelines.core.ledger.hypothesis import Gate, Hypothesis
 
     from .measured_power import measured_power
 

@@ -12,16 +12,15 @@ import pytest
 
 from envloop_pipelines.core.data.snapshots import SnapshotManifest, TaskSnapshot
 from envloop_pipelines.core.loop.config import LoopConfig, settings_from_env
-from envloop_pipelines.core.ledger.ledger import (
-    EVENT_CHECKPOINT_TRAINED,
+from envloop_pipelines.core.ledger.event_log import EVENT_CHECKPOINT_TRAINED, LedgerError
+from envloop_pipelines.core.ledger.hypothesis import (
     Gate,
     GateTooLooseError,
     Hypothesis,
     HypothesisImmutableError,
-    Ledger,
-    LedgerError,
     gate_errors,
 )
+from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.loop.promotion import decide_promotion, noise_floor_from_arms
 from envloop_pipelines.core.decision_loop.before_training import proposal_errors
 from envloop_pipelines_tests.core.measured_power import measured_power

@@ -9,7 +9,8 @@ from pathlib import Path
 import click
 import pytest
 
-from envloop_pipelines.core.ledger.ledger import Gate, Hypothesis, HypothesisRefusedError, Ledger
+from envloop_pipelines.core.ledger.hypothesis import Gate, Hypothesis, HypothesisRefusedError
+from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.decision_loop.before_training import proposal_errors
 
 BAD = [

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envloop_pipelines.core.ledger.ledger import Gate, Hypothesis
+from envloop_pipelines.core.ledger.hypothesis import Gate, Hypothesis
 from envloop_pipelines.core.loop.promotion import noise_floor_from_arms
 from envloop_pipelines.core.ledger.store import JsonRecord, RoundStore
 

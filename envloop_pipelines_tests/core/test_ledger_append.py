@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from envloop_pipelines.core.ledger.ledger import EVENT_ROUND_DECIDED, EVENT_ROUND_FAILED, Ledger, LedgerError
+from envloop_pipelines.core.ledger.event_log import EVENT_ROUND_DECIDED, EVENT_ROUND_FAILED, LedgerError
+from envloop_pipelines.core.ledger.ledger import Ledger
 
 
 @pytest.mark.parametrize("field", ["kind", "task", "event_id"])

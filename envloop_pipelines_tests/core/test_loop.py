@@ -12,7 +12,9 @@ import pytest
 
 from envloop_pipelines.core.loop.budget import LoopBudget, next_round, start_loop
 from envloop_pipelines.core.data.contamination import check_contamination
-from envloop_pipelines.core.ledger.ledger import Gate, GateTooLooseError, Hypothesis, Ledger, LedgerError, gate_errors
+from envloop_pipelines.core.ledger.event_log import LedgerError
+from envloop_pipelines.core.ledger.hypothesis import Gate, GateTooLooseError, Hypothesis, gate_errors
+from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.decision_loop.mining import mine_failures, mine_failures_with_fallback
 from envloop_pipelines.core.loop.promotion import (
     ArmIdentityError,

@@ -20,7 +20,9 @@ import pytest
 from envloop_pipelines.core import metrics
 from envloop_pipelines.core.data.datasets import import_file
 from envloop_pipelines.core.loop.config import LoopConfig
-from envloop_pipelines.core.ledger.ledger import EVENT_HYPOTHESIS_REGISTERED, Gate, Hypothesis, Ledger
+from envloop_pipelines.core.ledger.event_log import EVENT_HYPOTHESIS_REGISTERED
+from envloop_pipelines.core.ledger.hypothesis import Gate, Hypothesis
+from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.loop.promotion import hypothesis_power, noise_floor_from_arms
 from envloop_pipelines.core.decision_loop.step_records import EnvironmentSynthesis, MeasuredNoiseFloor
 from envloop_pipelines.core.decision_loop.noise_floor import continuation_path, noise_floor_key

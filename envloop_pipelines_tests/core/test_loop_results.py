@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from envloop_pipelines.core.ledger.ledger import Gate, Hypothesis
+from envloop_pipelines.core.ledger.hypothesis import Gate, Hypothesis
 from envloop_pipelines.core.loop.promotion import NoiseFloor, PromotionDecision
 from envloop_pipelines.core.decision_loop.step_records import (
     STEP_RECORDS,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from envloop_pipelines.core.ledger.ledger import Gate
+from envloop_pipelines.core.ledger.hypothesis import Gate
 from envloop_pipelines.core.loop.promotion import NoiseFloor, decide_promotion, gate_bar
 
 METRIC = "family_macro_accuracy"

@@ -296,7 +296,7 @@ def test_a_round_whose_policy_passes_nothing_has_nothing_to_train_on(round_setup
 
 
 def test_round_settings_are_validated(round_setup: dict[str, Any]) -> None:
-    from envloop_pipelines.core.ledger.ledger import GateTooLooseError
+    from envloop_pipelines.core.ledger.hypothesis import GateTooLooseError
     from envloop_pipelines.core.rl_loop.round_config import RlRoundConfig
     from envloop_pipelines.core.rl_loop.round_steps import register_rl_hypothesis
     from envloop_pipelines.core.tracking import MlflowTracker
@@ -320,7 +320,7 @@ def test_a_round_that_clears_the_gate_publishes_a_release_the_next_round_samples
     """The promotion path, on given aggregates (a tiny random LM never earns one) and a real policy checkpoint."""
     from dataclasses import replace
 
-    from envloop_pipelines.core.ledger.ledger import HoldoutAlreadyReadError
+    from envloop_pipelines.core.ledger.reads import HoldoutAlreadyReadError
     from envloop_pipelines.core.loop.promotion import noise_floor_from_arms
     from envloop_pipelines.core.rl_loop.step_records import ArmScore, HeldoutComparison, RlRoundResult
     from envloop_pipelines.core.rl_loop.round_steps import current_policy, register_rl_hypothesis, train_policy
@@ -447,7 +447,7 @@ def test_a_retry_after_a_crash_between_the_card_and_the_decision_publishes_no_se
     """Both loops publish through ``release_checkpoint``. A worker that died after the release card and before
     ``round_decided`` left an undecided round with a release; its retry published the same checkpoint again as
     release 2 (a second holdout read, run, version and card). It returns the round's release 1 now."""
-    from envloop_pipelines.core.ledger.ledger import LedgerError
+    from envloop_pipelines.core.ledger.event_log import LedgerError
     from envloop_pipelines.core.release.publish import release_checkpoint
 
     round_ = _promoting_round(round_setup, tmp_path, "shell-rl-crash")

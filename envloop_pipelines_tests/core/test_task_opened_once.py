@@ -96,7 +96,7 @@ def test_a_round_step_given_the_snapshot_opens_no_task_and_reads_the_one_it_was_
     )
     from envloop_pipelines.core.decision_loop.noise_floor import current_noise_floor, ensure_task_benchmark
     from envloop_pipelines.core.decision_loop.step_records import BaselineEval
-    from envloop_pipelines.core.ledger.ledger import LedgerError
+    from envloop_pipelines.core.ledger.event_log import LedgerError
     from envloop_pipelines.core.loop.config import LoopConfig
     from envloop_pipelines.core.storage import atomic_write_parquet
 

@@ -297,7 +297,8 @@ def test_the_cli_never_answers_per_item_on_a_hidden_split(task: dict[str, Any], 
 
 def test_a_second_holdout_read_through_the_cli_is_refused(task: dict[str, Any], tmp_path: Path) -> None:
     """Rule 4 through the CLI: a holdout read is a published release's one read, in the ledger's slot."""
-    from envloop_pipelines.core.ledger.ledger import EVENT_HOLDOUT_READ, Ledger
+    from envloop_pipelines.core.ledger.event_log import EVENT_HOLDOUT_READ
+    from envloop_pipelines.core.ledger.ledger import Ledger
 
     holdout = read_hidden_labels("tickets", "holdout", home=task["home"])
     path = write_predictions(tmp_path / "h.jsonl", oracle_rows(holdout))

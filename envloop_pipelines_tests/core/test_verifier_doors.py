@@ -20,13 +20,9 @@ from click.testing import CliRunner
 from envloop_pipelines.cli.sandbox import sandbox as sandbox_cli
 from envloop_pipelines.core.data.datasets import import_file
 from envloop_pipelines.core.environments.decision import DecisionEnvironment
-from envloop_pipelines.core.ledger.ledger import (
-    EVENT_HOLDOUT_READ,
-    EVENT_TEST_READ,
-    HoldoutAlreadyReadError,
-    HoldoutSlotError,
-    Ledger,
-)
+from envloop_pipelines.core.ledger.event_log import EVENT_HOLDOUT_READ, EVENT_TEST_READ
+from envloop_pipelines.core.ledger.ledger import Ledger
+from envloop_pipelines.core.ledger.reads import HoldoutAlreadyReadError, HoldoutSlotError
 from envloop_pipelines.core.release.publish import _open_holdout_slot  # the release step's own (no public opener)
 from envloop_pipelines.core.sandbox import LocalSandbox
 from envloop_pipelines.core.verify.labels import read_hidden_labels

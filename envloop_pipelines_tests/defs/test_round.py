@@ -22,7 +22,9 @@ from envloop_pipelines.core.loop.config import round_key
 from envloop_pipelines.core.decision_loop.step_records import RegisteredHypothesis, RoundDecision, TrainingSnapshot
 from envloop_pipelines.core.ledger.store import RoundStore
 from envloop_pipelines.core.loop.budget import LoopBudget, start_loop
-from envloop_pipelines.core.ledger.ledger import Gate, Ledger, LedgerError
+from envloop_pipelines.core.ledger.event_log import LedgerError
+from envloop_pipelines.core.ledger.hypothesis import Gate
+from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.tracking import KIND_HYPOTHESIS, KIND_REEVAL, KIND_ROUND, KIND_TRAINING, TAG_KIND, TAG_ROUND, MlflowTracker
 from envloop_pipelines.definitions import defs as load_code_location
 from envloop_pipelines.defs.rounds.assets import ROUND_ASSETS, noise_floor, task_benchmark, with_upstream_sources
@@ -291,7 +293,8 @@ def test_reeval_ran_the_verifier_in_another_process(loop_env: dict[str, Any]) ->
 
 
 def test_no_second_holdout_read_and_cards_never_rewritten(loop_env: dict[str, Any]) -> None:
-    from envloop_pipelines.core.ledger.ledger import HoldoutAlreadyReadError, ReleaseCardExistsError
+    from envloop_pipelines.core.ledger.ledger import ReleaseCardExistsError
+    from envloop_pipelines.core.ledger.reads import HoldoutAlreadyReadError
 
     from pathlib import Path
 
@@ -344,7 +347,7 @@ def test_round_without_hypothesis_is_refused(loop_env: dict[str, Any]) -> None:
 def test_hypothesis_is_immutable(loop_env: dict[str, Any]) -> None:
     from dataclasses import replace
 
-    from envloop_pipelines.core.ledger.ledger import HypothesisImmutableError
+    from envloop_pipelines.core.ledger.hypothesis import HypothesisImmutableError
 
     ledger = Ledger(TASK, loop_env["home"])
     registered = ledger.hypothesis("r0001")

@@ -16,7 +16,8 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from envloop_pipelines.core.ledger.ledger import EVENT_CHECKPOINT_TRAINED, EVENT_ROUND_DECIDED, Ledger
+from envloop_pipelines.core.ledger.event_log import EVENT_CHECKPOINT_TRAINED, EVENT_ROUND_DECIDED
+from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.ledger.store import RoundStore
 from envloop_pipelines.defs.rounds.assets import (
     ROUND_ASSETS,

@@ -163,7 +163,7 @@ def test_two_clients_started_0_1s_apart_run_one_round_and_every_other_door_is_re
     from click.testing import CliRunner
 
     from envloop_pipelines.cli import main
-    from envloop_pipelines.core.ledger.ledger import EVENT_CHECKPOINT_TRAINED
+    from envloop_pipelines.core.ledger.event_log import EVENT_CHECKPOINT_TRAINED
     from envloop_pipelines.names import CLIENT_TAG, REFUSED_TAG, ROUND_JOB
     from envloop_pipelines.sdk.local import code_location_job
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from envloop_pipelines.core.ledger.ledger import Gate
+from envloop_pipelines.core.ledger.hypothesis import Gate
 from envloop_pipelines.core.loop.promotion import NoiseFloor, decide_promotion, unreachable_bar
 
 

@@ -25,7 +25,9 @@ import pyarrow.parquet as pq
 from envloop_pipelines.core.data.snapshots import TaskSnapshot, require_same_benchmark
 from envloop_pipelines.core.loop.config import LoopConfig, round_number
 from envloop_pipelines.core.data.contamination import ContaminationReport, check_contamination, record_texts, row_texts
-from envloop_pipelines.core.ledger.ledger import EVENT_ROUND_DECIDED, Gate, Hypothesis, Ledger, LedgerError, draw_seeds
+from envloop_pipelines.core.ledger.event_log import EVENT_ROUND_DECIDED, LedgerError
+from envloop_pipelines.core.ledger.hypothesis import Gate, Hypothesis, draw_seeds
+from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.decision_loop.mining import FailureCluster, mine_failures_with_fallback
 from envloop_pipelines.core.decision_loop.proposer import (
     PRIORS,
@@ -162,10 +164,10 @@ def proposal_errors(proposal: Mapping[str, Any]) -> list[str]:
     registration step). Unknown fields; ``change`` (a non-empty object of kind ``data`` or ``recipe``, a
     ``recipe_diff`` with the recipe's fields only, not the loop's ``recipe_overrides``); ``predicted_delta``
     a finite number; ``seeds`` a list of distinct integers; a ``gate`` with unknown fields, bad values or
-    any field looser than the default (:func:`~envloop_pipelines.core.ledger.ledger.gate_errors`), or on a
+    any field looser than the default (:func:`~envloop_pipelines.core.ledger.hypothesis.gate_errors`), or on a
     metric the floor does not measure. Each message names the field. Fields left out are derived.
     """
-    from envloop_pipelines.core.ledger.ledger import PROPOSAL_CHANGE_KINDS, hypothesis_errors, seed_count_errors
+    from envloop_pipelines.core.ledger.hypothesis import PROPOSAL_CHANGE_KINDS, hypothesis_errors, seed_count_errors
 
     if not isinstance(proposal, Mapping):
         return ["hypothesis: must be a JSON object (change, predicted_delta, gate, seeds, rationale)"]

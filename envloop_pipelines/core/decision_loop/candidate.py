@@ -18,7 +18,8 @@ import pyarrow.parquet as pq
 from envloop_pipelines.core.data.snapshots import TaskSnapshot, require_same_benchmark
 from envloop_pipelines.core.loop.config import LoopConfig, round_number
 from envloop_pipelines.core.ledger.anchor import anchor_head, verify_ledger
-from envloop_pipelines.core.ledger.ledger import EVENT_CHECKPOINT_TRAINED, Ledger, LedgerError
+from envloop_pipelines.core.ledger.event_log import EVENT_CHECKPOINT_TRAINED, LedgerError
+from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.release.publish import champion, tfidf_baseline
 from envloop_pipelines.core.decision_loop.step_records import Reevaluation, RegisteredHypothesis, TrainedCheckpoint, TrainingSnapshot
 from envloop_pipelines.core.storage import envloop_home
@@ -177,7 +178,7 @@ def reevaluate(config: LoopConfig, task: TaskSnapshot, candidate: TrainedCheckpo
 
     The round's reads of test (reader ``round:<key>``): the candidate's predictions paired with the
     champion's, and the TF-IDF baseline's, three files, its whole budget
-    (:data:`~envloop_pipelines.core.ledger.ledger.ROUND_TEST_READ_BUDGET`, one more per gate amendment, whose
+    (:data:`~envloop_pipelines.core.ledger.reads.ROUND_TEST_READ_BUDGET`, one more per gate amendment, whose
     fresh-seed candidate is a new file); a retry reads the same files again and is not counted twice.
     ``task`` is the task's snapshot the step opened: its test inputs are answered, its train rows fit TF-IDF.
     ``sandbox``: the deployment's sandbox, where the verifier runs (default: the local backend).

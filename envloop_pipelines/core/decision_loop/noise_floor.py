@@ -20,7 +20,8 @@ from typing import Any
 from envloop_pipelines.core.data.snapshots import TaskSnapshot, open_task
 from envloop_pipelines.core.release.card import benchmark_limitations
 from envloop_pipelines.core.loop.config import LoopConfig
-from envloop_pipelines.core.ledger.ledger import EVENT_CHECKPOINT_TRAINED, EVENT_NULL_ARM, Ledger, LedgerError
+from envloop_pipelines.core.ledger.event_log import EVENT_CHECKPOINT_TRAINED, EVENT_NULL_ARM, LedgerError
+from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.loop.promotion import check_arm_identity, noise_floor_from_arms
 from envloop_pipelines.core.release.publish import publish_release, tfidf_baseline
 from envloop_pipelines.core.decision_loop.step_records import Benchmark, MeasuredNoiseFloor, TrainingSnapshot

@@ -15,13 +15,13 @@ from typing import Any
 from envloop_pipelines.core.data.snapshots import TaskSnapshot, require_same_benchmark
 from envloop_pipelines.core.decision_loop.candidate import snapshot_rows
 from envloop_pipelines.core.release.card import benchmark_limitations
-from envloop_pipelines.core.ledger.ledger import (
+from envloop_pipelines.core.ledger.event_log import (
     EVENT_CANDIDATE_REJECTED,
     EVENT_HYPOTHESIS_REFUTED,
     EVENT_ROUND_DECIDED,
-    Ledger,
     LedgerError,
 )
+from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.ledger.anchor import anchor_head, verify_ledger
 from envloop_pipelines.core.loop.config import LoopConfig
 from envloop_pipelines.core.loop.promotion import PromotionDecision, decide_promotion

@@ -434,7 +434,7 @@ def lever_records(events: Iterable[Mapping[str, Any]]) -> dict[str, LeverRecord]
     predicted (point, range, seconds) from the round's ``hypothesis_registered`` event, observed delta, promotion
     and spent training seconds from its ``round_decided``. A round registered before the proposer (no
     ``change.lever``) counts for its change's kind (``data`` or ``recipe``); RL rounds are not levers."""
-    from envloop_pipelines.core.ledger.ledger import EVENT_HYPOTHESIS_REGISTERED, EVENT_ROUND_DECIDED
+    from envloop_pipelines.core.ledger.event_log import EVENT_HYPOTHESIS_REGISTERED, EVENT_ROUND_DECIDED
 
     events = list(events)
     registered = {e.get("round"): e for e in events if e.get("kind") == EVENT_HYPOTHESIS_REGISTERED}
@@ -455,7 +455,7 @@ def lever_records(events: Iterable[Mapping[str, Any]]) -> dict[str, LeverRecord]
 
 def refuted_on(ledger: Any, champion_sha256: str) -> set[str]:
     """The canonical changes refuted against the champion ``champion_sha256`` (rule: never proposed again)."""
-    from envloop_pipelines.core.ledger.ledger import EVENT_ROUND_DECIDED
+    from envloop_pipelines.core.ledger.event_log import EVENT_ROUND_DECIDED
 
     rejected = {e.get("round") for e in ledger.events(EVENT_ROUND_DECIDED) if not e.get("promoted")}
     # rounds decided before the decision named its champion have none: they refute nothing here

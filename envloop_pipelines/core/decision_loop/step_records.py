@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from envloop_pipelines.core.ledger.ledger import Gate, Hypothesis
+from envloop_pipelines.core.ledger.hypothesis import Gate, Hypothesis
 from envloop_pipelines.core.loop.promotion import NoiseFloor, PromotionDecision
 from envloop_pipelines.core.ledger.store import JsonRecord
 

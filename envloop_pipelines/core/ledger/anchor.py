@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from envloop_pipelines.core.ledger.ledger import Ledger, LedgerChainError
+from envloop_pipelines.core.ledger.event_log import LedgerChainError
+from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.ledger.projection import ChampionMismatchError, projection_error
 from envloop_pipelines.core.storage import sha256_bytes
 from envloop_pipelines.core.tracking import TAG_LEDGER_HEAD, Tracker, model_name

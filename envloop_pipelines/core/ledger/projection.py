@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from envloop_pipelines.core.ledger.ledger import LedgerError
+from envloop_pipelines.core.ledger.event_log import LedgerError
 from envloop_pipelines.core.tracking import CHAMPION_ALIAS, TAG_RELEASE
 
 

@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from envloop_pipelines.core.loop.config import round_key
-from envloop_pipelines.core.ledger.ledger import EVENT_LOOP_STARTED, EVENT_LOOP_STOPPED, EVENT_ROUND_DECIDED, Ledger
+from envloop_pipelines.core.ledger.event_log import EVENT_LOOP_STARTED, EVENT_LOOP_STOPPED, EVENT_ROUND_DECIDED
+from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.ledger.store import RoundStore
 from envloop_pipelines.core.storage import atomic_write_json
 

@@ -41,7 +41,7 @@ from typing import Any, Mapping, Sequence
 
 from scipy import stats
 
-from envloop_pipelines.core.ledger.ledger import GUARD_FIELDS, MIN_FLOOR_MULTIPLIER, Gate, metric_direction
+from envloop_pipelines.core.ledger.hypothesis import GUARD_FIELDS, MIN_FLOOR_MULTIPLIER, Gate, metric_direction
 from envloop_pipelines.core.metrics import DEFAULT_POWER, minimum_detectable_effect
 from envloop_pipelines.core.storage import canonical_json, sha256_bytes
 
@@ -126,7 +126,7 @@ def applied_gate(gate: Gate) -> Gate:
     """The gate as a decision applies it: never looser than the default, whatever was registered.
 
     Defence in depth for gates written before every door checked them (rule 2): the direction is the
-    primary metric's own (:func:`~envloop_pipelines.core.ledger.ledger.metric_direction`), each guard
+    primary metric's own (:func:`~envloop_pipelines.core.ledger.hypothesis.metric_direction`), each guard
     tolerance at most its default, a NaN ``min_delta`` 0. The floor multiplier and the CI are applied
     by the decision itself.
     """

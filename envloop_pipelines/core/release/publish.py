@@ -21,7 +21,8 @@ from envloop_pipelines.core.data.snapshots import TaskSnapshot
 from envloop_pipelines.core.release.card import render_card
 from envloop_pipelines.core.loop.config import LoopConfig
 from envloop_pipelines.core.ledger.anchor import anchor_head
-from envloop_pipelines.core.ledger.ledger import Ledger, LedgerError
+from envloop_pipelines.core.ledger.event_log import LedgerError
+from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.release.tracked_runs import child_run, flat_metrics, verify_predictions, write_predictions
 from envloop_pipelines.core.sandbox import SandboxSettings
 from envloop_pipelines.core.storage import atomic_write_parquet
@@ -93,7 +94,7 @@ def _open_holdout_slot(ledger: Ledger, release: int, key: str, *, by: str) -> di
         HoldoutAlreadyReadError / HoldoutSlotError: a published release, a release whose read the ledger
             records (its stored read deleted or not), or not the release being published now.
     """
-    from envloop_pipelines.core.ledger.ledger import EVENT_HOLDOUT_SLOT
+    from envloop_pipelines.core.ledger.event_log import EVENT_HOLDOUT_SLOT
 
     ledger.require_publishable(release)
     ledger.require_read_marker(release, ledger.release_dir(release) / "holdout.json")

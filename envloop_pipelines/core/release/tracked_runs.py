@@ -94,7 +94,7 @@ def verify_predictions(config: LoopConfig, split: str, predictions: Path, baseli
             ``baseline_safety_thresholds``: the same for ``baseline``.
         reader: who reads ``test`` (the ``test_read`` event names it; rule 4): ``round:<round key>`` for a
             round's step (its candidate, champion and TF-IDF baseline, at most
-            :data:`~envloop_pipelines.core.ledger.ledger.ROUND_TEST_READ_BUDGET` files),
+            :data:`~envloop_pipelines.core.ledger.reads.ROUND_TEST_READ_BUDGET` files),
             ``setup:<noise floor key>`` for the loop's setup (with ``read_budget``:
             ``setup.setup_reader``), ``adhoc`` (default) for a person's own call (not limited).
             Every loop step passes its reader.

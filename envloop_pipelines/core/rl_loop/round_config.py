@@ -90,7 +90,7 @@ class RlRoundConfig:
 
     def gate(self) -> Any:
         """The gate the round registers (``Gate`` on :data:`RL_METRIC`)."""
-        from envloop_pipelines.core.ledger.ledger import Gate
+        from envloop_pipelines.core.ledger.hypothesis import Gate
 
         return Gate(primary_metric=RL_METRIC, min_delta=self.min_delta, floor_multiplier=self.floor_multiplier)
 

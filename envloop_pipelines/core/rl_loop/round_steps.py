@@ -22,7 +22,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from envloop_pipelines.core.agents.client import AgentSpec
-from envloop_pipelines.core.ledger.ledger import EVENT_CHECKPOINT_TRAINED, EVENT_NULL_ARM, Hypothesis, Ledger
+from envloop_pipelines.core.ledger.event_log import EVENT_CHECKPOINT_TRAINED, EVENT_NULL_ARM
+from envloop_pipelines.core.ledger.hypothesis import Hypothesis
+from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.loop.promotion import check_arm_identity, noise_floor_from_arms
 from envloop_pipelines.core.rl_loop.round_config import (
     CHANGE_KIND,

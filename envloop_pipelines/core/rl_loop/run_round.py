@@ -45,12 +45,12 @@ from pathlib import Path
 from typing import Any
 
 from envloop_pipelines.core.loop.config import round_key
-from envloop_pipelines.core.ledger.ledger import (
+from envloop_pipelines.core.ledger.event_log import (
     EVENT_CANDIDATE_REJECTED,
     EVENT_HYPOTHESIS_REFUTED,
     EVENT_ROUND_DECIDED,
-    Ledger,
 )
+from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.loop.promotion import decide_promotion
 from envloop_pipelines.core.rl_loop.round_config import CHANGE_KIND, RL_METRIC, RlRoundConfig
 from envloop_pipelines.core.rl_loop.step_records import (

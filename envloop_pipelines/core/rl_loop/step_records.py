@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from envloop_pipelines.core.ledger.ledger import Hypothesis
+from envloop_pipelines.core.ledger.hypothesis import Hypothesis
 from envloop_pipelines.core.loop.promotion import NoiseFloor
 from envloop_pipelines.core.ledger.store import JsonRecord
 from envloop_pipelines.core.rl_loop.sft_snapshot import SftSnapshot

@@ -26,7 +26,7 @@ every caller (the loop, ``envloop sandbox verify``, an environment, the SDK):
   reader (``adhoc`` for a person's call, ``round:<key>``, ``setup:<noise floor key>``);
   a loop reader reads test only within its budget of distinct predictions
   files, refused before the labels are read beyond it
-  (:class:`~envloop_pipelines.core.ledger.ledger.TestReadBudgetError`);
+  (:class:`~envloop_pipelines.core.ledger.reads.TestReadBudgetError`);
   the holdout is read only inside its release's one read, in the task home's own
   ledger (the verifier opens it; a slot that is not that ledger is refused),
   for the release being published now; a retry of the same read after a
@@ -75,7 +75,7 @@ class HoldoutSlot(Protocol):
 
     ``read_holdout_once(release, read)`` calls ``read()`` at most once per release and keeps its
     JSON result; a second call for the same release raises
-    (:class:`~envloop_pipelines.core.ledger.ledger.HoldoutAlreadyReadError`), and a ``read()`` that
+    (:class:`~envloop_pipelines.core.ledger.reads.HoldoutAlreadyReadError`), and a ``read()`` that
     raises leaves the slot free.
     """
 
@@ -333,7 +333,7 @@ def verify_task(
         TestReadBudgetError: a ``test`` read beyond the reader's budget (nothing read, nothing appended).
         ValueError: an unknown reader or a bad budget.
     """
-    from envloop_pipelines.core.ledger.ledger import reader_budget
+    from envloop_pipelines.core.ledger.reads import reader_budget
 
     budget = reader_budget(reader, read_budget)
     hidden = split in HIDDEN_SPLITS

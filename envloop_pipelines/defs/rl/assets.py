@@ -46,7 +46,7 @@ def _asset(**kwargs: Any) -> Any:
 @_asset()
 def rl_hypothesis(context: dg.AssetExecutionContext, rl: RlResource, mlflow: MlflowResource) -> dg.Output[RlHypothesis]:
     """The RL round's hypothesis (change, predicted pass@1 gain, gate, seeds, MDE, parent policy), registered first."""
-    from envloop_pipelines.core.ledger.ledger import GateTooLooseError, HypothesisRefusedError
+    from envloop_pipelines.core.ledger.hypothesis import GateTooLooseError, HypothesisRefusedError
 
     config, dataset = rl.config(), _dataset(rl)
     try:

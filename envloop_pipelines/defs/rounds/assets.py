@@ -258,7 +258,7 @@ def registered_hypothesis(context: dg.AssetExecutionContext, config: HypothesisC
                           mlflow: MlflowResource, sandbox: SandboxResource, task_benchmark: Benchmark,
                           environment_synthesis: EnvironmentSynthesis) -> dg.Output[RegisteredHypothesis]:
     """The round's hypothesis (change, predicted delta, gate, seeds), in MLflow and the ledger before training; immutable."""
-    from envloop_pipelines.core.ledger.ledger import GateTooLooseError, HypothesisRefusedError
+    from envloop_pipelines.core.ledger.hypothesis import GateTooLooseError, HypothesisRefusedError
 
     proposal = refuse_bad_proposal(context, config.proposal_json)
     task = loop.task_snapshot(task_benchmark)

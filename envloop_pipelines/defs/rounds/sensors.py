@@ -4,7 +4,8 @@
 import dagster as dg
 
 from envloop_pipelines.core.loop.budget import next_round
-from envloop_pipelines.core.ledger.ledger import EVENT_ROUND_FAILED, Ledger
+from envloop_pipelines.core.ledger.event_log import EVENT_ROUND_FAILED
+from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.tracking import RUN_KILLED, close_round_runs
 from envloop_pipelines.defs.rounds.assets import REFUSED_TAG, promotion_decision, round_job
 from envloop_pipelines.defs.rounds.partitions import rounds
