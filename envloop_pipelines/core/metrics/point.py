@@ -461,7 +461,7 @@ def summarize(
     return out
 
 
-#: Metrics ``paired_delta`` accepts by name.
+#: The metrics by name: the names ``paired_delta`` (``core/metrics/paired.py``) accepts.
 METRICS: dict[str, Callable[..., float]] = {
     "accuracy": accuracy,
     "family_macro_accuracy": family_macro_accuracy,
