@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from envloop_pipelines.core import metrics
+from envloop_pipelines.core.metrics import point
 from envloop_pipelines.core.model.calibration import (
     Calibration,
     fit_calibration,
@@ -33,7 +33,7 @@ def _synthetic(
 
 
 def _nll_at(logits: list[np.ndarray], labels: list[int], temperature: float) -> float:
-    return metrics.nll([softmax(z, temperature) for z in logits], labels)
+    return point.nll([softmax(z, temperature) for z in logits], labels)
 
 
 # --------------------------------------------------------------------------- softmax
@@ -133,7 +133,7 @@ def test_fit_calibration_per_type_temperatures() -> None:
     assert calibration.error_budget == 0.05
     probs = calibration.apply_all(logits, qtypes)
     raw = [softmax(z) for z in logits]
-    assert metrics.nll(probs, labels) < metrics.nll(raw, labels)
+    assert point.nll(probs, labels) < point.nll(raw, labels)
 
 
 def test_threshold_meets_the_budget_on_the_fitting_data() -> None:
@@ -146,7 +146,7 @@ def test_threshold_meets_the_budget_on_the_fitting_data() -> None:
         automated = conf >= calibration.automation_threshold
         assert automated.any() and math.isfinite(calibration.automation_threshold)
         assert wrong[automated].mean() <= budget
-        assert automated.mean() == pytest.approx(metrics.coverage_at_error_budget(probs, labels, budget=budget))
+        assert automated.mean() == pytest.approx(point.coverage_at_error_budget(probs, labels, budget=budget))
         assert calibration.automate(probs[int(np.argmax(conf))])
 
 

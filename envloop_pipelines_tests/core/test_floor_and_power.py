@@ -20,7 +20,7 @@ import pyarrow as pa
 import pytest
 
 from envloop_pipelines.cli.round import decision_lines
-from envloop_pipelines.core import metrics
+from envloop_pipelines.core.metrics.paired import minimum_detectable_effect
 from envloop_pipelines.core.data.datasets import import_file
 from envloop_pipelines.core.loop.config import LoopConfig
 from envloop_pipelines.core.decision_loop.promotion_decision import FloorRecipeError, decide_round
@@ -113,16 +113,16 @@ def _synthesis(key: str) -> EnvironmentSynthesis:
 
 def test_the_mde_formula_accounts_for_the_bar() -> None:
     # The textbook MDE without a bar (unchanged), and with one: max(bar, z·se) + z_power·se.
-    assert metrics.minimum_detectable_effect(0.01) == pytest.approx((Z975 + Z80) * 0.01, rel=1e-5)
-    assert metrics.minimum_detectable_effect(0.01, bar=0.05) == pytest.approx(0.05 + Z80 * 0.01, rel=1e-5)
-    assert metrics.minimum_detectable_effect(0.01, bar=0.01) == pytest.approx((Z975 + Z80) * 0.01, rel=1e-5)
+    assert minimum_detectable_effect(0.01) == pytest.approx((Z975 + Z80) * 0.01, rel=1e-5)
+    assert minimum_detectable_effect(0.01, bar=0.05) == pytest.approx(0.05 + Z80 * 0.01, rel=1e-5)
+    assert minimum_detectable_effect(0.01, bar=0.01) == pytest.approx((Z975 + Z80) * 0.01, rel=1e-5)
     # The issue's figures: the null arms' se 0.0027 gave 0.0076 for a round whose CI is ±0.033 (se ≈ 0.017);
     # the se a round really shows gives an MDE within a factor 1.5 of that half-width.
-    assert metrics.minimum_detectable_effect(0.0027) == pytest.approx(0.0076, abs=1e-4)
-    honest = metrics.minimum_detectable_effect(0.017, bar=0.03)
+    assert minimum_detectable_effect(0.0027) == pytest.approx(0.0076, abs=1e-4)
+    honest = minimum_detectable_effect(0.017, bar=0.03)
     assert 1.0 < honest / (Z975 * 0.017) < 1.5
     with pytest.raises(ValueError, match="bar"):
-        metrics.minimum_detectable_effect(0.01, bar=-0.1)
+        minimum_detectable_effect(0.01, bar=-0.1)
 
 
 def test_the_mde_comes_from_the_continuation_arm_not_from_null_arms_that_agree(loop: dict[str, Any]) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from envloop_pipelines.core import metrics
+from envloop_pipelines.core.metrics.paired import minimum_detectable_effect
 from envloop_pipelines.core.data.datasets import import_file
 from envloop_pipelines.core.loop.config import LoopConfig
 from envloop_pipelines.core.ledger.event_log import EVENT_HYPOTHESIS_REGISTERED
@@ -117,7 +117,7 @@ def test_an_underpowered_hypothesis_is_flagged_and_a_powered_one_is_not(loop: di
 def test_hypothesis_power_in_the_gate_direction_and_without_noise() -> None:
     noise = {"source": "s", "deltas": {"brier": {"se": 0.01, "confidence_level": 0.95}}}
     lower = hypothesis_power(noise, Gate(primary_metric="brier", direction="decrease"), -0.03)
-    assert lower["predicted_effect"] == 0.03 and lower["mde"] == pytest.approx(metrics.minimum_detectable_effect(0.01))
+    assert lower["predicted_effect"] == 0.03 and lower["mde"] == pytest.approx(minimum_detectable_effect(0.01))
     assert lower["underpowered"] is False  # 0.03 > 0.028
     assert hypothesis_power(noise, Gate(primary_metric="brier", direction="decrease"), -0.02)["underpowered"] is True
     unknown = hypothesis_power(None, Gate(), 0.01)
@@ -127,4 +127,4 @@ def test_hypothesis_power_in_the_gate_direction_and_without_noise() -> None:
                      seeds=(1,), recipe_hash="h", created_at=1.0)
     assert "power" not in old.to_dict() and not old.underpowered
     assert Hypothesis.from_dict(json.loads(json.dumps({**old.to_dict(), "hash": old.hash}))).hash == old.hash
-    assert math.isclose(metrics.minimum_detectable_effect(0.01), 0.0280159, rel_tol=1e-5)
+    assert math.isclose(minimum_detectable_effect(0.01), 0.0280159, rel_tol=1e-5)

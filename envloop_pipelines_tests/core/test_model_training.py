@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from envloop_pipelines.core import metrics
+from envloop_pipelines.core.metrics import point
 from envloop_pipelines.core.model.calibration import Calibration, fit_calibration
 from envloop_pipelines.core.model.checkpoint import (
     CheckpointIntegrityError,
@@ -153,8 +153,8 @@ def test_calibration_does_not_raise_val_nll(ckpt: Path, val_table: pa.Table) -> 
     labels = [q.label for q in questions]
     refit = fit_calibration(logits, labels, [q.type for q in questions], error_budget=RECIPE.error_budget)
     assert refit.temperatures == pytest.approx(cal.temperatures)
-    raw = metrics.nll([np.exp(z - np.logaddexp.reduce(z)) for z in logits.__iter__()], labels)
-    calibrated = metrics.nll([cal.apply(z, q.type) for z, q in zip(logits, questions)], labels)
+    raw = point.nll([np.exp(z - np.logaddexp.reduce(z)) for z in logits.__iter__()], labels)
+    calibrated = point.nll([cal.apply(z, q.type) for z, q in zip(logits, questions)], labels)
     assert calibrated <= raw + 1e-12
 
 

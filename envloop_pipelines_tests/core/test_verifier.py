@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from envloop_pipelines.cli.sandbox import sandbox as sandbox_cli
-from envloop_pipelines.core import metrics
+from envloop_pipelines.core.metrics import point
 from envloop_pipelines.core.data.datasets import import_file
 from envloop_pipelines.core.sandbox import SandboxLimits, probe_host
 from envloop_pipelines.core.verify.grader import GradeRequest, ModelGrader, TextMatchScorer, load_scoring_model
@@ -80,12 +80,12 @@ def test_rule_scores_match_core_metrics(task: dict[str, Any]) -> None:
     prio = next(i for i in report.items if i.question_id == "priority")
     expected = np.sum((np.array([1 / 30, 0.9, 1 / 30, 1 / 30]) - np.array([0, 0.5, 0.5, 0])) ** 2)
     assert prio.score == pytest.approx(0.5) and prio.brier == pytest.approx(expected)
-    # The aggregate is core.metrics.summarize, and the per-item scores average to it.
+    # The aggregate is core.metrics.point.summarize, and the per-item scores average to it.
     probs = [np.array(r["probs"]) for r in rows]
     rows_l = labels.to_pylist()
     lab = [r["label"] if r["soft_label"] is None else -1 for r in rows_l]
     soft_l = [None if r["soft_label"] is None else np.array(r["soft_label"]) for r in rows_l]
-    assert report.metrics["brier"] == pytest.approx(metrics.brier(probs, lab, soft_labels=soft_l))
+    assert report.metrics["brier"] == pytest.approx(point.brier(probs, lab, soft_labels=soft_l))
     assert report.metrics["brier"] == pytest.approx(np.mean([i.brier for i in report.items]))
     assert report.metrics["nll"] == pytest.approx(np.mean([i.nll for i in report.items]))
     assert report.metrics["accuracy"] == 1.0 and report.metrics["n_questions"] == labels.num_rows

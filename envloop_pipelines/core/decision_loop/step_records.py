@@ -7,7 +7,7 @@ and hands them downstream, so lineage in the UI is the real data flow; without
 Dagster (benches, tests) the same functions are called with the values directly.
 Large artifacts (snapshots, checkpoints) stay content-addressed on disk and are
 referenced here by hash and path. Nested metric dictionaries stay dictionaries:
-their keys are the metric names of ``core/metrics.py``.
+their keys are the metric names of ``core/metrics/point.py``.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ from typing import Any, Mapping, Sequence
 from scipy import stats
 
 from envloop_pipelines.core.ledger.hypothesis import GUARD_FIELDS, MIN_FLOOR_MULTIPLIER, Gate, metric_direction
-from envloop_pipelines.core.metrics import DEFAULT_POWER, minimum_detectable_effect
+from envloop_pipelines.core.metrics.paired import DEFAULT_POWER, minimum_detectable_effect
 from envloop_pipelines.core.storage import canonical_json, sha256_bytes
 
 
@@ -161,7 +161,7 @@ def hypothesis_power(noise: Mapping[str, Any] | None, gate: Gate, predicted_delt
     """The test's power for a hypothesis: the MDE of its primary metric at the noise a candidate shows.
 
     ``MDE = max(bar, z_{1−α/2} · se) + z_{0.8} · se``
-    (:func:`~envloop_pipelines.core.metrics.minimum_detectable_effect`): the true effect a candidate needs
+    (:func:`~envloop_pipelines.core.metrics.paired.minimum_detectable_effect`): the true effect a candidate needs
     to be promoted 80% of the time, clearing both the bar (:func:`gate_bar`, from ``floor`` and the
     champion's score) and its CI's lower end above zero. ``α`` is the verifier's CI level and ``se`` the
     standard error of a *candidate-vs-champion* paired delta on test (``noise["deltas"][metric]["se"]``,

@@ -6,7 +6,7 @@ Both are fitted on val and ship inside the checkpoint (``to_dict`` /
 over-confident model, ``T < 1`` sharpens an under-confident one. The
 automation threshold is the confidence above which a decision is automated:
 the one that keeps the val error rate of the automated questions within the
-error budget (``metrics.threshold_for_error_budget``, after temperature
+error budget (``core.metrics.point.threshold_for_error_budget``, after temperature
 scaling). ``+inf`` means no threshold meets the budget: automate nothing.
 
 A declared **safety family** (a noul question whose missed "true" is costly,
@@ -31,17 +31,19 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from scipy import optimize, special
 
-from envloop_pipelines.core import metrics
+from envloop_pipelines.core.metrics.batch import (
+    NOUL_NEGATIVE_INDEX,
+    NOUL_POSITIVE_INDEX,
+    PROB_SUM_TOLERANCE,
+    QUESTION_TYPES,
+)
+from envloop_pipelines.core.metrics.point import DEFAULT_ERROR_BUDGET, threshold_for_error_budget
 
-QUESTION_TYPES = metrics.QUESTION_TYPES
 #: Search range of the temperature: wide enough for any sane model, bounded so
 #: that perfectly separable val data cannot send T to 0.
 TEMPERATURE_BOUNDS: tuple[float, float] = (0.05, 20.0)
 #: The val false-negative rate a safety family's automation threshold is fitted to.
 DEFAULT_SAFETY_FNR_TARGET = 0.10
-#: The noul option whose probability a safety threshold reads: "false" (no approval needed), the
-#: answer that would skip a person. ``metrics.NOUL_POSITIVE_INDEX`` (0, "true") is the positive.
-NOUL_NEGATIVE_INDEX = metrics.NOUL_NEGATIVE_INDEX
 #: The least safety threshold: just above 0.5, where "false" is the answer.
 _ABOVE_HALF = float(np.nextafter(0.5, 1.0))
 
@@ -98,7 +100,7 @@ def _pad_logits(
         soft = None if soft_labels is None else soft_labels[i]
         if soft is not None:
             y = np.asarray(soft, dtype=np.float64)
-            if y.shape != z.shape or np.any(y < 0) or abs(y.sum() - 1.0) > metrics.PROB_SUM_TOLERANCE:
+            if y.shape != z.shape or np.any(y < 0) or abs(y.sum() - 1.0) > PROB_SUM_TOLERANCE:
                 raise ValueError(f"soft_labels[{i}] must be a probability vector over the {z.size} options")
             target[i, : z.size] = y
         else:
@@ -230,7 +232,7 @@ class Calibration:
 
     temperatures: Mapping[str, float] = field(default_factory=dict)
     automation_threshold: float = math.inf
-    error_budget: float = metrics.DEFAULT_ERROR_BUDGET
+    error_budget: float = DEFAULT_ERROR_BUDGET
     safety_thresholds: Mapping[str, float] = field(default_factory=dict)
     safety_fnr_target: float = DEFAULT_SAFETY_FNR_TARGET
 
@@ -319,7 +321,7 @@ class Calibration:
         return cls(
             temperatures={str(k): float(v) for k, v in data["temperatures"].items()},
             automation_threshold=math.inf if threshold is None else float(threshold),
-            error_budget=float(data.get("error_budget", metrics.DEFAULT_ERROR_BUDGET)),
+            error_budget=float(data.get("error_budget", DEFAULT_ERROR_BUDGET)),
             safety_thresholds={str(f): math.inf if t is None else float(t) for f, t in safety.items()},
             safety_fnr_target=float(data.get("safety_fnr_target", DEFAULT_SAFETY_FNR_TARGET)),
         )
@@ -330,7 +332,7 @@ def fit_calibration(
     labels: Sequence[int],
     qtypes: Sequence[str],
     soft_labels: Sequence[np.ndarray | None] | None = None,
-    error_budget: float = metrics.DEFAULT_ERROR_BUDGET,
+    error_budget: float = DEFAULT_ERROR_BUDGET,
     *,
     families: Sequence[str] | None = None,
     safety_families: Sequence[str] = (),
@@ -378,7 +380,7 @@ def fit_calibration(
             )
     scaled = Calibration(temperatures=temperatures, error_budget=error_budget)
     probs = scaled.apply_all(logits, qtypes)
-    threshold = metrics.threshold_for_error_budget(probs, labels, soft_labels, budget=error_budget)
+    threshold = threshold_for_error_budget(probs, labels, soft_labels, budget=error_budget)
     safety: dict[str, float] = {}
     if safety_families:
         if isinstance(safety_families, str):
@@ -394,11 +396,11 @@ def fit_calibration(
             if kinds:
                 raise ValueError(f"safety family {family!r} must hold only noul questions, found {kinds!r}")
             safety[family] = safety_threshold([float(probs[i][NOUL_NEGATIVE_INDEX]) for i in rows],
-                                              [labels[i] == metrics.NOUL_POSITIVE_INDEX for i in rows],
+                                              [labels[i] == NOUL_POSITIVE_INDEX for i in rows],
                                               safety_fnr_target)
     return Calibration(temperatures=temperatures, automation_threshold=threshold, error_budget=error_budget,
                        safety_thresholds=safety, safety_fnr_target=safety_fnr_target)
 
 
-__all__ = ["Calibration", "DEFAULT_SAFETY_FNR_TARGET", "DEFER_CONFIDENCE", "DEFER_SAFETY", "NOUL_NEGATIVE_INDEX", "TEMPERATURE_BOUNDS", "fit_calibration",
+__all__ = ["Calibration", "DEFAULT_SAFETY_FNR_TARGET", "DEFER_CONFIDENCE", "DEFER_SAFETY", "TEMPERATURE_BOUNDS", "fit_calibration",
            "defer_reason", "fit_temperature", "safety_threshold", "softmax"]

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from envloop_pipelines.core import metrics as metrics_mod
+from envloop_pipelines.core.metrics.point import DEFAULT_ERROR_BUDGET, summarize
 from envloop_pipelines.core.model.calibration import Calibration, softmax
 from envloop_pipelines.core.model.lexical import LexicalModel, fuse
 from envloop_pipelines.core.model.readout import Encoded, QuestionInput, ReadoutModel, as_questions
@@ -278,11 +278,11 @@ def score_predictions(
     predictions: Sequence[QuestionPrediction],
     questions: Sequence[QuestionInput],
     *,
-    error_budget: float = metrics_mod.DEFAULT_ERROR_BUDGET,
+    error_budget: float = DEFAULT_ERROR_BUDGET,
     safety_families: Sequence[str] = (),
     raw: bool = False,
 ) -> dict[str, Any]:
-    """``metrics.summarize`` over the labelled questions, plus truncation counts (JSON-safe).
+    """``summarize`` over the labelled questions, plus truncation counts (JSON-safe).
 
     Args:
         raw: Score ``softmax(logits)`` (temperature 1) instead of the calibrated probabilities.
@@ -292,7 +292,7 @@ def score_predictions(
     if idx:
         probs = [softmax(predictions[i].logits) if raw else predictions[i].probs for i in idx]
         out.update(
-            metrics_mod.summarize(
+            summarize(
                 probs,
                 [questions[i].label if questions[i].label is not None else -1 for i in idx],
                 [questions[i].family for i in idx],
@@ -328,7 +328,7 @@ def evaluate_checkpoint(
             checkpoint's own only on the device kind it was trained on.
 
     Returns:
-        ``metrics.summarize`` keys on the calibrated probabilities, the automated
+        ``summarize`` keys on the calibrated probabilities, the automated
         share at the checkpoint's threshold, truncation counts, and the
         checkpoint's identity (``checkpoint_hash``, ``recipe_hash``, ``data_hash``).
     """

@@ -47,7 +47,7 @@ from envloop_pipelines.core.rl_loop.step_records import (
 from envloop_pipelines.core.release.tracked_runs import child_run, flat_metrics, round_run
 from envloop_pipelines.core.rl_loop.sft_snapshot import build_sft_snapshot, environment_text
 from envloop_pipelines.core.ledger.store import RoundStore
-from envloop_pipelines.core.metrics import DEFAULT_POWER, minimum_detectable_effect
+from envloop_pipelines.core.metrics.paired import DEFAULT_POWER, minimum_detectable_effect
 from envloop_pipelines.core.model.causal_sft import PolicyCheckpoint, read_policy_checkpoint, train_causal_sft
 from envloop_pipelines.core.storage import staging_dir
 from envloop_pipelines.core.tracking import (
@@ -133,7 +133,7 @@ def rl_hypothesis_power(config: RlRoundConfig, n_environments: int) -> dict[str,
         ``se = sqrt(2 · 0.25 / n) = sqrt(0.5 / n)``,  ``MDE = (z_{1−α/2} + z_{0.8}) · se``
 
     with ``1 − α`` the gate's confidence level (:data:`CONFIDENCE_LEVEL`, 0.95: ``z = 1.96``) and
-    ``z_{0.8} = 0.84`` for 80% power (:func:`~envloop_pipelines.core.metrics.minimum_detectable_effect`
+    ``z_{0.8} = 0.84`` for 80% power (:func:`~envloop_pipelines.core.metrics.paired.minimum_detectable_effect`
     with no bar: ``2.80 · se``). The bar (the floor) is not known yet, so it is not in this MDE. The
     hypothesis is ``underpowered`` when ``predicted_delta < mde``. With no held-out environment there is
     no MDE (``mde`` is ``None``) and the ledger refuses the hypothesis.

@@ -23,7 +23,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from envloop_pipelines.core import metrics
+from envloop_pipelines.core.metrics.batch import NOUL_POSITIVE_INDEX
+from envloop_pipelines.core.metrics.paired import PairedDelta, paired_delta
 from envloop_pipelines.core.verify.rule import match
 
 #: The deltas a promotion decision and a release card read.
@@ -63,7 +64,7 @@ def paired_comparison(
     families = [it.family for it in items]
     records = [it.record_id for it in items]
     for name in metric_names:
-        d = metrics.paired_delta(name, probs_a, probs_b, labels_, records, soft_labels=soft, families=families,
+        d = paired_delta(name, probs_a, probs_b, labels_, records, soft_labels=soft, families=families,
                                  n_resamples=n_resamples, confidence_level=confidence_level, seed=seed)
         out["deltas"][name] = _as_dict(d)
     for family in sorted(set(families)):
@@ -73,7 +74,7 @@ def paired_comparison(
                                                           n_resamples, confidence_level, seed))
     for family in safety_families:
         rows = [i for i, f in enumerate(families) if f == family and labels_[i] >= 0]
-        if any(labels_[i] == metrics.NOUL_POSITIVE_INDEX for i in rows):  # an FNR needs a positive
+        if any(labels_[i] == NOUL_POSITIVE_INDEX for i in rows):  # an FNR needs a positive
             out["safety"][family] = _as_dict(_paired_on(rows, "false_negative_rate", probs_a, probs_b, labels_,
                                                         records, n_resamples, SAFETY_CONFIDENCE_LEVEL, seed))
     return out
@@ -81,14 +82,14 @@ def paired_comparison(
 
 def _paired_on(rows: Sequence[int], metric: str, probs_a: Sequence[np.ndarray], probs_b: Sequence[np.ndarray],
                labels: Sequence[int], records: Sequence[str], n_resamples: int, confidence_level: float,
-               seed: int) -> metrics.PairedDelta:
+               seed: int) -> PairedDelta:
     """``metric``'s paired delta on the questions ``rows`` only (hard-labelled), clustered by record."""
-    return metrics.paired_delta(metric, [probs_a[i] for i in rows], [probs_b[i] for i in rows],
+    return paired_delta(metric, [probs_a[i] for i in rows], [probs_b[i] for i in rows],
                                 [labels[i] for i in rows], [records[i] for i in rows], n_resamples=n_resamples,
                                 confidence_level=confidence_level, seed=seed)
 
 
-def _as_dict(d: metrics.PairedDelta) -> dict[str, Any]:
+def _as_dict(d: PairedDelta) -> dict[str, Any]:
     return {"delta": _finite(d.delta), "ci_low": _finite(d.ci_low), "ci_high": _finite(d.ci_high),
             "se": _finite(d.se), "n_clusters": d.n_clusters, "n_questions": d.n_questions,
             "confidence_level": d.confidence_level}

@@ -60,7 +60,7 @@ PREDICTION_SCHEMA = pa.schema(
 )
 PREDICTION_COLUMNS: tuple[str, ...] = tuple(PREDICTION_SCHEMA.names)
 PREDICTION_FORMATS: tuple[str, ...] = ("parquet", "jsonl")
-#: Probabilities must sum to 1 within this (the same tolerance as ``core.metrics``).
+#: Probabilities must sum to 1 within this (the same tolerance as ``core.metrics.batch``).
 PROB_SUM_TOLERANCE = 1e-4
 #: The report lists at most this many extra ids (the count is always complete).
 MAX_LISTED_EXTRA = 50
@@ -196,7 +196,7 @@ class VerifierReport:
         n_scored / n_missing / n_invalid: items by status; they add up to ``n_items``.
         n_extra: prediction rows whose ids match no question; ``extra_ids`` lists the first ones.
         complete: every item was scored and no row was extra.
-        metrics: the aggregate over scored items (``core.metrics.summarize`` for the rule kind).
+        metrics: the aggregate over scored items (``core.metrics.point.summarize`` for the rule kind).
         accuracy_all: correct over all hard-labelled items, failures counted as wrong.
         mean_score: mean item score over all items, failures counted as 0.
         file_error: why the whole predictions file could not be read, else None.

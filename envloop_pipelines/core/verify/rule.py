@@ -1,10 +1,10 @@
 """The rule verifier: the chosen option against the label, proper scores against soft labels.
 
 Per item: the chosen option is the argmax of the probabilities (the first on a
-tie, as in :mod:`envloop_pipelines.core.metrics`); ``correct`` compares it with
+tie, as in :mod:`envloop_pipelines.core.metrics.batch`); ``correct`` compares it with
 a hard label; ``brier`` and ``nll`` are taken against the soft label when the
 question has one, else against the one-hot label. The aggregate over scored
-items is :func:`envloop_pipelines.core.metrics.summarize`, so the numbers are
+items is :func:`envloop_pipelines.core.metrics.point.summarize`, so the numbers are
 the ones every other report uses.
 """
 
@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from envloop_pipelines.core import metrics
+from envloop_pipelines.core.metrics.point import DEFAULT_ERROR_BUDGET, NLL_CLIP, safety_deferral, summarize
 from envloop_pipelines.core.verify.protocol import (
     MAX_LISTED_EXTRA,
     PROB_SUM_TOLERANCE,
@@ -188,12 +188,12 @@ class RuleVerifier:
         error_budget: the budget of the aggregate's coverage metric.
         safety_thresholds: the predictions' own automation thresholds on P("false") per safety family
             (the checkpoint's calibration): the aggregate then also reports ``defer_rate/<family>``
-            and ``fnr_automated/<family>`` (:func:`~envloop_pipelines.core.metrics.safety_deferral`).
+            and ``fnr_automated/<family>`` (:func:`~envloop_pipelines.core.metrics.point.safety_deferral`).
     """
 
     kind = "rule"
 
-    def __init__(self, *, safety_families: Sequence[str] = (), error_budget: float = metrics.DEFAULT_ERROR_BUDGET,
+    def __init__(self, *, safety_families: Sequence[str] = (), error_budget: float = DEFAULT_ERROR_BUDGET,
                  safety_thresholds: Mapping[str, float] | None = None) -> None:
         self.safety_families = tuple(safety_families)
         self.error_budget = error_budget
@@ -216,9 +216,9 @@ class RuleVerifier:
             if status != "scored" or vec is None or target is None:
                 scores.append(failure(item, status, error))
                 continue
-            chosen = int(np.argmax(vec))  # first index on an exact tie, as in core.metrics
+            chosen = int(np.argmax(vec))  # first index on an exact tie, as in core.metrics.batch
             brier = float(np.sum((vec - target) ** 2))
-            nll = float(-np.sum(target * np.log(np.clip(vec, metrics.NLL_CLIP, 1.0))))
+            nll = float(-np.sum(target * np.log(np.clip(vec, NLL_CLIP, 1.0))))
             correct = (chosen == item.label) if item.hard else None
             score = float(correct) if item.hard else float(target[chosen])
             scores.append(ItemScore(item.record_id, item.question_id, item.family, item.type, "scored", score,
@@ -230,11 +230,11 @@ class RuleVerifier:
             agg_types.append(item.type)
         summary: dict[str, Any] = {}
         if agg_probs:
-            summary = metrics.summarize(
+            summary = summarize(
                 agg_probs, agg_labels, agg_families, soft_labels=agg_soft, qtypes=agg_types,
                 safety_families=self.safety_families, error_budget=self.error_budget,
             )
-            for family, values in metrics.safety_deferral(agg_probs, agg_labels, agg_families, self.safety_thresholds,
+            for family, values in safety_deferral(agg_probs, agg_labels, agg_families, self.safety_thresholds,
                                                           soft_labels=agg_soft).items():
                 summary.update({f"{name}/{family}": value for name, value in values.items()})
             summary = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in summary.items()}
