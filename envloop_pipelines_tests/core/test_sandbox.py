@@ -33,6 +33,9 @@ from envloop_pipelines.core.sandbox import (
     probe_host,
 )
 from envloop_pipelines.core.sandbox import local as local_mod
+from envloop_pipelines.core.sandbox.host import HostSupport
+from envloop_pipelines.core.sandbox.mounts import interpreter_paths, is_under
+from envloop_pipelines.core.sandbox.uids import DEFAULT_UID_RANGE
 from envloop_pipelines.core.sandbox.docker import DockerSandbox
 from envloop_pipelines.core.sandbox.k8s import (
     SANDBOX_LABEL,
@@ -94,7 +97,7 @@ def test_fresh_uid_scrubbed_env_and_temp_workdir(monkeypatch: pytest.MonkeyPatch
     # With a PID namespace the command is pid 2 of its own (pid 1 is the launcher's init); else the launcher's pid.
     assert seen["pid"] == (2 if SUPPORT.pid_namespace and SUPPORT.mount_namespace else result.pid)
     if SUPPORT.setuid:
-        assert seen["uid"] == result.uid and result.uid >= local_mod.DEFAULT_UID_RANGE[0]
+        assert seen["uid"] == result.uid and result.uid >= DEFAULT_UID_RANGE[0]
     json.loads(json.dumps(result.to_dict()))  # JSON-serialisable
 
 
@@ -297,7 +300,7 @@ def test_root_home_is_hidden_but_the_interpreter_runs() -> None:
     real_root = Path(os.path.expanduser("~root"))
     if not real_root.stat().st_mode & stat.S_IXOTH:
         visible = eval(result.stdout_tail)  # noqa: S307 - our own printed list
-        assert set(visible) <= {p.parts[len(real_root.parts)] for p in local_mod.interpreter_paths() if local_mod._is_under(p, real_root) and p != real_root}
+        assert set(visible) <= {p.parts[len(real_root.parts)] for p in interpreter_paths() if is_under(p, real_root) and p != real_root}
 
 
 def test_planted_file_is_not_the_result_channel() -> None:
@@ -323,8 +326,8 @@ def test_failures_are_typed_results_not_exceptions() -> None:
 
 
 def test_isolation_the_host_refuses_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
-    refused = local_mod.HostSupport(root=os.geteuid() == 0, network_namespace=False, mount_namespace=False,
-                                    setuid=SUPPORT.setuid, detail="simulated EPERM")
+    refused = HostSupport(root=os.geteuid() == 0, network_namespace=False, mount_namespace=False,
+                          setuid=SUPPORT.setuid, detail="simulated EPERM")
     monkeypatch.setattr(local_mod, "probe_host", lambda: refused)
     result = box().run(["/bin/true"])
     assert result.ok and result.network_isolated is False and result.hidden_paths_masked is False

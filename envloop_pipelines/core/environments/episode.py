@@ -80,7 +80,7 @@ from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 from envloop_pipelines.core.environments.base import Score
 from envloop_pipelines.core.environments.spec import EnvironmentSpec
 from envloop_pipelines.core.sandbox import LocalSandbox, Sandbox, SandboxResult, make_sandbox, probe_host, setup_error
-from envloop_pipelines.core.sandbox.local import PRIVATE_TMP_DIRS, mount_scratch, unmount_scratch
+from envloop_pipelines.core.sandbox.mounts import PRIVATE_TMP_DIRS, mount_scratch, unmount_scratch
 from envloop_pipelines.core.sandbox.tree import remove_tree, walk
 from envloop_pipelines.core.storage import envloop_home, sha256_bytes
 from envloop_pipelines.core.verify.terminal import TerminalStateCheck

@@ -24,7 +24,8 @@ from envloop_pipelines.core.sandbox.base import (
     SandboxStatus,
     setup_error,
 )
-from envloop_pipelines.core.sandbox.local import HostSupport, LocalSandbox, probe_host
+from envloop_pipelines.core.sandbox.host import HostSupport, probe_host
+from envloop_pipelines.core.sandbox.local import LocalSandbox
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ Every backend (:mod:`.local`, :mod:`.docker`, :mod:`.k8s`) runs a command
 under :class:`SandboxLimits` and answers with a :class:`SandboxResult`. A run
 never raises for anything the command did (crash, timeout, memory, a hostile
 fork bomb) and never reports a silent zero: the status names what happened and
-the flags say which isolation the host actually gave.
+the flags say which isolation the host actually gave; :func:`classify` names
+that status from what ended the command, the same way for every backend.
 
 The result channel
     A verdict must not depend on anything the sandboxed process can write
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, Mapping, Protocol, Sequence, runtime_checkable
@@ -34,6 +36,11 @@ RESULT_FD_ENV = "ENVLOOP_RESULT_FD"
 DEFAULT_TAIL_BYTES = 8 * 1024
 #: The result channel holds a whole verifier report (per-item scores of ~10^5 questions is ~20 MiB).
 DEFAULT_CHANNEL_BYTES = 64 * 1024 * 1024
+# What a command prints when a limit ended it without a signal (RLIMIT_AS and RLIMIT_FSIZE make calls fail).
+_MEMORY_MARKERS = ("MemoryError", "std::bad_alloc", "Cannot allocate memory", "out of memory", "xmalloc: cannot allocate",
+                   "failed to map segment from shared object")
+_FSIZE_MARKERS = ("File too large", "[Errno 27]", "File size limit exceeded")
+_CPU_MARKERS = ("CPU time limit exceeded",)  # a shell reporting its child's SIGXCPU (exit 152)
 
 
 @dataclass(frozen=True)
@@ -167,6 +174,37 @@ def setup_error(backend: str, detail: str, limits: SandboxLimits, *, network_iso
         stderr_tail="", network_isolated=network_isolated, backend=backend, pid=0, detail=f"setup: {detail}",
         limits=limits.to_dict(),
     )
+
+
+def classify(
+    *,
+    exit_code: int | None,
+    sig: int | None,
+    cpu_s: float,
+    limits: SandboxLimits,
+    timed_out: bool,
+    stderr: str,
+    stdout: str = "",
+) -> tuple[SandboxStatus, str]:
+    """Name what ended a run, most specific cause first."""
+    if timed_out:
+        return "timeout", f"killed at the wall limit of {limits.wall_s:g}s"
+    if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_s >= limits.cpu_s - 0.05):
+        return "cpu_limit", f"CPU limit of {limits.cpu_s:g}s reached (used {cpu_s:.2f}s)"
+    if sig == signal.SIGXFSZ:
+        return "file_size_exceeded", f"wrote past the file size limit of {limits.fsize_mb} MiB (SIGXFSZ)"
+    if exit_code == 0 and sig is None:
+        return "ok", "exited 0"
+    text = stderr + "\n" + stdout
+    if exit_code == 128 + signal.SIGXCPU and any(m in text for m in _CPU_MARKERS):
+        return "cpu_limit", f"a child reached the CPU limit of {limits.cpu_s:g}s (SIGXCPU)"
+    if any(m in text for m in _MEMORY_MARKERS):
+        return "memory_exceeded", f"an allocation failed under the address-space limit of {limits.mem_mb} MiB"
+    if any(m in text for m in _FSIZE_MARKERS):
+        return "file_size_exceeded", f"a write failed at the file size limit of {limits.fsize_mb} MiB (EFBIG)"
+    if sig is not None:
+        return "killed", f"killed by signal {signal.Signals(sig).name if sig in signal.valid_signals() else sig}"
+    return "error", f"exited {exit_code}"
 
 
 @runtime_checkable

@@ -36,8 +36,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from envloop_pipelines.core.sandbox.base import RESULT_FD_ENV, SandboxLimits, SandboxResult, setup_error
-from envloop_pipelines.core.sandbox.local import classify
+from envloop_pipelines.core.sandbox.base import RESULT_FD_ENV, SandboxLimits, SandboxResult, classify, setup_error
 
 log = logging.getLogger(__name__)
 

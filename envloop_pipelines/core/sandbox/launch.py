@@ -32,7 +32,7 @@ def local_worker_env() -> dict[str, str]:
     process imports ``envloop_pipelines`` from on ``PYTHONPATH`` (the sandbox scrubs the caller's), so the worker
     runs the same package however its parent found it: installed, or a checkout on ``PYTHONPATH`` where nothing
     is installed (a lent GPU machine, ``bench/bench_gpu.py``). The sandbox keeps that folder readable already
-    (:func:`~envloop_pipelines.core.sandbox.local.interpreter_paths`)."""
+    (:func:`~envloop_pipelines.core.sandbox.mounts.interpreter_paths`)."""
     import envloop_pipelines
 
     return {**WORKER_ENV, "PYTHONPATH": str(Path(envloop_pipelines.__file__).resolve().parent.parent)}
