@@ -1,7 +1,8 @@
 """The sandbox protocol: limits in, one typed result out.
 
 Every backend (:mod:`.local`, :mod:`.docker`, :mod:`.k8s`) runs a command
-under :class:`SandboxLimits` and answers with a :class:`SandboxResult`. A run
+under :class:`SandboxLimits`, with the options of one :class:`SandboxCall`
+(the same value for every backend), and answers with a :class:`SandboxResult`. A run
 never raises for anything the command did (crash, timeout, memory, a hostile
 fork bomb) and never reports a silent zero: the status names what happened and
 the flags say which isolation the host actually gave; :func:`classify` names
@@ -9,11 +10,11 @@ that status from what ended the command, the same way for every backend.
 
 The result channel
     A verdict must not depend on anything the sandboxed process can write
-    besides the channel its parent owns. With ``result_channel=True`` the
-    backend opens a pipe (local) or uses the container's stdout (docker, k8s)
-    and tells the command its number in ``$ENVLOOP_RESULT_FD``; what arrives
-    there is :attr:`SandboxResult.channel`. Files in the working directory are
-    never read back as a result.
+    besides the channel its parent owns. With ``SandboxCall(result_channel=True)``
+    the backend opens a pipe (local) or uses the container's stdout (docker,
+    k8s) and tells the command its number in ``$ENVLOOP_RESULT_FD``; what
+    arrives there is :attr:`SandboxResult.channel`. Files in the working
+    directory are never read back as a result.
 """
 
 from __future__ import annotations
@@ -167,6 +168,58 @@ class SandboxResult:
         return cls(**{k: v for k, v in raw.items() if k in known})
 
 
+@dataclass(frozen=True)
+class SandboxCall:
+    """The options of one sandboxed run: one value every backend's ``run`` takes, whatever the backend.
+
+    Options a backend has no use for are read as their defaults or ignored, never refused by the caller's
+    branching on the backend: the docker and k8s backends mount no host path, so ``hidden_paths``,
+    ``conceal``, ``binds`` and ``cwd`` need nothing there.
+
+    Attributes:
+        limits: the limits (None: the sandbox's own).
+        stdin: bytes fed to the command's stdin (then closed); None gives an empty stdin.
+        workdir: a host directory the command runs in and whose changes persist (the state a terminal-state
+            check inspects); None gives a fresh temporary directory, removed after.
+        files: files to write into the working directory first (relative path → bytes).
+        env: extra environment variables; the rest of the environment is scrubbed.
+        result_channel: open the result channel (:data:`RESULT_FD_ENV`) and return what arrives.
+        hidden_paths: host paths that must not be readable from inside, besides the sandbox's own.
+        conceal: local: host paths replaced by an empty read-only folder, but for the interpreter's paths and
+            the working directory under them, which are bound back (an episode conceals the checkout and the
+            home). Needs a mount namespace; ignored without one.
+        binds: local: ``{absolute path inside: folder under the working directory}``, where that folder also
+            appears (a Harbor task's ``/app``). A path that does not exist is made as an empty folder (a mount
+            point); what the host has there is covered inside. Needs a mount namespace; ignored without one.
+        cwd: local: where the command starts (one of the ``binds``; ``HOME`` and ``TMPDIR`` too).
+        package_on_path: local: the command imports ``envloop_pipelines`` from the folder this process imports
+            it from (put on ``PYTHONPATH``, after ``env``; the sandbox scrubs the caller's), installed or a
+            checkout; docker and k8s run their image's own install.
+    """
+
+    limits: SandboxLimits | None = None
+    stdin: bytes | None = None
+    workdir: str | Path | None = None
+    files: Mapping[str, bytes] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    result_channel: bool = False
+    hidden_paths: Sequence[str | Path] = ()
+    conceal: Sequence[str | Path] = ()
+    binds: Mapping[str, str | Path] = field(default_factory=dict)
+    cwd: str | None = None
+    package_on_path: bool = False
+
+    def __post_init__(self) -> None:
+        if self.limits is not None and not isinstance(self.limits, SandboxLimits):
+            raise TypeError(f"SandboxCall.limits must be SandboxLimits or None, got {type(self.limits).__name__}")
+        # Copies: the value stays what the caller built, whatever the caller's own objects do afterwards.
+        object.__setattr__(self, "files", dict(self.files or {}))
+        object.__setattr__(self, "env", dict(self.env or {}))
+        object.__setattr__(self, "binds", dict(self.binds or {}))
+        object.__setattr__(self, "hidden_paths", tuple(self.hidden_paths or ()))
+        object.__setattr__(self, "conceal", tuple(self.conceal or ()))
+
+
 def setup_error(backend: str, detail: str, limits: SandboxLimits, *, network_isolated: bool = False) -> SandboxResult:
     """The result of a run that could not start: status ``error``, never an exception."""
     return SandboxResult(
@@ -213,30 +266,13 @@ class Sandbox(Protocol):
 
     backend: str
 
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        limits: SandboxLimits | None = None,
-        stdin: bytes | None = None,
-        workdir: str | Path | None = None,
-        files: Mapping[str, bytes] | None = None,
-        env: Mapping[str, str] | None = None,
-        result_channel: bool = False,
-        hidden_paths: Sequence[str | Path] = (),
-    ) -> SandboxResult:
+    def run(self, argv: Sequence[str], call: SandboxCall | None = None) -> SandboxResult:
         """Run ``argv`` and wait for it and every process it started.
 
         Args:
             argv: the command and its arguments (no shell).
-            limits: the limits (default: the sandbox's own).
-            stdin: bytes fed to the command's stdin (then closed); None gives an empty stdin.
-            workdir: a host directory the command runs in and whose changes persist (the state a
-                terminal-state check inspects); None gives a fresh temporary directory, removed after.
-            files: files to write into the working directory first (relative path → bytes).
-            env: extra environment variables; the rest of the environment is scrubbed.
-            result_channel: open the result channel (:data:`RESULT_FD_ENV`) and return what arrives.
-            hidden_paths: host paths that must not be readable from inside, besides the sandbox's own.
+            call: the run's options (:class:`SandboxCall`); None gives the defaults (the sandbox's own limits,
+                an empty stdin, a fresh temporary working directory, no result channel).
         """
         ...
 

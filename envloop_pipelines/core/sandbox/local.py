@@ -55,7 +55,7 @@ Covered (when the host allows it; every run reports what it got):
 * **No host path in the mount table** for a command shown at the task's own paths (``binds``, a Harbor
   task's ``/app``): its working directory is not bound back at its host path (it is concealed), the host's
   mounts below the private temp dirs and concealed paths (another attempt's folder) are detached before
-  the overlays cover them, and an episode's folder is a tmpfs of its own (:func:`mount_scratch`), so
+  the overlays cover them, and an episode's folder is a tmpfs of its own (:func:`~.mounts.mount_scratch`), so
   ``/proc/self/mountinfo`` shows ``/work`` as the source of ``/app``. The interpreter's paths, bound back,
   are still listed.
 * **Owner-only label files**, a second lock under the mask: the label store
@@ -168,9 +168,23 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from envloop_pipelines.core.sandbox import enter
-from envloop_pipelines.core.sandbox.base import RESULT_FD_ENV, SandboxLimits, SandboxResult, classify, setup_error
+from envloop_pipelines.core.sandbox.base import (
+    RESULT_FD_ENV,
+    SandboxCall,
+    SandboxLimits,
+    SandboxResult,
+    classify,
+    setup_error,
+)
 from envloop_pipelines.core.sandbox.host import SAFE_PATH, launch_spec, probe_host, start_launcher
-from envloop_pipelines.core.sandbox.mounts import PRIVATE_TMP_DIRS, Overlay, interpreter_paths, is_under, plan_overlays
+from envloop_pipelines.core.sandbox.mounts import (
+    PRIVATE_TMP_DIRS,
+    Overlay,
+    interpreter_paths,
+    is_under,
+    package_root,
+    plan_overlays,
+)
 from envloop_pipelines.core.sandbox.pipes import Channel, Tail, feed
 from envloop_pipelines.core.sandbox.tree import remove_tree
 from envloop_pipelines.core.sandbox.uids import (
@@ -426,33 +440,14 @@ class LocalSandbox:
         # Resolved: the mount lands on the real directory, whatever alias a command uses to reach it.
         return [Path(p).resolve() for p in [*base, *extra]]
 
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        limits: SandboxLimits | None = None,
-        stdin: bytes | None = None,
-        workdir: str | Path | None = None,
-        files: Mapping[str, bytes] | None = None,
-        env: Mapping[str, str] | None = None,
-        result_channel: bool = False,
-        hidden_paths: Sequence[str | Path] = (),
-        conceal: Sequence[str | Path] = (),
-        binds: Mapping[str, str | Path] | None = None,
-        cwd: str | None = None,
-    ) -> SandboxResult:
+    def run(self, argv: Sequence[str], call: SandboxCall | None = None) -> SandboxResult:
         """Run ``argv``; see :meth:`envloop_pipelines.core.sandbox.base.Sandbox.run`.
 
-        Options of this backend (they need a mount namespace and are ignored without one):
-
-        * ``conceal``: host paths replaced by an empty read-only folder, but for the interpreter's paths and the
-          working directory under them, which are bound back (an episode conceals the checkout and the home).
-        * ``binds``: ``{absolute path inside: folder under the working directory}``, where that folder also
-          appears (a Harbor task's ``/app``). A path that does not exist is made as an empty folder (a mount
-          point); what the host has there is covered inside.
-        * ``cwd``: where the command starts (one of the ``binds``; ``HOME`` and ``TMPDIR`` too).
+        This backend reads every option of ``call``; ``conceal``, ``binds`` and ``cwd`` need a mount namespace
+        and are ignored without one.
         """
-        limits = limits or self.limits
+        call = call or SandboxCall()
+        limits = call.limits or self.limits
         if not argv:
             return setup_error(self.backend, "empty command", limits)
         support = probe_host()
@@ -470,15 +465,15 @@ class LocalSandbox:
         if self.strict and not (net and masked):
             return setup_error(self.backend, f"strict sandbox refused: host support {support.as_dict()}", limits)
 
-        own_dir = workdir is None
+        own_dir = call.workdir is None
         try:
-            work = Path(tempfile.mkdtemp(prefix="envloop-sandbox-", dir=self.work_root)) if own_dir else Path(workdir).resolve()
+            work = (Path(tempfile.mkdtemp(prefix="envloop-sandbox-", dir=self.work_root)) if own_dir
+                    else Path(call.workdir).resolve())
         except OSError as exc:
             return setup_error(self.backend, f"working directory: {exc}", limits)
         try:
-            hidden = self._hidden(hidden_paths) if self.mask_paths else []
-            return self._run(argv, limits, stdin, work, files or {}, env or {}, result_channel, hidden, net, mount_ns,
-                             masked, uid, [Path(c) for c in conceal], dict(binds or {}), cwd)
+            hidden = self._hidden(call.hidden_paths) if self.mask_paths else []
+            return self._run(argv, call, limits, work, hidden, net=net, mount_ns=mount_ns, masked=masked, uid=uid)
         finally:
             if own_dir:
                 try:
@@ -486,38 +481,24 @@ class LocalSandbox:
                 except OSError:
                     log.exception("could not remove the run's folder %s", work)
 
-
-    def _run(
-        self,
-        argv: Sequence[str],
-        limits: SandboxLimits,
-        stdin: bytes | None,
-        work: Path,
-        files: Mapping[str, bytes],
-        extra_env: Mapping[str, str],
-        result_channel: bool,
-        hidden: list[Path],
-        net: bool,
-        mount_ns: bool,
-        masked: bool,
-        uid: int | None,
-        conceal: Sequence[Path] = (),
-        binds: Mapping[str, str | Path] | None = None,
-        cwd: str | None = None,
-    ) -> SandboxResult:
+    def _run(self, argv: Sequence[str], call: SandboxCall, limits: SandboxLimits, work: Path, hidden: list[Path], *,
+             net: bool, mount_ns: bool, masked: bool, uid: int | None) -> SandboxResult:
+        """One run in ``work`` with the isolation :meth:`run` chose: prepare, launch, wait, sweep, report."""
+        cwd = call.cwd
         try:
-            _prepare_workdir(work, files, hidden, uid)
+            _prepare_workdir(work, call.files, hidden, uid)
             # Without a mount namespace the command sees the working directory where it is.
-            mounts = _plan_binds(binds or {}, work, cwd) if mount_ns else {}
+            mounts = _plan_binds(call.binds, work, cwd) if mount_ns else {}
         except _Refused as exc:
             return setup_error(self.backend, str(exc), limits)
         inside = os.path.normpath(cwd) if cwd is not None and mounts else str(work)
-        spec = {"unshare": _namespaces(net, mount_ns), "mount_ns": mount_ns,
-                "overlays": self._overlays(work, mounts, conceal, limits) if mount_ns else [], "hidden": hidden,
+        extra_env = {**call.env, **({"PYTHONPATH": str(package_root())} if call.package_on_path else {})}
+        overlays = self._overlays(work, mounts, [Path(c) for c in call.conceal], limits) if mount_ns else []
+        spec = {"unshare": _namespaces(net, mount_ns), "mount_ns": mount_ns, "overlays": overlays, "hidden": hidden,
                 "rlimits": _rlimits(limits, uid), "uid": uid, "binds": mounts,
                 "cwd": inside if mounts and cwd is not None else None}
         try:
-            launch = _Launch(argv, spec, _environment(inside, extra_env), work, stdin, limits, result_channel)
+            launch = _Launch(argv, spec, _environment(inside, extra_env), work, call.stdin, limits, call.result_channel)
         except _Refused as exc:
             return setup_error(self.backend, str(exc), limits)
         timed_out = launch.wait(limits.wall_s)

@@ -39,12 +39,17 @@ def _minimal(paths: Sequence[Path]) -> list[Path]:
     return out
 
 
-def interpreter_paths() -> list[Path]:
-    """Paths the project's Python needs to start and import ``envloop_pipelines``."""
+def package_root() -> Path:
+    """The folder this process imports ``envloop_pipelines`` from (site-packages, or a checkout)."""
     import envloop_pipelines
 
+    return Path(envloop_pipelines.__file__).resolve().parent.parent
+
+
+def interpreter_paths() -> list[Path]:
+    """Paths the project's Python needs to start and import ``envloop_pipelines``."""
     candidates = [Path(sys.prefix), Path(sys.base_prefix), Path(os.path.realpath(sys.executable)).parent,
-                  Path(envloop_pipelines.__file__).resolve().parent.parent]
+                  package_root()]
     candidates += [Path(p) for p in sys.path if p and os.path.isdir(p)]
     return [p.resolve() for p in candidates if p.exists()]
 
@@ -133,5 +138,5 @@ def unmount_scratch(path: str | Path) -> None:
 
 
 
-__all__ = ["PRIVATE_TMP_DIRS", "Overlay", "interpreter_paths", "is_under", "mount_scratch", "plan_overlays",
-           "unmount_scratch"]
+__all__ = ["PRIVATE_TMP_DIRS", "Overlay", "interpreter_paths", "is_under", "mount_scratch", "package_root",
+           "plan_overlays", "unmount_scratch"]
