@@ -30,7 +30,7 @@ from typing import Any
 
 import click
 
-from envloop_pipelines.core.sandbox.base import BACKENDS, SandboxLimits
+from envloop_pipelines.core.sandbox.base import BACKENDS, SandboxCall, SandboxLimits
 
 
 def _echo_json(value: Any) -> None:
@@ -94,7 +94,7 @@ def sandbox_exec(backend: str, cpu_s: float | None, mem_mb: int | None, wall_s: 
 
     limits = _limits(SandboxLimits(), cpu_s=cpu_s, mem_mb=mem_mb, wall_s=wall_s, fsize_mb=fsize_mb, nproc=nproc, nofile=nofile)
     box = make_sandbox(backend, limits=limits, **backend_options(backend, image))
-    result = box.run(list(command), stdin=stdin_path.read_bytes() if stdin_path else None, workdir=workdir)
+    result = box.run(list(command), SandboxCall(stdin=stdin_path.read_bytes() if stdin_path else None, workdir=workdir))
     _echo_json(result.to_dict(include_channel=False))
     sys.exit(0 if result.ok else 1)
 

@@ -8,6 +8,7 @@ switch) and the tests check that the result reports exactly that.
 from __future__ import annotations
 
 import errno
+import inspect
 import json
 import os
 import shutil
@@ -27,12 +28,17 @@ from click.testing import CliRunner
 from envloop_pipelines.cli.sandbox import sandbox as sandbox_cli
 from envloop_pipelines.core.sandbox import (
     LocalSandbox,
+    Sandbox,
+    SandboxCall,
     SandboxLimits,
     SandboxResult,
     make_sandbox,
     probe_host,
 )
 from envloop_pipelines.core.sandbox import local as local_mod
+from envloop_pipelines.core.sandbox.host import HostSupport
+from envloop_pipelines.core.sandbox.mounts import interpreter_paths, is_under, package_root
+from envloop_pipelines.core.sandbox.uids import DEFAULT_UID_RANGE
 from envloop_pipelines.core.sandbox.docker import DockerSandbox
 from envloop_pipelines.core.sandbox.k8s import (
     SANDBOX_LABEL,
@@ -94,7 +100,7 @@ def test_fresh_uid_scrubbed_env_and_temp_workdir(monkeypatch: pytest.MonkeyPatch
     # With a PID namespace the command is pid 2 of its own (pid 1 is the launcher's init); else the launcher's pid.
     assert seen["pid"] == (2 if SUPPORT.pid_namespace and SUPPORT.mount_namespace else result.pid)
     if SUPPORT.setuid:
-        assert seen["uid"] == result.uid and result.uid >= local_mod.DEFAULT_UID_RANGE[0]
+        assert seen["uid"] == result.uid and result.uid >= DEFAULT_UID_RANGE[0]
     json.loads(json.dumps(result.to_dict()))  # JSON-serialisable
 
 
@@ -103,14 +109,14 @@ def test_fresh_uid_scrubbed_env_and_temp_workdir(monkeypatch: pytest.MonkeyPatch
 # (a preexec_fn) loses every run here; the control proves the handlers bite.
 ABORTING_FORK_HANDLERS = """
 import ctypes, json, os, subprocess, sys
-from envloop_pipelines.core.sandbox import LocalSandbox, SandboxLimits, probe_host
+from envloop_pipelines.core.sandbox import LocalSandbox, SandboxCall, SandboxLimits, probe_host
 probe_host()
 libc = ctypes.CDLL(None)
 assert libc.__register_atfork(None, None, ctypes.cast(libc.abort, ctypes.c_void_p), None) == 0
 os.register_at_fork(after_in_child=os.abort)
 control = subprocess.run(["/bin/true"], preexec_fn=lambda: None).returncode
 code = "import os; os.write(int(os.environ['ENVLOOP_RESULT_FD']), b'scored')"
-runs = [LocalSandbox(SandboxLimits(wall_s=20)).run([sys.executable, "-c", code], result_channel=True) for _ in range(3)]
+runs = [LocalSandbox(SandboxLimits(wall_s=20)).run([sys.executable, "-c", code], SandboxCall(result_channel=True)) for _ in range(3)]
 print(json.dumps({"control": control, "runs": [[r.status, r.signal, r.channel, r.stderr_tail] for r in runs]}))
 """
 
@@ -217,11 +223,11 @@ def test_oversized_file_write_fails(tmp_path: Path) -> None:
     work.mkdir()
     sized = box(fsize_mb=1)
     # A process that does not handle SIGXFSZ dies of it ...
-    shell = sized.run(["/bin/sh", "-c", "exec head -c 5000000 /dev/zero > big.bin"], workdir=work)
+    shell = sized.run(["/bin/sh", "-c", "exec head -c 5000000 /dev/zero > big.bin"], SandboxCall(workdir=work))
     assert shell.status == "file_size_exceeded" and shell.signal == signal.SIGXFSZ, shell
     assert (work / "big.bin").stat().st_size == 1024 * 1024
     # ... Python ignores SIGXFSZ, so its write fails with EFBIG.
-    py = sized.run([PY, "-c", "open('big2.bin', 'wb').write(b'x' * 5_000_000)"], workdir=work)
+    py = sized.run([PY, "-c", "open('big2.bin', 'wb').write(b'x' * 5_000_000)"], SandboxCall(workdir=work))
     assert py.status == "file_size_exceeded" and py.exit_code == 1 and "File too large" in py.stderr_tail, py
     assert (work / "big2.bin").stat().st_size <= 1024 * 1024
 
@@ -297,16 +303,24 @@ def test_root_home_is_hidden_but_the_interpreter_runs() -> None:
     real_root = Path(os.path.expanduser("~root"))
     if not real_root.stat().st_mode & stat.S_IXOTH:
         visible = eval(result.stdout_tail)  # noqa: S307 - our own printed list
-        assert set(visible) <= {p.parts[len(real_root.parts)] for p in local_mod.interpreter_paths() if local_mod._is_under(p, real_root) and p != real_root}
+        assert set(visible) <= {p.parts[len(real_root.parts)] for p in interpreter_paths() if is_under(p, real_root) and p != real_root}
 
 
 def test_planted_file_is_not_the_result_channel() -> None:
     code = ("import os\nopen('reward.json', 'w').write('{\"reward\": 1.0}')\nprint('{\"reward\": 1.0}')\n"
             "os.write(int(os.environ['ENVLOOP_RESULT_FD']), b'{\"reward\": 0.0}')\n")
-    result = box().run([PY, "-c", code], result_channel=True)
+    result = box().run([PY, "-c", code], SandboxCall(result_channel=True))
     assert result.ok and result.channel == '{"reward": 0.0}', result
     no_channel = box().run([PY, "-c", "import os; print(os.environ.get('ENVLOOP_RESULT_FD'))"])
     assert no_channel.stdout_tail == "None\n" and no_channel.channel is None
+
+
+def test_package_on_path_gives_the_run_this_process_package() -> None:
+    show = [PY, "-c", "import os; print(os.environ.get('PYTHONPATH'))"]
+    on_path = box().run(show, SandboxCall(env={"PYTHONPATH": "/elsewhere"}, package_on_path=True))
+    assert on_path.ok and on_path.stdout_tail == f"{package_root()}\n", on_path
+    assert box().run(show, SandboxCall(env={"PYTHONPATH": "/elsewhere"})).stdout_tail == "/elsewhere\n"
+    assert box().run(show).stdout_tail == "None\n"  # the caller's PYTHONPATH never comes in
 
 
 def test_failures_are_typed_results_not_exceptions() -> None:
@@ -323,8 +337,8 @@ def test_failures_are_typed_results_not_exceptions() -> None:
 
 
 def test_isolation_the_host_refuses_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
-    refused = local_mod.HostSupport(root=os.geteuid() == 0, network_namespace=False, mount_namespace=False,
-                                    setuid=SUPPORT.setuid, detail="simulated EPERM")
+    refused = HostSupport(root=os.geteuid() == 0, network_namespace=False, mount_namespace=False,
+                          setuid=SUPPORT.setuid, detail="simulated EPERM")
     monkeypatch.setattr(local_mod, "probe_host", lambda: refused)
     result = box().run(["/bin/true"])
     assert result.ok and result.network_isolated is False and result.hidden_paths_masked is False
@@ -419,7 +433,7 @@ def test_docker_backend_locks_the_container_down() -> None:
     container = _FakeContainer(0, b'{"score": 1}', b"")
     client = _FakeDocker(container)
     box_ = DockerSandbox(SandboxLimits(cpu_s=3, mem_mb=256, wall_s=5, fsize_mb=2, nofile=32, nproc=16), client=client)
-    result = box_.run(["python", "-c", "pass"], files={"predictions.jsonl": b"{}\n"}, result_channel=True)
+    result = box_.run(["python", "-c", "pass"], SandboxCall(files={"predictions.jsonl": b"{}\n"}, result_channel=True))
     kw = client.create_kwargs
     assert kw["network_mode"] == "none" and kw["network_disabled"] is True
     assert kw["read_only"] is True and kw["cap_drop"] == ["ALL"] and kw["security_opt"] == ["no-new-privileges"]
@@ -434,6 +448,25 @@ def test_docker_backend_locks_the_container_down() -> None:
     assert oom.status == "memory_exceeded" and oom.signal == signal.SIGKILL
     with pytest.raises(ValueError, match="must not be root"):
         DockerSandbox(user="0:0")
+
+
+def test_every_backend_takes_one_sandbox_call() -> None:
+    # One signature for the protocol and its three backends: the command, then the run's options as one value.
+    for run in (Sandbox.run, LocalSandbox.run, DockerSandbox.run, KubernetesSandbox.run):
+        assert list(inspect.signature(run).parameters) == ["self", "argv", "call"], run
+    # The local backend's options reach the others unbranched; they mount no host path and ignore them.
+    plain, given = _FakeDocker(_FakeContainer(0, b"", b"")), _FakeDocker(_FakeContainer(0, b"", b""))
+    assert DockerSandbox(client=plain).run(["true"], SandboxCall(env={"A": "1"})).ok
+    assert DockerSandbox(client=given).run(["true"], SandboxCall(
+        env={"A": "1"}, conceal=["/root"], binds={"/app": "/tmp/app"}, cwd="/app", package_on_path=True)).ok
+    assert given.create_kwargs == plain.create_kwargs and given.create_kwargs["environment"]["A"] == "1"
+    # A value: the caller's own dict changing afterwards does not change the call.
+    env = {"A": "1"}
+    call = SandboxCall(env=env, hidden_paths=[Path("/x")])
+    env["B"] = "2"
+    assert call.env == {"A": "1"} and call.hidden_paths == (Path("/x"),)
+    with pytest.raises(TypeError, match="SandboxCall.limits must be SandboxLimits or None"):
+        SandboxCall(limits={"wall_s": 1.0})  # type: ignore[arg-type]
 
 
 def _docker_engine() -> bool:
@@ -482,5 +515,5 @@ def test_k8s_job_spec_denies_egress_and_privileges() -> None:
 def test_k8s_backend_reports_policy_enforcement_honestly() -> None:
     assert KubernetesSandbox().capabilities()["network_isolated"] is False
     assert KubernetesSandbox(policy_enforced=True).capabilities()["network_isolated"] is True
-    refused = KubernetesSandbox().run(["true"], workdir="/tmp")
+    refused = KubernetesSandbox().run(["true"], SandboxCall(workdir="/tmp"))
     assert refused.status == "error" and "working directory" in refused.detail

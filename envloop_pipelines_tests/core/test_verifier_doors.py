@@ -24,7 +24,7 @@ from envloop_pipelines.core.ledger.event_log import EVENT_HOLDOUT_READ, EVENT_TE
 from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.ledger.reads import HoldoutAlreadyReadError, HoldoutSlotError
 from envloop_pipelines.core.release.publish import _open_holdout_slot  # the release step's own (no public opener)
-from envloop_pipelines.core.sandbox import LocalSandbox
+from envloop_pipelines.core.sandbox import LocalSandbox, SandboxCall
 from envloop_pipelines.core.verify.labels import read_hidden_labels
 from envloop_pipelines.core.verify.protocol import hidden_split_decimals, write_predictions
 from envloop_pipelines.core.verify.runner import HiddenSplitQueryError, VerifierRunner, holdout_read_key, verify_task
@@ -272,9 +272,9 @@ class SpySandbox(LocalSandbox):
         super().__init__()
         self.stdin: list[bytes] = []
 
-    def run(self, argv: Any, **kw: Any) -> Any:
-        self.stdin.append(kw.get("stdin") or b"")
-        return super().run(argv, **kw)
+    def run(self, argv: Any, call: SandboxCall | None = None) -> Any:
+        self.stdin.append((call.stdin if call else None) or b"")
+        return super().run(argv, call)
 
 
 def test_hidden_labels_never_reach_a_callers_runner_or_sandbox(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -270,16 +270,17 @@ class SandboxedGenerator:
         return sandbox
 
     def _call(self, payload: Mapping[str, Any]) -> dict[str, Any]:
-        from envloop_pipelines.core.sandbox import SandboxLimits
+        from envloop_pipelines.core.sandbox import SandboxCall, SandboxLimits
 
         sandbox = self._sandbox_for_run()
         body = json.dumps({"spec": self.spec, "kwargs": self.kwargs, **payload}, ensure_ascii=False).encode("utf-8")
         # The generator's module is imported from where the loop would import it (the environment is scrubbed).
         path = os.pathsep.join(dict.fromkeys(os.path.abspath(p or os.curdir) for p in sys.path
                                              if os.path.isdir(p or os.curdir)))
-        result = sandbox.run([sys.executable, "-m", "envloop_pipelines.core.decision_loop.generator_worker"], stdin=body,
-                             result_channel=True, limits=SandboxLimits(**GENERATOR_LIMITS),
-                             hidden_paths=[self.home / "verifier"], env={"PYTHONPATH": path})
+        worker = [sys.executable, "-m", "envloop_pipelines.core.decision_loop.generator_worker"]
+        result = sandbox.run(worker, SandboxCall(
+            stdin=body, result_channel=True, limits=SandboxLimits(**GENERATOR_LIMITS),
+            hidden_paths=[self.home / "verifier"], env={"PYTHONPATH": path}))
         self.last_run = result.to_dict(include_channel=False)
         try:
             answer = json.loads(result.channel) if result.channel else None

@@ -79,8 +79,16 @@ from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from envloop_pipelines.core.environments.base import Score
 from envloop_pipelines.core.environments.spec import EnvironmentSpec
-from envloop_pipelines.core.sandbox import LocalSandbox, Sandbox, SandboxResult, make_sandbox, probe_host, setup_error
-from envloop_pipelines.core.sandbox.local import PRIVATE_TMP_DIRS, mount_scratch, unmount_scratch
+from envloop_pipelines.core.sandbox import (
+    LocalSandbox,
+    Sandbox,
+    SandboxCall,
+    SandboxResult,
+    make_sandbox,
+    probe_host,
+    setup_error,
+)
+from envloop_pipelines.core.sandbox.mounts import PRIVATE_TMP_DIRS, mount_scratch, unmount_scratch
 from envloop_pipelines.core.sandbox.tree import remove_tree, walk
 from envloop_pipelines.core.storage import envloop_home, sha256_bytes
 from envloop_pipelines.core.verify.terminal import TerminalStateCheck
@@ -291,7 +299,7 @@ class TerminalEpisode(_BaseEpisode):
         self.sandbox = sandbox or make_sandbox("local")
         self.hidden_paths = [envloop_home(home) / "environments", *(Path(p) for p in hidden_paths)]
         # The local sandbox also conceals the checkout and the home, and shows a Harbor task's working
-        # directory where its instruction says (/app); other backends run in their own image.
+        # directory where its instruction says (/app); other backends run in their own image (and ignore both).
         self._local = isinstance(self.sandbox, LocalSandbox)
         self._conceal = [envloop_home(home), *([_checkout()] if _checkout() else [])]
         self.task_workdir = (str(spec.verifier.params.get("workdir") or "/app").rstrip("/") or "/app"
@@ -327,16 +335,10 @@ class TerminalEpisode(_BaseEpisode):
         if size > MAX_COMMAND_BYTES:
             return setup_error(self.sandbox.backend, f"the command is over {MAX_COMMAND_BYTES} bytes", limits)
         self.commands += 1
-        return self.sandbox.run([*_BASH, command], limits=limits, workdir=self.workdir, hidden_paths=self.hidden_paths,
-                                **self._local_options(self.workdir))
-
-    def _local_options(self, app: Path) -> dict[str, Any]:
-        if not self._local:
-            return {}
-        options: dict[str, Any] = {"conceal": self._conceal}
-        if self._at_task_workdir:
-            options.update(binds={self.task_workdir: app}, cwd=self.task_workdir)
-        return options
+        shown = {self.task_workdir: self.workdir} if self._at_task_workdir else {}
+        return self.sandbox.run([*_BASH, command], SandboxCall(
+            limits=limits, workdir=self.workdir, hidden_paths=self.hidden_paths, conceal=self._conceal, binds=shown,
+            cwd=self.task_workdir if shown else None))
 
     def verify(self) -> Score:
         """Strip planted rewards, then run the spec's verifier in a fresh sandbox process (once)."""
@@ -383,22 +385,22 @@ class TerminalEpisode(_BaseEpisode):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(map_paths(text, mapping), encoding="utf-8")
         severed = sever_links(app, workdir_name, [TESTS_PATH, LOGS_PATH, "/proc", *PRIVATE_TMP_DIRS, str(self._root)])
-        options: dict[str, Any] = {}
-        if self._local:
+        env: dict[str, str] = {}
+        if self._local:  # the verifier's own HOME and TMPDIR are folders of this host; a container has its own
             home = VERIFIER_HOME if own_world else str(verify_root / "home")
             tmp = "/tmp" if own_world else str(verify_root / "tmp")
             # PYTHONSAFEPATH: `python3 -m pytest` from the working directory does not put it on sys.path (a
             # pytest/ package the agent left there is data, not the verifier's pytest).
-            options = {"conceal": self._conceal, "env": {"HOME": home, "TMPDIR": tmp, "PYTHONSAFEPATH": "1"}}
-            if own_world:
-                options.update(binds={workdir_name: app, TESTS_PATH: verify_root / "tests",
-                                      LOGS_PATH: verify_root / "logs"}, cwd=workdir_name)
+            env = {"HOME": home, "TMPDIR": tmp, "PYTHONSAFEPATH": "1"}
+        world = ({workdir_name: app, TESTS_PATH: verify_root / "tests", LOGS_PATH: verify_root / "logs"}
+                 if own_world else {})
         start = workdir_name if own_world else str(app)
         test_sh = f"{TESTS_PATH}/test.sh" if own_world else str(verify_root / "tests" / "test.sh")
         prepare = 'mkdir -p -m 700 "$HOME" "$TMPDIR" && ' if self._local else ""
         script = f"{prepare}cd {_quote(start)} && exec /bin/bash {_quote(test_sh)}"
-        ran = self.sandbox.run([*_BASH, script], limits=self.spec.verifier.limits, workdir=verify_root,
-                               hidden_paths=self.hidden_paths, **options)
+        ran = self.sandbox.run([*_BASH, script], SandboxCall(
+            limits=self.spec.verifier.limits, workdir=verify_root, hidden_paths=self.hidden_paths, env=env,
+            conceal=self._conceal, binds=world, cwd=workdir_name if own_world else None))
         details: dict[str, Any] = {"tests": {"status": ran.status, "exit_code": ran.exit_code, "detail": ran.detail,
                                              "stdout_tail": ran.stdout_tail[-2000:], "stderr_tail": ran.stderr_tail[-2000:]}}
         if severed:

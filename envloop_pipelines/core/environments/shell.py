@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from envloop_pipelines.core.environments.base import Score, Task, check_seed
-from envloop_pipelines.core.sandbox import Sandbox, SandboxLimits, make_sandbox
+from envloop_pipelines.core.sandbox import Sandbox, SandboxCall, SandboxLimits, make_sandbox
 from envloop_pipelines.core.verify.terminal import TerminalStateCheck, expect_files_params
 
 SHELL_FAMILIES: tuple[str, ...] = ("create_file", "rename_ext", "count_lines")
@@ -143,8 +143,8 @@ class ShellEnvironment:
         spec = shell_spec(task.seed, self.families)
         workdir = Path(tempfile.mkdtemp(prefix="envloop-shell-", dir=self.work_root))
         try:
-            ran = self.sandbox.run(["/bin/bash", "--noprofile", "--norc", "-c", answer], limits=self.answer_limits,
-                                   workdir=workdir, files={k: v.encode() for k, v in spec.files.items()})
+            ran = self.sandbox.run(["/bin/bash", "--noprofile", "--norc", "-c", answer], SandboxCall(
+                limits=self.answer_limits, workdir=workdir, files={k: v.encode() for k, v in spec.files.items()}))
             # The check decides from the state alone; the answer's exit status is reported, not scored.
             verdict = self.check.run(self.sandbox, workdir, spec.check_params)
         finally:

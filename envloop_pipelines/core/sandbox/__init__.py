@@ -1,7 +1,8 @@
 """The sandbox: run untrusted or verifier code in a fresh, limited, isolated process.
 
-One protocol (:class:`Sandbox`), three backends: ``local`` (the default, a
-fresh process with rlimits and namespaces, :mod:`.local`), ``docker``
+One protocol (:class:`Sandbox`, whose ``run(argv, call)`` takes the run's
+options as one :class:`SandboxCall`), three backends: ``local`` (the default,
+a fresh process with rlimits and namespaces, :mod:`.local`), ``docker``
 (``--network none``, read-only root, :mod:`.docker`) and ``k8s`` (a Job with
 egress denied, :mod:`.k8s`). :func:`make_sandbox` picks one by name or by
 :class:`SandboxSettings` (the value a deployment's sandbox resource hands
@@ -19,12 +20,14 @@ from envloop_pipelines.core.sandbox.base import (
     RESULT_FD_ENV,
     SANDBOX_STATUSES,
     Sandbox,
+    SandboxCall,
     SandboxLimits,
     SandboxResult,
     SandboxStatus,
     setup_error,
 )
-from envloop_pipelines.core.sandbox.local import HostSupport, LocalSandbox, probe_host
+from envloop_pipelines.core.sandbox.host import HostSupport, probe_host
+from envloop_pipelines.core.sandbox.local import LocalSandbox
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,7 @@ __all__ = [
     "RESULT_FD_ENV",
     "SANDBOX_STATUSES",
     "Sandbox",
+    "SandboxCall",
     "SandboxLimits",
     "SandboxResult",
     "SandboxSettings",

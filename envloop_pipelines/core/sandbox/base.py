@@ -1,24 +1,27 @@
 """The sandbox protocol: limits in, one typed result out.
 
 Every backend (:mod:`.local`, :mod:`.docker`, :mod:`.k8s`) runs a command
-under :class:`SandboxLimits` and answers with a :class:`SandboxResult`. A run
+under :class:`SandboxLimits`, with the options of one :class:`SandboxCall`
+(the same value for every backend), and answers with a :class:`SandboxResult`. A run
 never raises for anything the command did (crash, timeout, memory, a hostile
 fork bomb) and never reports a silent zero: the status names what happened and
-the flags say which isolation the host actually gave.
+the flags say which isolation the host actually gave; :func:`classify` names
+that status from what ended the command, the same way for every backend.
 
 The result channel
     A verdict must not depend on anything the sandboxed process can write
-    besides the channel its parent owns. With ``result_channel=True`` the
-    backend opens a pipe (local) or uses the container's stdout (docker, k8s)
-    and tells the command its number in ``$ENVLOOP_RESULT_FD``; what arrives
-    there is :attr:`SandboxResult.channel`. Files in the working directory are
-    never read back as a result.
+    besides the channel its parent owns. With ``SandboxCall(result_channel=True)``
+    the backend opens a pipe (local) or uses the container's stdout (docker,
+    k8s) and tells the command its number in ``$ENVLOOP_RESULT_FD``; what
+    arrives there is :attr:`SandboxResult.channel`. Files in the working
+    directory are never read back as a result.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import signal
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, Mapping, Protocol, Sequence, runtime_checkable
@@ -34,6 +37,11 @@ RESULT_FD_ENV = "ENVLOOP_RESULT_FD"
 DEFAULT_TAIL_BYTES = 8 * 1024
 #: The result channel holds a whole verifier report (per-item scores of ~10^5 questions is ~20 MiB).
 DEFAULT_CHANNEL_BYTES = 64 * 1024 * 1024
+# What a command prints when a limit ended it without a signal (RLIMIT_AS and RLIMIT_FSIZE make calls fail).
+_MEMORY_MARKERS = ("MemoryError", "std::bad_alloc", "Cannot allocate memory", "out of memory", "xmalloc: cannot allocate",
+                   "failed to map segment from shared object")
+_FSIZE_MARKERS = ("File too large", "[Errno 27]", "File size limit exceeded")
+_CPU_MARKERS = ("CPU time limit exceeded",)  # a shell reporting its child's SIGXCPU (exit 152)
 
 
 @dataclass(frozen=True)
@@ -160,6 +168,58 @@ class SandboxResult:
         return cls(**{k: v for k, v in raw.items() if k in known})
 
 
+@dataclass(frozen=True)
+class SandboxCall:
+    """The options of one sandboxed run: one value every backend's ``run`` takes, whatever the backend.
+
+    Options a backend has no use for are read as their defaults or ignored, never refused by the caller's
+    branching on the backend: the docker and k8s backends mount no host path, so ``hidden_paths``,
+    ``conceal``, ``binds`` and ``cwd`` need nothing there.
+
+    Attributes:
+        limits: the limits (None: the sandbox's own).
+        stdin: bytes fed to the command's stdin (then closed); None gives an empty stdin.
+        workdir: a host directory the command runs in and whose changes persist (the state a terminal-state
+            check inspects); None gives a fresh temporary directory, removed after.
+        files: files to write into the working directory first (relative path → bytes).
+        env: extra environment variables; the rest of the environment is scrubbed.
+        result_channel: open the result channel (:data:`RESULT_FD_ENV`) and return what arrives.
+        hidden_paths: host paths that must not be readable from inside, besides the sandbox's own.
+        conceal: local: host paths replaced by an empty read-only folder, but for the interpreter's paths and
+            the working directory under them, which are bound back (an episode conceals the checkout and the
+            home). Needs a mount namespace; ignored without one.
+        binds: local: ``{absolute path inside: folder under the working directory}``, where that folder also
+            appears (a Harbor task's ``/app``). A path that does not exist is made as an empty folder (a mount
+            point); what the host has there is covered inside. Needs a mount namespace; ignored without one.
+        cwd: local: where the command starts (one of the ``binds``; ``HOME`` and ``TMPDIR`` too).
+        package_on_path: local: the command imports ``envloop_pipelines`` from the folder this process imports
+            it from (put on ``PYTHONPATH``, after ``env``; the sandbox scrubs the caller's), installed or a
+            checkout; docker and k8s run their image's own install.
+    """
+
+    limits: SandboxLimits | None = None
+    stdin: bytes | None = None
+    workdir: str | Path | None = None
+    files: Mapping[str, bytes] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    result_channel: bool = False
+    hidden_paths: Sequence[str | Path] = ()
+    conceal: Sequence[str | Path] = ()
+    binds: Mapping[str, str | Path] = field(default_factory=dict)
+    cwd: str | None = None
+    package_on_path: bool = False
+
+    def __post_init__(self) -> None:
+        if self.limits is not None and not isinstance(self.limits, SandboxLimits):
+            raise TypeError(f"SandboxCall.limits must be SandboxLimits or None, got {type(self.limits).__name__}")
+        # Copies: the value stays what the caller built, whatever the caller's own objects do afterwards.
+        object.__setattr__(self, "files", dict(self.files or {}))
+        object.__setattr__(self, "env", dict(self.env or {}))
+        object.__setattr__(self, "binds", dict(self.binds or {}))
+        object.__setattr__(self, "hidden_paths", tuple(self.hidden_paths or ()))
+        object.__setattr__(self, "conceal", tuple(self.conceal or ()))
+
+
 def setup_error(backend: str, detail: str, limits: SandboxLimits, *, network_isolated: bool = False) -> SandboxResult:
     """The result of a run that could not start: status ``error``, never an exception."""
     return SandboxResult(
@@ -169,36 +229,50 @@ def setup_error(backend: str, detail: str, limits: SandboxLimits, *, network_iso
     )
 
 
+def classify(
+    *,
+    exit_code: int | None,
+    sig: int | None,
+    cpu_s: float,
+    limits: SandboxLimits,
+    timed_out: bool,
+    stderr: str,
+    stdout: str = "",
+) -> tuple[SandboxStatus, str]:
+    """Name what ended a run, most specific cause first."""
+    if timed_out:
+        return "timeout", f"killed at the wall limit of {limits.wall_s:g}s"
+    if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_s >= limits.cpu_s - 0.05):
+        return "cpu_limit", f"CPU limit of {limits.cpu_s:g}s reached (used {cpu_s:.2f}s)"
+    if sig == signal.SIGXFSZ:
+        return "file_size_exceeded", f"wrote past the file size limit of {limits.fsize_mb} MiB (SIGXFSZ)"
+    if exit_code == 0 and sig is None:
+        return "ok", "exited 0"
+    text = stderr + "\n" + stdout
+    if exit_code == 128 + signal.SIGXCPU and any(m in text for m in _CPU_MARKERS):
+        return "cpu_limit", f"a child reached the CPU limit of {limits.cpu_s:g}s (SIGXCPU)"
+    if any(m in text for m in _MEMORY_MARKERS):
+        return "memory_exceeded", f"an allocation failed under the address-space limit of {limits.mem_mb} MiB"
+    if any(m in text for m in _FSIZE_MARKERS):
+        return "file_size_exceeded", f"a write failed at the file size limit of {limits.fsize_mb} MiB (EFBIG)"
+    if sig is not None:
+        return "killed", f"killed by signal {signal.Signals(sig).name if sig in signal.valid_signals() else sig}"
+    return "error", f"exited {exit_code}"
+
+
 @runtime_checkable
 class Sandbox(Protocol):
     """Runs one command in isolation and reports a :class:`SandboxResult`."""
 
     backend: str
 
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        limits: SandboxLimits | None = None,
-        stdin: bytes | None = None,
-        workdir: str | Path | None = None,
-        files: Mapping[str, bytes] | None = None,
-        env: Mapping[str, str] | None = None,
-        result_channel: bool = False,
-        hidden_paths: Sequence[str | Path] = (),
-    ) -> SandboxResult:
+    def run(self, argv: Sequence[str], call: SandboxCall | None = None) -> SandboxResult:
         """Run ``argv`` and wait for it and every process it started.
 
         Args:
             argv: the command and its arguments (no shell).
-            limits: the limits (default: the sandbox's own).
-            stdin: bytes fed to the command's stdin (then closed); None gives an empty stdin.
-            workdir: a host directory the command runs in and whose changes persist (the state a
-                terminal-state check inspects); None gives a fresh temporary directory, removed after.
-            files: files to write into the working directory first (relative path → bytes).
-            env: extra environment variables; the rest of the environment is scrubbed.
-            result_channel: open the result channel (:data:`RESULT_FD_ENV`) and return what arrives.
-            hidden_paths: host paths that must not be readable from inside, besides the sandbox's own.
+            call: the run's options (:class:`SandboxCall`); None gives the defaults (the sandbox's own limits,
+                an empty stdin, a fresh temporary working directory, no result channel).
         """
         ...
 

@@ -12,8 +12,9 @@ which the container is killed. Nothing of the host is mounted: the working
 directory travels in as a tar archive (``put_archive``) and, when the caller
 gave one, back out (``get_archive``), so hidden host paths do not exist inside
 (``hidden_paths_masked`` is true by construction). Stdin is written through
-the attach socket; with ``result_channel=True`` the channel is the container's
-stdout (``$ENVLOOP_RESULT_FD`` is 1), kept apart from stderr by the engine.
+the attach socket; with ``SandboxCall(result_channel=True)`` the channel is
+the container's stdout (``$ENVLOOP_RESULT_FD`` is 1), kept apart from stderr
+by the engine.
 
 Not covered: the container shares the host kernel (use a gVisor or Kata
 ``runtime`` for a stronger boundary); the engine's own socket is as powerful
@@ -36,8 +37,14 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from envloop_pipelines.core.sandbox.base import RESULT_FD_ENV, SandboxLimits, SandboxResult, setup_error
-from envloop_pipelines.core.sandbox.local import classify
+from envloop_pipelines.core.sandbox.base import (
+    RESULT_FD_ENV,
+    SandboxCall,
+    SandboxLimits,
+    SandboxResult,
+    classify,
+    setup_error,
+)
 
 log = logging.getLogger(__name__)
 
@@ -191,23 +198,15 @@ class DockerSandbox:
             kwargs["runtime"] = self.runtime
         return kwargs
 
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        limits: SandboxLimits | None = None,
-        stdin: bytes | None = None,
-        workdir: str | Path | None = None,
-        files: Mapping[str, bytes] | None = None,
-        env: Mapping[str, str] | None = None,
-        result_channel: bool = False,
-        hidden_paths: Sequence[str | Path] = (),
-    ) -> SandboxResult:
+    def run(self, argv: Sequence[str], call: SandboxCall | None = None) -> SandboxResult:
         """Run ``argv`` in a fresh container; see :meth:`envloop_pipelines.core.sandbox.base.Sandbox.run`.
 
-        ``hidden_paths`` needs nothing here: no host path is mounted into the container.
+        ``call.hidden_paths``, ``conceal``, ``binds`` and ``cwd`` need nothing here: no host path is mounted
+        into the container.
         """
-        limits = limits or self.limits
+        call = call or SandboxCall()
+        limits = call.limits or self.limits
+        stdin, workdir = call.stdin, call.workdir
         if not argv:
             return setup_error(self.backend, "empty command", limits)
         ok, why = self.available()
@@ -215,14 +214,14 @@ class DockerSandbox:
             return setup_error(self.backend, f"docker engine unavailable: {why}", limits)
         client = self.client()
         full_env = {"PATH": _PATH, "HOME": WORKDIR, "TMPDIR": "/tmp", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
-                    "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", **dict(env or {})}
-        if result_channel:
+                    "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", **dict(call.env)}
+        if call.result_channel:
             full_env[RESULT_FD_ENV] = "1"
         root = None if workdir is None else Path(workdir)
         container = None
         started = time.monotonic()
         try:
-            archive = _tar(root, files or {}, self.uid, self.gid)
+            archive = _tar(root, call.files, self.uid, self.gid)
             container = client.containers.create(**self.create_kwargs(argv, limits, full_env, stdin is not None))
             container.put_archive(WORKDIR, archive)
             sock = None
@@ -272,7 +271,7 @@ class DockerSandbox:
             status, detail = classify(exit_code=exit_code, sig=sig, cpu_s=0.0, limits=limits, timed_out=timed_out,
                                       stderr=stderr_text, stdout=stdout_text)
         channel = None
-        if result_channel:
+        if call.result_channel:
             channel = out.decode("utf-8", errors="replace")
             if len(out) > limits.channel_bytes and status == "ok":
                 status, detail = "error", f"the result channel carried more than {limits.channel_bytes} bytes"

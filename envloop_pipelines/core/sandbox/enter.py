@@ -93,7 +93,7 @@ def _mounts_below(tops: list[bytes], keep: list[bytes]) -> list[bytes]:
 
 
 def setup(spec: dict) -> None:
-    """Apply ``spec`` (built by :func:`envloop_pipelines.core.sandbox.local._launch_spec`) to this process."""
+    """Apply ``spec`` (built by :func:`envloop_pipelines.core.sandbox.host.launch_spec`) to this process."""
     libc = _libc()
 
     def mount(source: bytes | None, target: bytes, fstype: bytes | None, flags: int, data: bytes | None) -> None:

@@ -47,8 +47,14 @@ import uuid
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from envloop_pipelines.core.sandbox.base import RESULT_FD_ENV, SandboxLimits, SandboxResult, setup_error
-from envloop_pipelines.core.sandbox.local import classify
+from envloop_pipelines.core.sandbox.base import (
+    RESULT_FD_ENV,
+    SandboxCall,
+    SandboxLimits,
+    SandboxResult,
+    classify,
+    setup_error,
+)
 
 log = logging.getLogger(__name__)
 
@@ -337,26 +343,21 @@ class KubernetesSandbox:
         return {"backend": self.backend, "namespace": self.namespace, "network_isolated": self.policy_enforced,
                 "hidden_paths_masked": True, "image": self.image}
 
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        limits: SandboxLimits | None = None,
-        stdin: bytes | None = None,
-        workdir: str | Path | None = None,
-        files: Mapping[str, bytes] | None = None,
-        env: Mapping[str, str] | None = None,
-        result_channel: bool = False,
-        hidden_paths: Sequence[str | Path] = (),
-    ) -> SandboxResult:
-        """Run ``argv`` as a Job; ``workdir`` state does not come back (terminal checks use local or docker)."""
-        limits = limits or self.limits
+    def run(self, argv: Sequence[str], call: SandboxCall | None = None) -> SandboxResult:
+        """Run ``argv`` as a Job; ``workdir`` state does not come back (terminal checks use local or docker).
+
+        ``call.hidden_paths``, ``conceal``, ``binds`` and ``cwd`` need nothing here: no host path is mounted
+        into the pod.
+        """
+        call = call or SandboxCall()
+        limits = call.limits or self.limits
         net = self.policy_enforced
+        stdin, env, result_channel = call.stdin, call.env, call.result_channel
         if not argv:
             return setup_error(self.backend, "empty command", limits)
-        if workdir is not None:
+        if call.workdir is not None:
             return setup_error(self.backend, "the k8s backend does not return a working directory's state", limits)
-        files = dict(files or {})
+        files = dict(call.files)
         if len(stdin or b"") + sum(len(v) for v in files.values()) > MAX_INPUT_BYTES * 3 // 4:  # base64 grows 4/3
             return setup_error(self.backend, f"inputs over the Secret limit of {MAX_INPUT_BYTES} bytes", limits)
         try:

@@ -10,7 +10,6 @@ above it: the worker is named by its module path, a string run with ``python -m`
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from envloop_pipelines.core.sandbox.base import SandboxLimits
 
@@ -23,19 +22,12 @@ DEFAULT_WORKER_LIMITS = SandboxLimits(cpu_s=120.0, mem_mb=2048, wall_s=180.0, fs
 #: a later import then fails to map a shared library; the system allocator reserves nothing.
 #: Under RLIMIT_AS, every extra thread's malloc arena (64 MiB of address space each) and BLAS/OpenMP
 #: thread buffers eat into the limit; the worker scores on one thread, so it gets one of each.
+#: The runner adds ``SandboxCall(package_on_path=True)``: the local backend puts the folder this process imports
+#: ``envloop_pipelines`` from on the worker's ``PYTHONPATH``, so it runs the same package however its parent found
+#: it (installed, or a checkout where nothing is installed: a lent GPU machine, ``bench/bench_gpu.py``); a
+#: container runs its image's install.
 WORKER_ENV = {"ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_ARENA_MAX": "2", "OMP_NUM_THREADS": "1",
               "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-
-
-def local_worker_env() -> dict[str, str]:
-    """:data:`WORKER_ENV` for a worker the local backend starts with this interpreter: with the folder this
-    process imports ``envloop_pipelines`` from on ``PYTHONPATH`` (the sandbox scrubs the caller's), so the worker
-    runs the same package however its parent found it: installed, or a checkout on ``PYTHONPATH`` where nothing
-    is installed (a lent GPU machine, ``bench/bench_gpu.py``). The sandbox keeps that folder readable already
-    (:func:`~envloop_pipelines.core.sandbox.local.interpreter_paths`)."""
-    import envloop_pipelines
-
-    return {**WORKER_ENV, "PYTHONPATH": str(Path(envloop_pipelines.__file__).resolve().parent.parent)}
 
 
 def verifier_worker_argv(python: str, kind: str, predictions_name: str, *, grader: str, threshold: float,
@@ -70,4 +62,4 @@ def verifier_worker_argv(python: str, kind: str, predictions_name: str, *, grade
     return argv
 
 
-__all__ = ["DEFAULT_WORKER_LIMITS", "VERIFIER_WORKER_MODULE", "WORKER_ENV", "local_worker_env", "verifier_worker_argv"]
+__all__ = ["DEFAULT_WORKER_LIMITS", "VERIFIER_WORKER_MODULE", "WORKER_ENV", "verifier_worker_argv"]

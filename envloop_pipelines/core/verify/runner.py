@@ -50,8 +50,15 @@ from typing import Any, Literal, Mapping, Protocol, Sequence, runtime_checkable
 import pyarrow as pa
 
 from envloop_pipelines.core.data.splits import HIDDEN_SPLITS
-from envloop_pipelines.core.sandbox import Sandbox, SandboxLimits, SandboxResult, SandboxSettings, make_sandbox
-from envloop_pipelines.core.sandbox.launch import DEFAULT_WORKER_LIMITS, WORKER_ENV, local_worker_env, verifier_worker_argv
+from envloop_pipelines.core.sandbox import (
+    Sandbox,
+    SandboxCall,
+    SandboxLimits,
+    SandboxResult,
+    SandboxSettings,
+    make_sandbox,
+)
+from envloop_pipelines.core.sandbox.launch import DEFAULT_WORKER_LIMITS, WORKER_ENV, verifier_worker_argv
 from envloop_pipelines.core.storage import canonical_json, envloop_home, sha256_bytes, sha256_file
 from envloop_pipelines.core.verify.grader import BUILTIN_SCORERS
 from envloop_pipelines.core.verify.labels import split_labels
@@ -214,9 +221,9 @@ class VerifierRunner:
             files[base_name] = Path(baseline_predictions).read_bytes()
             base_sha = sha256_bytes(files[base_name])
             argv += ["--baseline-predictions", base_name, "--seed", str(seed)]
-        env = local_worker_env() if self.sandbox.backend == "local" else WORKER_ENV  # a container has its own install
-        result = self.sandbox.run(argv, limits=self.limits, stdin=label_bytes, files=files,
-                                  env=env, result_channel=True, hidden_paths=hidden_paths)
+        result = self.sandbox.run(argv, SandboxCall(
+            limits=self.limits, stdin=label_bytes, files=files, env=WORKER_ENV, result_channel=True,
+            hidden_paths=hidden_paths, package_on_path=True))
         return self._read(result, sha256_bytes(pred_bytes), sha256_bytes(label_bytes), base_sha)
 
     def worker_argv(self, kind: str, predictions_name: str, *, grader: str, threshold: float,

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
-from envloop_pipelines.core.sandbox import Sandbox, SandboxLimits, SandboxResult
+from envloop_pipelines.core.sandbox import Sandbox, SandboxCall, SandboxLimits, SandboxResult
 
 CheckStatus = Literal["passed", "failed", "error"]
 DEFAULT_CHECK_LIMITS = SandboxLimits(cpu_s=10.0, mem_mb=512, wall_s=20.0, fsize_mb=1, nofile=64, nproc=8)
@@ -126,8 +126,8 @@ class TerminalStateCheck:
         """Run the check in ``sandbox`` against ``workdir``; never raises for what the state holds."""
         python = self.python or (sys.executable if sandbox.backend == "local" else "python")
         # -I: isolated mode, so nothing the answer left (a sitecustomize.py, a PYTHONPATH) is imported.
-        result = sandbox.run([python, "-I", "-c", self.script], limits=self.limits, workdir=workdir,
-                             stdin=json.dumps(params).encode(), result_channel=True)
+        result = sandbox.run([python, "-I", "-c", self.script], SandboxCall(
+            limits=self.limits, workdir=workdir, stdin=json.dumps(params).encode(), result_channel=True))
         if not result.ok:
             return CheckResult("error", 0.0, (), result, error=f"check {result.status}: {result.detail}; {result.stderr_tail[-500:]}")
         try:

@@ -25,7 +25,7 @@ from envloop_pipelines.core.agents.attempts import read_attempts
 from envloop_pipelines.core.agents.client import AgentSpec
 from envloop_pipelines.core.agents.evaluate import evaluate_agent
 from envloop_pipelines.core.environments.episode import FINAL_STATE_TOTAL_BYTES, open_episode, snapshot_files
-from envloop_pipelines.core.sandbox import LocalSandbox, probe_host
+from envloop_pipelines.core.sandbox import LocalSandbox, SandboxCall, probe_host
 from envloop_pipelines.core.sandbox.tree import remove_tree
 from envloop_pipelines_tests.core.agents.envs import shell_env, spec_set
 from envloop_pipelines_tests.core.agents.scripted import solution
@@ -226,7 +226,7 @@ def test_the_checkout_and_the_home_are_concealed_from_commands() -> None:
         finally:
             episode.close()
         # Control: the same command in the same sandbox without the concealment reads both.
-        bare = LocalSandbox(private_tmp=False).run(["/bin/bash", "-c", probe], workdir=work)
+        bare = LocalSandbox(private_tmp=False).run(["/bin/bash", "-c", probe], SandboxCall(workdir=work))
     finally:
         shutil.rmtree(base, ignore_errors=True)
     out = seen.stdout_tail + seen.stderr_tail

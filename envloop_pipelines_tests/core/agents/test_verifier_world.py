@@ -177,13 +177,13 @@ def test_inside_an_attempt_ps_and_mountinfo_show_nothing_of_other_attempts_or_ho
 
 @needs_isolation
 def test_a_task_folder_inside_a_private_temp_dir_is_still_shown_there(tmp_path: Path) -> None:
-    from envloop_pipelines.core.sandbox import LocalSandbox
+    from envloop_pipelines.core.sandbox import LocalSandbox, SandboxCall
 
     work = tmp_path / "w"
     (work / "app").mkdir(parents=True)
     (work / "app" / "f").write_text("hi\n")
     # The bind lands in the command's fresh /tmp, after the tmpfs (a workdir = "/tmp/app" task); the host's mount of
     # the source is kept for it, not detached.
-    ran = LocalSandbox().run(["/bin/sh", "-c", "pwd; cat f"], workdir=work, binds={"/tmp/app": work / "app"},
-                             cwd="/tmp/app")
+    ran = LocalSandbox().run(["/bin/sh", "-c", "pwd; cat f"],
+                             SandboxCall(workdir=work, binds={"/tmp/app": work / "app"}, cwd="/tmp/app"))
     assert ran.ok and ran.stdout_tail == "/tmp/app\nhi\n", (ran.detail, ran.stderr_tail)
