@@ -310,3 +310,88 @@ def test_the_floor_check_sees_an_up_arrow_and_a_cycle(tmp_path: Path) -> None:
     assert [line.split(": ", 1)[1] for line in bad] == ["data (floor 1) imports benchmark (floor 2)",
                                                          "decision_loop (floor 8) imports rl_loop (floor 8)"]
     assert cycles(edges) == [["benchmark", "data", "benchmark"]]
+
+
+def module_files(top: Path = PACKAGE_ROOT.parent, package: str = "envloop_pipelines") -> dict[str, Path]:
+    """Module name → file, for every module of ``package`` under ``top`` (a package is its ``__init__.py``)."""
+    return {_module_name(path, top): path for path in sorted(top.joinpath(*package.split(".")).rglob("*.py"))}
+
+
+def file_imports(top: Path = PACKAGE_ROOT.parent, package: str = "envloop_pipelines") -> dict[tuple[str, str], str]:
+    """(from file, to file) → the first ``file:line`` of that import, for every import between two files of ``package``.
+
+    Every import counts, at any depth (:func:`imported_files`).
+    """
+    files = module_files(top, package)
+    edges: dict[tuple[str, str], str] = {}
+    for path in files.values():
+        source = str(path.relative_to(top))
+        for line, target in imported_files(path, files, top):
+            if target != path:
+                edges.setdefault((source, str(target.relative_to(top))), f"{source}:{line}")
+    return edges
+
+
+def imported_files(path: Path, files: dict[str, Path], top: Path = PACKAGE_ROOT.parent) -> list[tuple[int, Path]]:
+    """(line, file) of every import in ``path`` of one of ``files`` (module name → file), at any depth.
+
+    A name of :func:`imported_modules` is a file only where that file exists. ``from a.b import c, d`` imports
+    a.b's ``__init__`` when one of the names is defined there; when every name is a submodule it imports only
+    them: the package's ``__init__`` runs on the way, as for ``import a.b.c``, which is not counted either.
+    """
+    names = imported_modules(path, top)
+    on_line: dict[int, set[str]] = {}
+    for line, name in names:
+        on_line.setdefault(line, set()).add(name)
+
+    def only_a_parent(line: int, name: str) -> bool:
+        children = [n for n in on_line[line] if n.startswith(name + ".") and "." not in n[len(name) + 1:]]
+        return bool(children) and all(n in files for n in children)
+
+    return [(line, files[name]) for line, name in names if name in files and not only_a_parent(line, name)]
+
+
+def test_no_import_cycle_between_files() -> None:
+    edges = file_imports()
+    assert len({a for a, _ in edges}) > 100, "the import graph is nearly empty: the check reads nothing"
+    found = cycles(edges)
+    assert found == [], "files that import each other, directly or round a circle (break it by moving what both " \
+                        "need to a lower module, not by an import inside a function):\n" + "\n".join(
+        " -> ".join(cycle) + "\n    " + ", ".join(edges[(a, b)] for a, b in zip(cycle, cycle[1:]))
+        for cycle in found)
+
+
+def test_the_file_cycle_check_sees_a_circle_hidden_in_a_function(tmp_path: Path) -> None:
+    """Control: two files that import each other, one from inside a function, are a cycle; a straight line is not.
+
+    ``from package import submodule`` is an edge to the submodule only; a name defined in the ``__init__`` is one to it.
+    """
+    package = tmp_path / "envloop_pipelines"
+    files = {
+        "__init__.py": "",
+        "core/__init__.py": "",
+        "core/data/__init__.py": "",
+        "core/data/records.py": "import json\ndef load():\n    from envloop_pipelines.core.data.snapshots import declared\n",
+        "core/data/snapshots.py": "from .records import load\nfrom envloop_pipelines.core import storage\n",
+        "core/data/splits.py": "from envloop_pipelines.core import storage, HOME\n",
+        "core/storage.py": "from envloop_pipelines.core.data import nothing_here\n",
+    }
+    for rel, text in files.items():
+        path = package / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    edges = file_imports(tmp_path)
+    assert sorted(edges) == [
+        ("envloop_pipelines/core/data/records.py", "envloop_pipelines/core/data/snapshots.py"),
+        ("envloop_pipelines/core/data/snapshots.py", "envloop_pipelines/core/data/records.py"),
+        ("envloop_pipelines/core/data/snapshots.py", "envloop_pipelines/core/storage.py"),
+        ("envloop_pipelines/core/data/splits.py", "envloop_pipelines/core/__init__.py"),
+        ("envloop_pipelines/core/data/splits.py", "envloop_pipelines/core/storage.py"),
+        ("envloop_pipelines/core/storage.py", "envloop_pipelines/core/data/__init__.py"),
+    ]
+    assert edges[("envloop_pipelines/core/data/records.py", "envloop_pipelines/core/data/snapshots.py")] == \
+        "envloop_pipelines/core/data/records.py:3"
+    assert cycles(edges) == [["envloop_pipelines/core/data/records.py", "envloop_pipelines/core/data/snapshots.py",
+                              "envloop_pipelines/core/data/records.py"]]
+    (package / "core/data/records.py").write_text("import json\n")
+    assert cycles(file_imports(tmp_path)) == []
