@@ -34,6 +34,15 @@ FORBIDDEN: list[tuple[str, str]] = [
     # The two wings share only what sits below them (core/ledger, core/release), never each other.
     ("envloop_pipelines.core.decision_loop", "envloop_pipelines.core.rl_loop"),
     ("envloop_pipelines.core.rl_loop", "envloop_pipelines.core.decision_loop"),
+    # What the tests and the benches share (envloop_pipelines/testing) stands on the package; the pipeline never
+    # imports it, and it never imports pytest (a bench script imports it as any user would).
+    ("envloop_pipelines.core", "envloop_pipelines.testing"),
+    ("envloop_pipelines.defs", "envloop_pipelines.testing"),
+    ("envloop_pipelines.resources", "envloop_pipelines.testing"),
+    ("envloop_pipelines.sdk", "envloop_pipelines.testing"),
+    ("envloop_pipelines.cli", "envloop_pipelines.testing"),
+    ("envloop_pipelines.testing", "pytest"),
+    ("envloop_pipelines.testing", "envloop_pipelines_tests"),
 ]
 
 #: DESIGN's floors inside core, bottom to top: a folder (or top-level module) of core imports only folders on a
@@ -62,6 +71,11 @@ PRIVATE: list[tuple[str, str]] = [
 ]
 #: Where PRIVATE is checked: the package and the benchmarks (which import it like any user would).
 PRIVATE_SCOPE: tuple[Path, ...] = (PACKAGE_ROOT, PACKAGE_ROOT.parent / "bench")
+
+#: The benchmarks stand on the package (``envloop_pipelines.testing`` for what they share with the tests), not on
+#: the tests.
+BENCH_ROOT = PACKAGE_ROOT.parent / "bench"
+TESTS_PACKAGE = "envloop_pipelines_tests"
 
 
 def _module_name(path: Path, root: Path) -> str:
@@ -270,6 +284,15 @@ def cycles(edges: dict[tuple[str, str], str]) -> list[list[str]]:
     return found
 
 
+def write_tree(root: Path, files: dict[str, str]) -> None:
+    """Write each ``relative path: text`` under ``root``, with an empty ``__init__.py`` beside every file."""
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        (path.parent / "__init__.py").touch()
+        path.write_text(text)
+
+
 def test_every_unit_of_core_is_on_one_floor() -> None:
     placed = [unit for units in CORE_FLOORS for unit in units]
     assert len(placed) == len(set(placed)), f"a unit on two floors: {sorted(u for u in placed if placed.count(u) > 1)}"
@@ -298,11 +321,7 @@ def test_the_floor_check_sees_an_up_arrow_and_a_cycle(tmp_path: Path) -> None:
         "ledger/ledger.py": "import envloop_pipelines.core.storage\n",
         "storage.py": "",
     }
-    for rel, text in files.items():
-        path = core / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        (path.parent / "__init__.py").touch()
-        path.write_text(text)
+    write_tree(core, files)
     edges = core_imports(tmp_path)
     assert sorted(edges) == [("benchmark", "data"), ("data", "benchmark"), ("decision_loop", "rl_loop"),
                              ("ledger", "storage"), ("rl_loop", "ledger")]
@@ -318,7 +337,7 @@ def module_files(top: Path = PACKAGE_ROOT.parent, package: str = "envloop_pipeli
 
 
 def file_imports(top: Path = PACKAGE_ROOT.parent, package: str = "envloop_pipelines") -> dict[tuple[str, str], str]:
-    """(from file, to file) → the first ``file:line`` of that import, for every import between two files of ``package``.
+    """(from file, to file) → the first ``file:line`` of that import, for every import between files of ``package``.
 
     Every import counts, at any depth (:func:`imported_files`).
     """
@@ -368,18 +387,13 @@ def test_the_file_cycle_check_sees_a_circle_hidden_in_a_function(tmp_path: Path)
     """
     package = tmp_path / "envloop_pipelines"
     files = {
-        "__init__.py": "",
-        "core/__init__.py": "",
-        "core/data/__init__.py": "",
-        "core/data/records.py": "import json\ndef load():\n    from envloop_pipelines.core.data.snapshots import declared\n",
+        "core/data/records.py": "import json\n"
+                                "def load():\n    from envloop_pipelines.core.data.snapshots import declared\n",
         "core/data/snapshots.py": "from .records import load\nfrom envloop_pipelines.core import storage\n",
         "core/data/splits.py": "from envloop_pipelines.core import storage, HOME\n",
         "core/storage.py": "from envloop_pipelines.core.data import nothing_here\n",
     }
-    for rel, text in files.items():
-        path = package / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+    write_tree(package, files)
     edges = file_imports(tmp_path)
     assert sorted(edges) == [
         ("envloop_pipelines/core/data/records.py", "envloop_pipelines/core/data/snapshots.py"),
@@ -395,3 +409,43 @@ def test_the_file_cycle_check_sees_a_circle_hidden_in_a_function(tmp_path: Path)
                               "envloop_pipelines/core/data/records.py"]]
     (package / "core/data/records.py").write_text("import json\n")
     assert cycles(file_imports(tmp_path)) == []
+
+
+def reaches_into(folder: Path, package: str, top: Path = PACKAGE_ROOT.parent) -> dict[str, str]:
+    """``file:line`` → what it imports or names, for every reach into ``package`` from a file under ``folder``.
+
+    A reach is an import of the package or of anything in it, at any depth, or a string naming it
+    (``importlib.import_module``).
+    """
+    bad: dict[str, str] = {}
+    for path in sorted(folder.rglob("*.py")):
+        hits = [(line, name) for line, name in imported_modules(path, top) if _within(name, package)]
+        for line, name in hits + named_in_strings(path, package):
+            bad.setdefault(f"{path.relative_to(top)}:{line}", name)
+    return bad
+
+
+def test_benches_do_not_import_the_tests() -> None:
+    assert sorted(BENCH_ROOT.glob("bench_*.py")), f"no bench script under {BENCH_ROOT}: the rule checks nothing"
+    bad = reaches_into(BENCH_ROOT, TESTS_PACKAGE)
+    assert bad == {}, (f"bench/ stands on the package: move what a bench shares with the tests to "
+                       f"envloop_pipelines/testing/ (or where it belongs in the package):\n"
+                       + "\n".join(f"{where} reaches {name}" for where, name in bad.items()))
+
+
+def test_the_bench_check_sees_every_way_into_the_tests(tmp_path: Path) -> None:
+    """Control: a bench that imports the tests, at any depth or by name, is caught; one on the package is not."""
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    (bench / "bench_leak.py").write_text(
+        "import importlib\n"
+        "from envloop_pipelines_tests.serve.helpers import start_server\n"
+        "def main():\n"
+        "    from envloop_pipelines_tests import services\n"
+        "    import envloop_pipelines_tests.core.agents.scripted\n"
+        "    return importlib.import_module('envloop_pipelines_tests.services')\n"
+    )
+    (bench / "bench_clean.py").write_text("from envloop_pipelines.testing.serve import start_server\n"
+                                          "from envloop_pipelines_testsuite import x\n")
+    assert sorted(reaches_into(bench, TESTS_PACKAGE, tmp_path)) == [
+        "bench/bench_leak.py:2", "bench/bench_leak.py:4", "bench/bench_leak.py:5", "bench/bench_leak.py:6"]

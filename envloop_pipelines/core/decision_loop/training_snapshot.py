@@ -18,7 +18,13 @@ from envloop_pipelines.core.decision_loop.step_records import TrainingSnapshot
 from envloop_pipelines.core.decision_loop.synthesis import SNAPSHOT_SCHEMA, with_provenance
 from envloop_pipelines.core.ledger.store import RoundStore
 from envloop_pipelines.core.loop.config import LoopConfig
-from envloop_pipelines.core.storage import atomic_write_bytes, atomic_write_json, parquet_bytes, sha256_bytes, sweep_stale
+from envloop_pipelines.core.storage import (
+    atomic_write_bytes,
+    atomic_write_json,
+    parquet_bytes,
+    sha256_bytes,
+    sweep_stale,
+)
 
 
 def checked_training_snapshot(config: LoopConfig, task: TaskSnapshot, synth: pa.Table, *, round: str) -> TrainingSnapshot:
