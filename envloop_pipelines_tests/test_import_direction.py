@@ -2,7 +2,8 @@
 
 Every module of each ``from_package`` is parsed (not imported), so an import inside a
 function body counts as much as one at the top of the file. Add a rule as one row of
-:data:`FORBIDDEN` or :data:`PRIVATE`.
+:data:`FORBIDDEN` or :data:`PRIVATE`. No two files of the package import each other, directly
+or round a circle, and bench/ never imports the tests.
 """
 
 from __future__ import annotations
