@@ -13,7 +13,7 @@ One run, side by side:
   script, the verdict over a pipe) and the episode's ``verify()`` (planted
   rewards stripped, the check in a fresh sandboxed process);
 * **whole attempts**: a scripted agent behind a real OpenAI-compatible HTTP
-  server (``envloop_pipelines_tests/core/agents/scripted.py``, the solver that
+  server (``envloop_pipelines/testing/scripted_agents.py``, the solver that
   always solves) makes ``--attempts`` attempts at each of ``--envs`` shell
   environments through the runner (``run_attempt``), once with sandboxed
   episodes and once with bare ones, with 1 and N attempts side by side;
@@ -45,8 +45,8 @@ from envloop_pipelines.core.environments.episode import open_episode  # noqa: E4
 from envloop_pipelines.core.environments.spec import EnvironmentSpec  # noqa: E402
 from envloop_pipelines.core.sandbox import SandboxResult, probe_host  # noqa: E402
 from envloop_pipelines.core.verify.terminal import EXPECT_FILES  # noqa: E402
-from envloop_pipelines_tests.core.agents.envs import shell_env  # noqa: E402
-from envloop_pipelines_tests.core.agents.scripted import scripted_server, solution  # noqa: E402
+from envloop_pipelines.testing.environments import shell_env  # noqa: E402
+from envloop_pipelines.testing.scripted_agents import scripted_server, solution  # noqa: E402
 from envloop_pipelines.core.progress import configure_command_line  # noqa: E402
 
 _BASH = ["/bin/bash", "--noprofile", "--norc", "-c"]

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from envloop_pipelines.sdk import Client  # noqa: E402
-from envloop_pipelines_tests import services  # noqa: E402
+from envloop_pipelines.testing import services  # noqa: E402
 from envloop_pipelines.core.progress import configure_command_line  # noqa: E402
 
 ENVLOOP = str(Path(sys.executable).with_name("envloop"))

@@ -33,7 +33,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from envloop_pipelines.core.progress import configure_command_line  # noqa: E402
-from envloop_pipelines_tests.serve.helpers import (  # noqa: E402 - after the path fix
+from envloop_pipelines.testing.serve import (  # noqa: E402 - after the path fix
     ServerProcess,
     benchmark_records,
     build_checkpoint,

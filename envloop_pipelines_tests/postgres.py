@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from envloop_pipelines_tests.services import free_port
+from envloop_pipelines.testing.services import free_port
 
 REQUIRE_ENV = "ENVLOOP_REQUIRE_POSTGRES"
 USER = "envloop"

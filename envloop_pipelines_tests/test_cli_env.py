@@ -100,7 +100,7 @@ def test_errors_name_what_is_wrong(tmp_path: Path) -> None:
 
 
 def test_eval_runs_an_agent_on_a_generated_dataset(tmp_path: Path) -> None:
-    from envloop_pipelines_tests.core.agents.scripted import scripted_server
+    from envloop_pipelines.testing.scripted_agents import scripted_server
 
     home = tmp_path / "home"
     assert run(["generate", "shell", "--name", "shell-eval", "--n", "2"], home).exit_code == 0

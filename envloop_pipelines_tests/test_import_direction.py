@@ -2,7 +2,8 @@
 
 Every module of each ``from_package`` is parsed (not imported), so an import inside a
 function body counts as much as one at the top of the file. Add a rule as one row of
-:data:`FORBIDDEN` or :data:`PRIVATE`.
+:data:`FORBIDDEN` or :data:`PRIVATE`. No two files of the package import each other, directly
+or round a circle, and bench/ never imports the tests.
 """
 
 from __future__ import annotations
@@ -34,6 +35,15 @@ FORBIDDEN: list[tuple[str, str]] = [
     # The two wings share only what sits below them (core/ledger, core/release), never each other.
     ("envloop_pipelines.core.decision_loop", "envloop_pipelines.core.rl_loop"),
     ("envloop_pipelines.core.rl_loop", "envloop_pipelines.core.decision_loop"),
+    # What the tests and the benches share (envloop_pipelines/testing) stands on the package; the pipeline never
+    # imports it, and it never imports pytest (a bench script imports it as any user would).
+    ("envloop_pipelines.core", "envloop_pipelines.testing"),
+    ("envloop_pipelines.defs", "envloop_pipelines.testing"),
+    ("envloop_pipelines.resources", "envloop_pipelines.testing"),
+    ("envloop_pipelines.sdk", "envloop_pipelines.testing"),
+    ("envloop_pipelines.cli", "envloop_pipelines.testing"),
+    ("envloop_pipelines.testing", "pytest"),
+    ("envloop_pipelines.testing", "envloop_pipelines_tests"),
 ]
 
 #: DESIGN's floors inside core, bottom to top: a folder (or top-level module) of core imports only folders on a
@@ -62,6 +72,11 @@ PRIVATE: list[tuple[str, str]] = [
 ]
 #: Where PRIVATE is checked: the package and the benchmarks (which import it like any user would).
 PRIVATE_SCOPE: tuple[Path, ...] = (PACKAGE_ROOT, PACKAGE_ROOT.parent / "bench")
+
+#: The benchmarks stand on the package (``envloop_pipelines.testing`` for what they share with the tests), not on
+#: the tests.
+BENCH_ROOT = PACKAGE_ROOT.parent / "bench"
+TESTS_PACKAGE = "envloop_pipelines_tests"
 
 
 def _module_name(path: Path, root: Path) -> str:
@@ -270,6 +285,15 @@ def cycles(edges: dict[tuple[str, str], str]) -> list[list[str]]:
     return found
 
 
+def write_tree(root: Path, files: dict[str, str]) -> None:
+    """Write each ``relative path: text`` under ``root``, with an empty ``__init__.py`` beside every file."""
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        (path.parent / "__init__.py").touch()
+        path.write_text(text)
+
+
 def test_every_unit_of_core_is_on_one_floor() -> None:
     placed = [unit for units in CORE_FLOORS for unit in units]
     assert len(placed) == len(set(placed)), f"a unit on two floors: {sorted(u for u in placed if placed.count(u) > 1)}"
@@ -298,11 +322,7 @@ def test_the_floor_check_sees_an_up_arrow_and_a_cycle(tmp_path: Path) -> None:
         "ledger/ledger.py": "import envloop_pipelines.core.storage\n",
         "storage.py": "",
     }
-    for rel, text in files.items():
-        path = core / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        (path.parent / "__init__.py").touch()
-        path.write_text(text)
+    write_tree(core, files)
     edges = core_imports(tmp_path)
     assert sorted(edges) == [("benchmark", "data"), ("data", "benchmark"), ("decision_loop", "rl_loop"),
                              ("ledger", "storage"), ("rl_loop", "ledger")]
@@ -310,3 +330,123 @@ def test_the_floor_check_sees_an_up_arrow_and_a_cycle(tmp_path: Path) -> None:
     assert [line.split(": ", 1)[1] for line in bad] == ["data (floor 1) imports benchmark (floor 2)",
                                                          "decision_loop (floor 8) imports rl_loop (floor 8)"]
     assert cycles(edges) == [["benchmark", "data", "benchmark"]]
+
+
+def module_files(top: Path = PACKAGE_ROOT.parent, package: str = "envloop_pipelines") -> dict[str, Path]:
+    """Module name → file, for every module of ``package`` under ``top`` (a package is its ``__init__.py``)."""
+    return {_module_name(path, top): path for path in sorted(top.joinpath(*package.split(".")).rglob("*.py"))}
+
+
+def file_imports(top: Path = PACKAGE_ROOT.parent, package: str = "envloop_pipelines") -> dict[tuple[str, str], str]:
+    """(from file, to file) → the first ``file:line`` of that import, for every import between files of ``package``.
+
+    Every import counts, at any depth (:func:`imported_files`).
+    """
+    files = module_files(top, package)
+    edges: dict[tuple[str, str], str] = {}
+    for path in files.values():
+        source = str(path.relative_to(top))
+        for line, target in imported_files(path, files, top):
+            if target != path:
+                edges.setdefault((source, str(target.relative_to(top))), f"{source}:{line}")
+    return edges
+
+
+def imported_files(path: Path, files: dict[str, Path], top: Path = PACKAGE_ROOT.parent) -> list[tuple[int, Path]]:
+    """(line, file) of every import in ``path`` of one of ``files`` (module name → file), at any depth.
+
+    A name of :func:`imported_modules` is a file only where that file exists. ``from a.b import c, d`` imports
+    a.b's ``__init__`` when one of the names is defined there; when every name is a submodule it imports only
+    them: the package's ``__init__`` runs on the way, as for ``import a.b.c``, which is not counted either.
+    """
+    names = imported_modules(path, top)
+    on_line: dict[int, set[str]] = {}
+    for line, name in names:
+        on_line.setdefault(line, set()).add(name)
+
+    def only_a_parent(line: int, name: str) -> bool:
+        children = [n for n in on_line[line] if n.startswith(name + ".") and "." not in n[len(name) + 1:]]
+        return bool(children) and all(n in files for n in children)
+
+    return [(line, files[name]) for line, name in names if name in files and not only_a_parent(line, name)]
+
+
+def test_no_import_cycle_between_files() -> None:
+    edges = file_imports()
+    assert len({a for a, _ in edges}) > 100, "the import graph is nearly empty: the check reads nothing"
+    found = cycles(edges)
+    assert found == [], "files that import each other, directly or round a circle (break it by moving what both " \
+                        "need to a lower module, not by an import inside a function):\n" + "\n".join(
+        " -> ".join(cycle) + "\n    " + ", ".join(edges[(a, b)] for a, b in zip(cycle, cycle[1:]))
+        for cycle in found)
+
+
+def test_the_file_cycle_check_sees_a_circle_hidden_in_a_function(tmp_path: Path) -> None:
+    """Control: two files that import each other, one from inside a function, are a cycle; a straight line is not.
+
+    ``from package import submodule`` is an edge to the submodule only; a name defined in the ``__init__`` is one to it.
+    """
+    package = tmp_path / "envloop_pipelines"
+    files = {
+        "core/data/records.py": "import json\n"
+                                "def load():\n    from envloop_pipelines.core.data.snapshots import declared\n",
+        "core/data/snapshots.py": "from .records import load\nfrom envloop_pipelines.core import storage\n",
+        "core/data/splits.py": "from envloop_pipelines.core import storage, HOME\n",
+        "core/storage.py": "from envloop_pipelines.core.data import nothing_here\n",
+    }
+    write_tree(package, files)
+    edges = file_imports(tmp_path)
+    assert sorted(edges) == [
+        ("envloop_pipelines/core/data/records.py", "envloop_pipelines/core/data/snapshots.py"),
+        ("envloop_pipelines/core/data/snapshots.py", "envloop_pipelines/core/data/records.py"),
+        ("envloop_pipelines/core/data/snapshots.py", "envloop_pipelines/core/storage.py"),
+        ("envloop_pipelines/core/data/splits.py", "envloop_pipelines/core/__init__.py"),
+        ("envloop_pipelines/core/data/splits.py", "envloop_pipelines/core/storage.py"),
+        ("envloop_pipelines/core/storage.py", "envloop_pipelines/core/data/__init__.py"),
+    ]
+    assert edges[("envloop_pipelines/core/data/records.py", "envloop_pipelines/core/data/snapshots.py")] == \
+        "envloop_pipelines/core/data/records.py:3"
+    assert cycles(edges) == [["envloop_pipelines/core/data/records.py", "envloop_pipelines/core/data/snapshots.py",
+                              "envloop_pipelines/core/data/records.py"]]
+    (package / "core/data/records.py").write_text("import json\n")
+    assert cycles(file_imports(tmp_path)) == []
+
+
+def reaches_into(folder: Path, package: str, top: Path = PACKAGE_ROOT.parent) -> dict[str, str]:
+    """``file:line`` → what it imports or names, for every reach into ``package`` from a file under ``folder``.
+
+    A reach is an import of the package or of anything in it, at any depth, or a string naming it
+    (``importlib.import_module``).
+    """
+    bad: dict[str, str] = {}
+    for path in sorted(folder.rglob("*.py")):
+        hits = [(line, name) for line, name in imported_modules(path, top) if _within(name, package)]
+        for line, name in hits + named_in_strings(path, package):
+            bad.setdefault(f"{path.relative_to(top)}:{line}", name)
+    return bad
+
+
+def test_benches_do_not_import_the_tests() -> None:
+    assert sorted(BENCH_ROOT.glob("bench_*.py")), f"no bench script under {BENCH_ROOT}: the rule checks nothing"
+    bad = reaches_into(BENCH_ROOT, TESTS_PACKAGE)
+    assert bad == {}, (f"bench/ stands on the package: move what a bench shares with the tests to "
+                       f"envloop_pipelines/testing/ (or where it belongs in the package):\n"
+                       + "\n".join(f"{where} reaches {name}" for where, name in bad.items()))
+
+
+def test_the_bench_check_sees_every_way_into_the_tests(tmp_path: Path) -> None:
+    """Control: a bench that imports the tests, at any depth or by name, is caught; one on the package is not."""
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    (bench / "bench_leak.py").write_text(
+        "import importlib\n"
+        "from envloop_pipelines_tests.serve.helpers import start_server\n"
+        "def main():\n"
+        "    from envloop_pipelines_tests import services\n"
+        "    import envloop_pipelines_tests.core.agents.scripted\n"
+        "    return importlib.import_module('envloop_pipelines_tests.services')\n"
+    )
+    (bench / "bench_clean.py").write_text("from envloop_pipelines.testing.serve import start_server\n"
+                                          "from envloop_pipelines_testsuite import x\n")
+    assert sorted(reaches_into(bench, TESTS_PACKAGE, tmp_path)) == [
+        "bench/bench_leak.py:2", "bench/bench_leak.py:4", "bench/bench_leak.py:5", "bench/bench_leak.py:6"]

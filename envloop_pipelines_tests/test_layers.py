@@ -1,24 +1,37 @@
-"""Layering: core never imports Dagster; the Definitions object loads."""
+"""Layering: core never imports Dagster; envloop_pipelines.testing never imports pytest; the Definitions object loads."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 
-def test_core_imports_without_dagster() -> None:
+def modules_loaded_by(package: str) -> list[str]:
+    """``sys.modules`` of a fresh interpreter that imported ``package`` and every module in it."""
     code = (
-        "import importlib, pkgutil, sys\n"
-        "import envloop_pipelines.core as core\n"
-        "for m in pkgutil.walk_packages(core.__path__, 'envloop_pipelines.core.'):\n"
+        "import importlib, json, pkgutil, sys\n"
+        f"package = importlib.import_module({package!r})\n"
+        "for m in pkgutil.walk_packages(package.__path__, package.__name__ + '.'):\n"
         "    importlib.import_module(m.name)\n"
-        "bad = sorted(k for k in sys.modules if k == 'dagster' or k.startswith('dagster.') or k.startswith('dagster_'))\n"
-        "assert not bad, bad\n"
-        "print('ok', len([k for k in sys.modules if k.startswith('envloop_pipelines.core')]))\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("ok")
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def test_core_imports_without_dagster() -> None:
+    loaded = modules_loaded_by("envloop_pipelines.core")
+    assert [k for k in loaded if k == "dagster" or k.startswith("dagster.") or k.startswith("dagster_")] == []
+    assert "envloop_pipelines.core.decision_loop.noise_floor" in loaded
+
+
+def test_the_shared_test_helpers_import_without_pytest() -> None:
+    """``envloop_pipelines.testing`` is what bench/ imports: it loads in a fresh interpreter, no pytest, no tests."""
+    loaded = modules_loaded_by("envloop_pipelines.testing")
+    assert [k for k in loaded if k.split(".")[0] in ("pytest", "_pytest", "envloop_pipelines_tests")] == []
+    assert len([k for k in loaded if k.startswith("envloop_pipelines.testing.")]) == 4
 
 
 def test_definitions_load() -> None:

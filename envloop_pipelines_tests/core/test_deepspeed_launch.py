@@ -32,7 +32,7 @@ import pytest
 import torch
 
 from envloop_pipelines.core.model.recipe import RECIPES_DIR
-from envloop_pipelines_tests.services import free_port
+from envloop_pipelines.testing.services import free_port
 
 GPU_RECIPE = RECIPES_DIR / "label_token_qwen_gpu.yaml"
 ACCELERATE = Path(sys.executable).parent / "accelerate"  # the venv's launcher, next to its python

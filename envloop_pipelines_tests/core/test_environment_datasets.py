@@ -36,7 +36,7 @@ from envloop_pipelines.core.environments.generators import (
 )
 from envloop_pipelines.core.environments.spec import SpecError, VerifierSpec
 from envloop_pipelines.core.sandbox import SandboxLimits
-from envloop_pipelines_tests.core.agents.envs import decision_env, shell_env, spec_set
+from envloop_pipelines.testing.environments import decision_env, shell_env, spec_set
 
 from .data.test_snapshots import dataset as tickets_file
 
@@ -293,7 +293,7 @@ def test_the_synthesis_step_stores_its_rows_as_a_dataset(task_home: Path, tmp_pa
 def test_an_agent_is_evaluated_on_an_opened_dataset_and_replayed_from_the_store(tmp_path: Path) -> None:
     from envloop_pipelines.core.agents.client import AgentSpec
     from envloop_pipelines.core.agents.evaluate import evaluate_agent, load_environments, replay
-    from envloop_pipelines_tests.core.agents.scripted import scripted_server
+    from envloop_pipelines.testing.scripted_agents import scripted_server
 
     stored = generate_dataset("shell", "shell-agents", n=3, home=tmp_path)
     dataset = load_environments("shell-agents", home=tmp_path)

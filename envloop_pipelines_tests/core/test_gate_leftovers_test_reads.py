@@ -174,7 +174,8 @@ def test_the_loops_own_setup_and_round_read_test_within_their_budgets(tmp_path: 
     from envloop_pipelines.core.decision_loop.step_records import TrainedCheckpoint
     from envloop_pipelines.core.release.tracked_runs import verify_predictions
     from envloop_pipelines.core.decision_loop.noise_floor import continuation_path, measure_noise_floor, setup_reader
-    from envloop_pipelines.core.decision_loop.before_training import checked_training_snapshot, paired_noise
+    from envloop_pipelines.core.decision_loop.before_training import paired_noise
+    from envloop_pipelines.core.decision_loop.training_snapshot import checked_training_snapshot
     from envloop_pipelines.core.ledger.store import RoundStore
     from envloop_pipelines.core.decision_loop.synthesis import SNAPSHOT_SCHEMA
     from envloop_pipelines.core.tracking import MlflowTracker

@@ -20,7 +20,7 @@ from envloop_pipelines.core.environments.episode import open_episode
 from envloop_pipelines.core.environments.generators import shell_environments
 from envloop_pipelines.core.environments.harbor import export_harbor, import_harbor, read_task
 from envloop_pipelines.core.environments.spec import EnvironmentSpec, SpecError
-from envloop_pipelines_tests.core.agents.envs import decision_env
+from envloop_pipelines.testing.environments import decision_env
 
 REPO = Path(__file__).resolve().parents[2]
 HARBOR_PYTHON_ENV = "ENVLOOP_HARBOR_PYTHON"

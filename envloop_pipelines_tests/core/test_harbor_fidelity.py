@@ -202,7 +202,7 @@ def test_cli_import_then_eval_agent_oracle_passes_and_prints_why(tmp_path: Path)
 
 def test_cli_a_dead_endpoint_exits_non_zero_and_compare_sets_it_apart(tmp_path: Path) -> None:
     from envloop_pipelines.core.environments.dataset import store_dataset
-    from envloop_pipelines_tests.core.agents.envs import shell_env
+    from envloop_pipelines.testing.environments import shell_env
 
     home = tmp_path / "home"
     store_dataset("two", [shell_env(0), shell_env(1)], source={"generator": "test"}, home=home)
@@ -219,7 +219,7 @@ def test_cli_a_dead_endpoint_exits_non_zero_and_compare_sets_it_apart(tmp_path: 
 
 def test_cli_docker_without_an_engine_says_so_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from envloop_pipelines.core.environments.dataset import store_dataset
-    from envloop_pipelines_tests.core.agents.envs import shell_env
+    from envloop_pipelines.testing.environments import shell_env
 
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
     home = tmp_path / "home"

@@ -209,7 +209,7 @@ def test_a_dagster_run_keeps_the_progress_lines_in_its_event_log(log_mode: None)
 @pytest.mark.slow
 def test_training_reports_its_steps_with_the_loss(tmp_path: Path, log_mode: None, caplog: pytest.LogCaptureFixture,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from envloop_pipelines_tests.serve.helpers import build_checkpoint
+    from envloop_pipelines.testing.serve import build_checkpoint
 
     caplog.set_level(logging.INFO, logger=progress.LOGGER)
     # Two steps on the cached frozen layers can end within QUIET_S (1 s), and such work logs nothing by design:

@@ -20,8 +20,7 @@ from typing import Any, Sequence
 import pytest
 
 from envloop_pipelines.core.agents.attempts import Attempt
-from envloop_pipelines.core.environments.shell import shell_spec
-from envloop_pipelines.core.environments.spec import EnvironmentSpec, VerifierSpec
+from envloop_pipelines.core.environments.spec import EnvironmentSpec
 from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.rl_loop.sft_snapshot import (
     ContaminatedSnapshotError,
@@ -30,17 +29,11 @@ from envloop_pipelines.core.rl_loop.sft_snapshot import (
     read_sft_rows,
 )
 from envloop_pipelines.core.storage import canonical_json, sha256_bytes
+from envloop_pipelines.testing.environments import shell_env
 from envloop_pipelines_tests.core.test_causal_sft import BASH_TOOL, LORA, call, corpus, tiny_chat_lm
 from envloop_pipelines_tests.core.test_model_data import limit_threads_under_xdist
 
 limit_threads_under_xdist()
-
-
-def shell_env(seed: int, split: str) -> EnvironmentSpec:
-    s = shell_spec(seed)
-    return EnvironmentSpec(id=f"shell/{seed:04d}", kind="terminal", instruction=s.prompt, files=dict(s.files),
-                           verifier=VerifierSpec("terminal", dict(s.check_params)), seed=seed, split=split,
-                           meta={"family": s.family})
 
 
 @dataclass(frozen=True)
@@ -56,7 +49,8 @@ class EnvDataset:
 
 
 def dataset(train: Sequence[int], heldout: Sequence[int]) -> EnvDataset:
-    return EnvDataset("shell-rl", tuple([shell_env(s, "train") for s in train] + [shell_env(s, "heldout") for s in heldout]))
+    return EnvDataset("shell-rl", tuple([shell_env(s, split="train") for s in train]
+                                        + [shell_env(s, split="heldout") for s in heldout]))
 
 
 def attempt(env: EnvironmentSpec, n: int, *, passed: bool, command: str = "ls") -> Attempt:
@@ -148,7 +142,7 @@ def test_the_paired_delta_ci_is_the_agent_stats_bootstrap() -> None:
 
 def round_lm(path: Path, ds: EnvDataset) -> Path:
     """A tiny chat LM whose tokenizer was trained on shell transcripts like the ones the round samples."""
-    from envloop_pipelines_tests.core.agents.scripted import solution
+    from envloop_pipelines.testing.scripted_agents import solution
 
     rows = [{"messages": [{"role": "system", "content": "You are an agent in a Linux sandbox with no network."},
                           {"role": "user", "content": e.instruction},
@@ -200,7 +194,7 @@ def test_an_rl_round_runs_end_to_end_and_the_gate_rejects_a_policy_that_passes_n
     from envloop_pipelines.core.rl_loop.run_round import run_rl_round
     from envloop_pipelines.core.tracking import MlflowTracker
     from envloop_pipelines.defs.rl.serving import serve_policy
-    from envloop_pipelines_tests.core.agents.scripted import scripted_server
+    from envloop_pipelines.testing.scripted_agents import scripted_server
 
     ds, home, config = round_setup["dataset"], round_setup["home"], round_setup["config"]
     tracker = MlflowTracker(home=home)

@@ -25,7 +25,7 @@ limit_threads_under_xdist()
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from envloop_pipelines.core.benchmark.builtin_task import generate_builtin_task
-    from envloop_pipelines_tests.serve.helpers import build_checkpoint
+    from envloop_pipelines.testing.serve import build_checkpoint
 
     home = tmp_path_factory.mktemp("self-home")
     generate_builtin_task(task="pa", n_users=20, records_per_user=3, home=home)

@@ -15,8 +15,8 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from envloop_pipelines.testing.environments import shell_env
 from envloop_pipelines_tests.core import test_rl_round
-from envloop_pipelines_tests.core.test_rl_round import shell_env
 
 #: The RL round tests' tiny chat LM and its recipe file (a module fixture of test_rl_round.py).
 round_setup = test_rl_round.round_setup
@@ -42,9 +42,9 @@ def test_the_first_rl_steps_hand_their_records_through_the_store(tmp_path: Path)
     from envloop_pipelines.core.rl_loop.step_records import RlHypothesis, RlSampling, RlSnapshot
     from envloop_pipelines.core.ledger.store import RoundStore
     from envloop_pipelines.defs.rl.assets import rl_hypothesis, rl_sampled_attempts, rl_sft_snapshot
-    from envloop_pipelines_tests.core.agents.scripted import scripted_server
+    from envloop_pipelines.testing.scripted_agents import scripted_server
 
-    envs = [shell_env(0, "train"), shell_env(1, "train"), shell_env(10, "heldout")]
+    envs = [shell_env(0, split="train"), shell_env(1, split="train"), shell_env(10, split="heldout")]
     stored = store_dataset("shell-rl", envs, source={"generator": "test"}, home=tmp_path)
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(f"base_model: {tmp_path / 'no-model'}\nseed: 7\n")
@@ -86,7 +86,7 @@ def test_the_whole_rl_round_materializes_and_its_decision_comes_back_through_the
     from envloop_pipelines.core.rl_loop.step_records import RL_STEP_RECORDS, RlRoundResult
     from envloop_pipelines.core.tracking import KIND_NULL_ARM, KIND_ROUND, TAG_KIND, MlflowTracker
     from envloop_pipelines.defs.rl.assets import RL_ASSETS
-    from envloop_pipelines_tests.core.agents.scripted import scripted_server
+    from envloop_pipelines.testing.scripted_agents import scripted_server
 
     stored = store_dataset("shell-rl", list(round_setup["dataset"].environments), source={"generator": "test"},
                            home=tmp_path)

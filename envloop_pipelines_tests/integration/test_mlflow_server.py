@@ -20,7 +20,7 @@ from envloop_pipelines.defs.rounds.checks import ROUND_CHECKS
 from envloop_pipelines.resources.loop import LoopResource, MlflowResource
 from envloop_pipelines.resources.round_store import RoundStoreIOManager
 from envloop_pipelines.resources.sandbox import SandboxResource
-from envloop_pipelines_tests import services
+from envloop_pipelines.testing import services
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -27,7 +27,7 @@ from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.tracking import MlflowTracker
 from envloop_pipelines.defs.rounds.assets import ROUND_ASSETS
 from envloop_pipelines_tests.postgres import PostgresServer, start_postgres
-from envloop_pipelines_tests.services import mlflow_server
+from envloop_pipelines.testing.services import mlflow_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -29,7 +29,7 @@ from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.decision_loop.step_records import RoundDecision
 from envloop_pipelines.core.ledger.store import RoundStore
 from envloop_pipelines.sdk import Client, ClientError
-from envloop_pipelines_tests import services
+from envloop_pipelines.testing import services
 from envloop_pipelines_tests.test_docs import doc_fences
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -145,7 +145,7 @@ def test_the_sdk_runs_a_round_reads_its_decision_and_release_fetches_the_champio
     with pytest.raises(ClientError, match="release: 'latest' is neither"):
         client.fetch_checkpoint("latest", tmp_path / "models")
 
-    from envloop_pipelines_tests.serve.helpers import benchmark_records, jev_request, start_server
+    from envloop_pipelines.testing.serve import benchmark_records, jev_request, start_server
 
     records = benchmark_records(n_users=2, records_per_user=2)
     server = start_server(ckpt, tmp_path / "serve", auth_off=True)

@@ -22,7 +22,7 @@ from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.ledger.store import RoundStore
 from envloop_pipelines.sdk import Client, NotFoundError, RefusedError, RoundFailed, RoundRun, UnavailableError
 from envloop_pipelines.sdk.client import PARTITION_TAG, REFUSED_TAG, ROUND_JOB
-from envloop_pipelines_tests import services
+from envloop_pipelines.testing import services
 from envloop_pipelines_tests.integration.test_remote import (ENVLOOP, HYPOTHESIS, TASK, Deployment,
                                                           running_deployment)
 
@@ -171,7 +171,7 @@ def _rounded(value: object) -> object:
 
 def test_predict_with_the_champion_here_gives_the_numbers_envloop_serve_gives(deployment: Deployment,
                                                                              tmp_path: Path) -> None:
-    from envloop_pipelines_tests.serve.helpers import benchmark_records, start_server
+    from envloop_pipelines.testing.serve import benchmark_records, start_server
 
     client = deployment.client()
     records = benchmark_records(n_users=2, records_per_user=2)

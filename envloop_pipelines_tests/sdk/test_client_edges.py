@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 from envloop_pipelines.cli import main
 from envloop_pipelines.sdk import Client, RefusedError, UnavailableError
-from envloop_pipelines_tests.services import free_port
+from envloop_pipelines.testing.services import free_port
 
 
 def test_a_dead_mlflow_url_fails_at_once_naming_the_server() -> None:

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from envloop_pipelines.cli import main
 from envloop_pipelines.sdk import Client, LocalClient, UnavailableError
-from envloop_pipelines_tests.services import free_port
+from envloop_pipelines.testing.services import free_port
 
 DEAD = "http://127.0.0.1:9"  # the discard port: nothing listens, the connection is refused at once
 REFUSED = f"the MLflow server at {DEAD} (from {{setting}}) is not reachable: ConnectionRefusedError"

@@ -9,7 +9,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from envloop_pipelines_tests.serve.helpers import ServerProcess, build_checkpoint, start_server
+from envloop_pipelines.testing.serve import ServerProcess, build_checkpoint, start_server
 
 API_KEY = "serve-test-key"
 OTHER_KEY = "serve-test-other-key"

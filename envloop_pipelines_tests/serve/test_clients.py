@@ -31,7 +31,7 @@ from typesafe_sdk import (
 )
 
 from envloop_pipelines_tests.serve.conftest import API_KEY, OTHER_KEY
-from envloop_pipelines_tests.serve.helpers import ServerProcess
+from envloop_pipelines.testing.serve import ServerProcess
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from backports.zstd import compress as zstd_compress  # typesafe-sdk[zstd]: what
 from envloop_pipelines.core.serve.answers import choice_confidence, expected_score, score_confidence
 from envloop_pipelines.core.serve.schemas import plain_text_question
 from envloop_pipelines_tests.serve.conftest import API_KEY, MAX_BODY_BYTES
-from envloop_pipelines_tests.serve.helpers import ServerProcess, benchmark_records, jev_request
+from envloop_pipelines.testing.serve import ServerProcess, benchmark_records, jev_request
 
 pytestmark = pytest.mark.integration
 

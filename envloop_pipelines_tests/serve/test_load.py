@@ -14,7 +14,7 @@ import pytest
 
 from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.model.checkpoint import checkpoint_hash
-from envloop_pipelines_tests.serve.helpers import ServerProcess, benchmark_records, jev_request, start_server
+from envloop_pipelines.testing.serve import ServerProcess, benchmark_records, jev_request, start_server
 
 pytestmark = pytest.mark.integration
 

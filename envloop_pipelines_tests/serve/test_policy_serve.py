@@ -21,7 +21,7 @@ import pytest
 from envloop_pipelines.core.model.causal_sft import CausalSftRecipe, read_policy_checkpoint, train_causal_sft
 from envloop_pipelines.core.serve.generation import parse_tool_calls
 from envloop_pipelines_tests.core.test_causal_sft import BASH_TOOL, LORA, call, corpus, tiny_chat_lm
-from envloop_pipelines_tests.serve.helpers import ServerProcess, start_server
+from envloop_pipelines.testing.serve import ServerProcess, start_server
 
 KEY = "policy-test-key"
 CALL_BLOCK = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls -la"}}\n</tool_call>'

@@ -19,7 +19,7 @@ import pytest
 
 from envloop_pipelines.core.serve.answers import ModelAnswer, jev_answer
 from envloop_pipelines.core.serve.schemas import ServedQuestion
-from envloop_pipelines_tests.serve.helpers import ServerProcess, benchmark_records, jev_request, start_server
+from envloop_pipelines.testing.serve import ServerProcess, benchmark_records, jev_request, start_server
 
 SAFETY = "needs_approval"
 

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 import pyarrow as pa
 
+from envloop_pipelines.core.data.splits import SPLITS
 from envloop_pipelines.core.progress import track
 
 QuestionType = Literal["noul", "choice", "score"]
@@ -429,6 +430,28 @@ def check_token_budget(
             )
 
 
+def declared_splits(records: Sequence[Record], source: str, lines: Sequence[int | None] | None = None) -> dict[str, str]:
+    """Splits fixed by the data itself (``meta.split``), checked consistent per group."""
+    declared: dict[str, str] = {}
+    errors: list[FieldError] = []
+    for i, record in enumerate(records):
+        split = record.meta.get("split")
+        if split is None:
+            continue
+        line = lines[i] if lines else None
+        if split not in SPLITS:
+            errors.append(FieldError(source, line, "meta.split", f"unknown split {split!r}; allowed: {', '.join(SPLITS)}"))
+            continue
+        group = record.group or record.id
+        if declared.setdefault(group, split) != split:
+            errors.append(
+                FieldError(source, line, "meta.split", f"group {group!r} is declared in {declared[group]!r} and {split!r}; splits must be group-disjoint")
+            )
+    if errors:
+        raise DataValidationError(errors)
+    return declared
+
+
 def records_from_objects(
     objects: Sequence[tuple[Any, int | None]],
     *,
@@ -453,8 +476,6 @@ def records_from_objects(
     if not objects and not errors:
         errors.append(FieldError(file, None, "<file>", "empty file: no records"))
     check_duplicate_ids(((o.get("id") if isinstance(o, dict) else None, line) for o, line in objects), file, errors)
-    from envloop_pipelines.core.data.snapshots import declared_splits
-
     try:  # meta.split: a known split, the same for a whole group; each error on its record's line
         declared_splits([r for r, _ in pairs], file, [line for _, line in pairs])
     except DataValidationError as exc:

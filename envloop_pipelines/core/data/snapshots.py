@@ -35,6 +35,7 @@ from envloop_pipelines.core.data.records import (
     DataValidationError,
     FieldError,
     Record,
+    declared_splits,
     questions_table,
 )
 from envloop_pipelines.core.data.splits import HIDDEN_SPLITS, OPEN_SPLITS, SPLITS, SplitFractions, assign_splits
@@ -68,28 +69,6 @@ class BenchmarkMismatchError(ValueError):
 
 class SnapshotIntegrityError(RuntimeError):
     """A snapshot file no longer matches the hash in its manifest."""
-
-
-def declared_splits(records: Sequence[Record], source: str, lines: Sequence[int | None] | None = None) -> dict[str, str]:
-    """Splits fixed by the data itself (``meta.split``), checked consistent per group."""
-    declared: dict[str, str] = {}
-    errors: list[FieldError] = []
-    for i, record in enumerate(records):
-        split = record.meta.get("split")
-        if split is None:
-            continue
-        line = lines[i] if lines else None
-        if split not in SPLITS:
-            errors.append(FieldError(source, line, "meta.split", f"unknown split {split!r}; allowed: {', '.join(SPLITS)}"))
-            continue
-        group = record.group or record.id
-        if declared.setdefault(group, split) != split:
-            errors.append(
-                FieldError(source, line, "meta.split", f"group {group!r} is declared in {declared[group]!r} and {split!r}; splits must be group-disjoint")
-            )
-    if errors:
-        raise DataValidationError(errors)
-    return declared
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 ``evaluate_champion → mine_failures → synthesize_environments → register_hypothesis →
 build_training_snapshot``; training, re-evaluation and the decision follow in
-``candidate.py`` and ``verdict.py``. Rows and predictions a step writes go to
+``candidate.py`` and ``promotion_decision.py``. Rows and predictions a step writes go to
 the round's folder; the step's value is returned, not written (the IO manager
 stores it). Each takes the task's snapshot the step opened once (``task``, pinned to the version
 ``task_benchmark`` recorded: :func:`~envloop_pipelines.core.data.snapshots.open_pinned_task`) and
@@ -24,11 +24,11 @@ import pyarrow.parquet as pq
 
 from envloop_pipelines.core.data.snapshots import TaskSnapshot, require_same_benchmark
 from envloop_pipelines.core.loop.config import LoopConfig, round_number
-from envloop_pipelines.core.data.contamination import ContaminationReport, check_contamination, record_texts, row_texts
 from envloop_pipelines.core.ledger.event_log import EVENT_ROUND_DECIDED, LedgerError
 from envloop_pipelines.core.ledger.hypothesis import Gate, Hypothesis, draw_seeds
 from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.decision_loop.mining import FailureCluster, mine_failures_with_fallback
+from envloop_pipelines.core.decision_loop.noise_floor import PRIMARY_METRIC, continuation_path, current_noise_floor, setup_reader
 from envloop_pipelines.core.decision_loop.proposer import (
     PRIORS,
     Choice,
@@ -46,21 +46,19 @@ from envloop_pipelines.core.decision_loop.step_records import (
     BaselineEval,
     EnvironmentSynthesis,
     FailureMining,
+    Reevaluation,
     RegisteredHypothesis,
     TrainingSnapshot,
 )
 from envloop_pipelines.core.release.tracked_runs import child_run, verify_predictions, write_predictions
 from envloop_pipelines.core.sandbox import SandboxSettings
 from envloop_pipelines.core.ledger.store import RoundStore
-from envloop_pipelines.core.decision_loop.synthesis import SNAPSHOT_SCHEMA, SynthesisRequest, load_generator, with_provenance
+from envloop_pipelines.core.decision_loop.synthesis import SNAPSHOT_SCHEMA, SynthesisRequest, load_generator
+from envloop_pipelines.core.decision_loop.training_snapshot import checked_training_snapshot
 from envloop_pipelines.core.storage import (
-    atomic_write_bytes,
     atomic_write_json,
     atomic_write_parquet,
-    parquet_bytes,
-    sha256_bytes,
     sha256_file,
-    sweep_stale,
 )
 from envloop_pipelines.core.tracking import (
     KIND_HYPOTHESIS,
@@ -190,8 +188,6 @@ def proposal_errors(proposal: Mapping[str, Any]) -> list[str]:
 
 def _unmeasured_metric(gate: Any) -> list[str]:
     """A gate on a metric the noise floor does not measure would be held to a floor in another metric's units."""
-    from envloop_pipelines.core.decision_loop.noise_floor import PRIMARY_METRIC
-
     metric = gate.get("primary_metric", PRIMARY_METRIC) if isinstance(gate, Mapping) else PRIMARY_METRIC
     if metric == PRIMARY_METRIC:
         return []
@@ -224,9 +220,6 @@ def paired_noise(config: LoopConfig, task: TaskSnapshot, *,
         "n_questions", "n_clusters", "n_pairs"}}}``, or ``None`` when the floor is not measured for this
         config or no pair exists.
     """
-    from envloop_pipelines.core.decision_loop.step_records import Reevaluation
-    from envloop_pipelines.core.decision_loop.noise_floor import continuation_path, current_noise_floor, setup_reader
-
     try:
         measured = current_noise_floor(config, task)
     except LedgerError:
@@ -289,8 +282,6 @@ class UnmeasuredPowerError(LedgerError, ValueError):
 def _measured_power(config: LoopConfig, task: TaskSnapshot, key: str, gate: Gate, predicted: float,
                     sandbox: SandboxSettings | None) -> dict[str, Any]:
     """:func:`hypothesis_power` at this loop's floor, champion and paired noise; refused without an MDE."""
-    from envloop_pipelines.core.decision_loop.noise_floor import current_noise_floor
-
     try:
         measured = current_noise_floor(config, task)
     except LedgerError as exc:
@@ -455,49 +446,5 @@ def build_training_snapshot(config: LoopConfig, task: TaskSnapshot, synthesis: E
                                      round=synthesis.round)
 
 
-def checked_training_snapshot(config: LoopConfig, task: TaskSnapshot, synth: pa.Table, *, round: str) -> TrainingSnapshot:
-    """The task's train rows plus ``synth``, contamination-checked, stored under their sha256 with the report.
-
-    Every snapshot any arm trains on comes from here: a round's (``build_training_snapshot``), and the
-    null arms' and release 1's (``synth`` empty, ``core/decision_loop/noise_floor.py``).
-    """
-    store = RoundStore(config.task, config.home)
-    base = with_provenance(task.table("train"), json.dumps({"kind": "base", "snapshot": task.snapshot_id}))
-    reference = [entry for split in ("test", "holdout") for entry in record_texts(task.table(split), split)]
-    combined = pa.concat_tables([base, synth.cast(SNAPSHOT_SCHEMA)])
-    report = check_contamination(_states(combined), reference)
-    flagged = sorted(report.flagged_rows)
-    removed = flagged if config.contamination_policy == "remove" else []
-    if removed:
-        drop = set(removed)
-        table = combined.take(pa.array([i for i in range(combined.num_rows) if i not in drop], pa.int64()))
-        final_report = ContaminationReport(n_rows=table.num_rows, n_reference=report.n_reference,
-                                           config=dict(report.config),
-                                           n_reference_unmeasured=report.n_reference_unmeasured)  # every flagged row is gone
-    else:
-        table, final_report = combined, report
-    n_removed_base = sum(1 for i in removed if i < base.num_rows)
-    data = parquet_bytes(table)
-    digest = sha256_bytes(data)
-    sweep_stale(store.snapshots)  # temp files of a writer that was killed mid-write
-    path = store.snapshots / f"{digest}.parquet"
-    if not path.exists():
-        atomic_write_bytes(path, data)
-    atomic_write_json(store.snapshots / f"{digest}.contamination.json",
-                      {"checked": report.to_dict(), "removed_rows": removed, "removed_base_rows": n_removed_base,
-                       "removed_synthesized_rows": len(removed) - n_removed_base, "final": final_report.to_dict(),
-                       "policy": config.contamination_policy}, overwrite=True)
-    return TrainingSnapshot(round=round, sha256=digest, path=str(path), n_rows=table.num_rows,
-                            n_base=base.num_rows - n_removed_base,
-                            n_synthesized=synth.num_rows - (len(removed) - n_removed_base), n_removed=len(removed),
-                            contamination=final_report.to_dict(), schema_ok=table.schema.equals(SNAPSHOT_SCHEMA),
-                            benchmark_version=task.benchmark_version)
-
-
-def _states(table: pa.Table) -> list[tuple[str, tuple[str, str]]]:
-    """What the model reads of each row: its state and its instructions (``row_texts``)."""
-    return row_texts(table)
-
-
-__all__ = ["PROPOSAL_KEYS", "UnmeasuredPowerError", "build_training_snapshot", "checked_training_snapshot", "evaluate_champion", "mine_failures", "paired_noise",
+__all__ = ["PROPOSAL_KEYS", "UnmeasuredPowerError", "build_training_snapshot", "evaluate_champion", "mine_failures", "paired_noise",
            "register_hypothesis", "synthesize_environments", "top_clusters"]

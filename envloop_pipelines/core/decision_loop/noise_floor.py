@@ -30,6 +30,8 @@ from envloop_pipelines.core.release.tracked_runs import verify_predictions, writ
 from envloop_pipelines.core.sandbox import SandboxSettings
 from envloop_pipelines.core.ledger.store import RoundStore
 from envloop_pipelines.core.decision_loop.candidate import snapshot_rows, train_into_store
+from envloop_pipelines.core.decision_loop.synthesis import SNAPSHOT_SCHEMA
+from envloop_pipelines.core.decision_loop.training_snapshot import checked_training_snapshot
 from envloop_pipelines.core.storage import atomic_write_json, atomic_write_parquet, canonical_json, sha256_bytes
 from envloop_pipelines.core.tracking import (
     KIND_NOISE_FLOOR,
@@ -235,9 +237,6 @@ def base_training_snapshot(config: LoopConfig, snapshot: TaskSnapshot) -> Traini
     Raises:
         ContaminatedDataError: the check is not clean (policy ``refuse``).
     """
-    from envloop_pipelines.core.decision_loop.before_training import checked_training_snapshot
-    from envloop_pipelines.core.decision_loop.synthesis import SNAPSHOT_SCHEMA
-
     data = checked_training_snapshot(config, snapshot, SNAPSHOT_SCHEMA.empty_table(), round="noise_floor")
     if data.problems():
         raise ContaminatedDataError(f"the null arms' training data {data.path} cannot be trained on: "

@@ -8,8 +8,8 @@ import pytest
 
 from envloop_pipelines.core.agents.client import AgentError, AgentSpec, ChatClient, JevClient, jev_question
 from envloop_pipelines.core.agents.runner import BASH_TOOL
-from envloop_pipelines_tests.core.agents.scripted import ScriptedServer, scripted_server
-from envloop_pipelines_tests.services import free_port
+from envloop_pipelines.testing.scripted_agents import ScriptedServer, scripted_server
+from envloop_pipelines.testing.services import free_port
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,9 @@
 """Evaluation end to end: a scripted policy over real HTTP solving a known fraction p of shell environments.
 
-The solver (``scripted.py``) solves an attempt with probability p, decided by a seeded RNG with the
-attempt's sampling seed, so attempts are independent Bernoulli(p) draws: pass@1 must lie within its
-interval of p, and pass@k within its interval of 1 - (1 - p)^k, growing with k.
+The solver (``envloop_pipelines/testing/scripted_agents.py``) solves an attempt with probability p,
+decided by a seeded RNG with the attempt's sampling seed, so attempts are independent Bernoulli(p)
+draws: pass@1 must lie within its interval of p, and pass@k within its interval of 1 - (1 - p)^k,
+growing with k.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from envloop_pipelines.core.agents.evaluate import (
 )
 from envloop_pipelines.core.agents.runner import AttemptLimits, replay_in
 from envloop_pipelines.core.environments.episode import open_episode
-from envloop_pipelines_tests.core.agents.envs import shell_env, spec_set
-from envloop_pipelines_tests.core.agents.scripted import ScriptedServer, scripted_server
-from envloop_pipelines_tests.services import free_port
+from envloop_pipelines.testing.environments import shell_env, spec_set
+from envloop_pipelines.testing.scripted_agents import ScriptedServer, scripted_server
+from envloop_pipelines.testing.services import free_port
 
 
 @pytest.fixture(scope="module")

@@ -1,12 +1,12 @@
 """A hostile agent in the sandbox, beside honest ones: no reward, no stray process, no disturbance.
 
-The hostile agent (``scripted.py``, model ``hostile``) reads what it should not (the hidden material
-of the home's environments, by its exact path, and Harbor's /tests), plants reward files in its
-working directory and in /logs, opens a socket back to its own server, leaves a detached process
-behind, runs a fork bomb and fills the disk, then claims success. Honest solvers run their attempts
-at the same time in other sandboxes. Each claim is paired with the control that shows the leak
-would be visible: the honest agent's commands do run, its files are there, the stray process would
-show in /proc by its name.
+The hostile agent (``envloop_pipelines/testing/scripted_agents.py``, model ``hostile``) reads what
+it should not (the hidden material of the home's environments, by its exact path, and Harbor's
+/tests), plants reward files in its working directory and in /logs, opens a socket back to its own
+server, leaves a detached process behind, runs a fork bomb and fills the disk, then claims success.
+Honest solvers run their attempts at the same time in other sandboxes. Each claim is paired with the
+control that shows the leak would be visible: the honest agent's commands do run, its files are
+there, the stray process would show in /proc by its name.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from envloop_pipelines.core.agents.runner import run_attempt
 from envloop_pipelines.core.environments.episode import open_episode
 from envloop_pipelines.core.environments.spec import EnvironmentSpec
 from envloop_pipelines.core.sandbox import LocalSandbox
-from envloop_pipelines_tests.core.agents.envs import shell_env
-from envloop_pipelines_tests.core.agents.scripted import STRAY_MARKER, scripted_server
+from envloop_pipelines.testing.environments import shell_env
+from envloop_pipelines.testing.scripted_agents import STRAY_MARKER, scripted_server
 
 SECRET = "expected-state-7f3a9c-never-seen-by-agents"
 PUBLIC = "public-control-readable-by-anyone"

@@ -27,8 +27,8 @@ from envloop_pipelines.core.agents.evaluate import evaluate_agent
 from envloop_pipelines.core.environments.episode import FINAL_STATE_TOTAL_BYTES, open_episode, snapshot_files
 from envloop_pipelines.core.sandbox import LocalSandbox, SandboxCall, probe_host
 from envloop_pipelines.core.sandbox.tree import remove_tree
-from envloop_pipelines_tests.core.agents.envs import shell_env, spec_set
-from envloop_pipelines_tests.core.agents.scripted import solution
+from envloop_pipelines.testing.environments import shell_env, spec_set
+from envloop_pipelines.testing.scripted_agents import solution
 
 needs_isolation = pytest.mark.skipif(not (probe_host().mount_namespace and probe_host().setuid),
                                      reason="needs root: mount namespaces and a fresh uid per command")

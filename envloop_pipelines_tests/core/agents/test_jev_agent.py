@@ -15,8 +15,8 @@ from envloop_pipelines.core.agents.client import AgentSpec
 from envloop_pipelines.core.agents.evaluate import evaluate_agent
 from envloop_pipelines.core.agents.runner import replay_in
 from envloop_pipelines.core.environments.episode import open_episode
-from envloop_pipelines_tests.core.agents.envs import decision_env, spec_set
-from envloop_pipelines_tests.serve.helpers import build_checkpoint, start_server
+from envloop_pipelines.testing.environments import decision_env, spec_set
+from envloop_pipelines.testing.serve import build_checkpoint, start_server
 
 pytestmark = pytest.mark.integration
 

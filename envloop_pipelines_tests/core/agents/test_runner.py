@@ -13,9 +13,9 @@ from envloop_pipelines.core.agents.client import AgentSpec
 from envloop_pipelines.core.agents.runner import BASH_TOOL, AttemptLimits, replay_in, run_attempt
 from envloop_pipelines.core.environments.episode import open_episode
 from envloop_pipelines.core.environments.spec import EnvironmentSpec
-from envloop_pipelines_tests.core.agents.envs import decision_env, shell_env
-from envloop_pipelines_tests.core.agents.scripted import ScriptedServer, scripted_server
-from envloop_pipelines_tests.services import free_port
+from envloop_pipelines.testing.environments import decision_env, shell_env
+from envloop_pipelines.testing.scripted_agents import ScriptedServer, scripted_server
+from envloop_pipelines.testing.services import free_port
 
 
 @pytest.fixture(scope="module")

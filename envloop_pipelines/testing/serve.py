@@ -1,4 +1,4 @@
-"""Shared by the serve tests and ``bench/bench_serve.py``: a small real checkpoint and a real server process.
+"""A small real checkpoint and a real server process, for the serve tests and ``bench/bench_serve.py``.
 
 The checkpoint is a real one (``train_checkpoint`` on the built-in benchmark's
 questions, two optimizer steps, ``max_length`` 128), so the server loads,

@@ -1,4 +1,4 @@
-"""Environment specs for the agent tests: the shell families and a decision question, as real specs."""
+"""Environment specs for the agent tests and ``bench/bench_agents.py``: the shell families and a decision question."""
 
 from __future__ import annotations
 
@@ -43,4 +43,5 @@ class SpecSet:
 
 
 def spec_set(name: str, specs: list[EnvironmentSpec]) -> SpecSet:
+    """The specs as a :class:`SpecSet` named ``name``."""
     return SpecSet(name, tuple(specs))

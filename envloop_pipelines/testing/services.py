@@ -1,4 +1,4 @@
-"""Real services the tests start on loopback: a free port and an ``mlflow server``."""
+"""Real services the tests and the benches start on loopback: a free port, ``mlflow server``, ``dagster-webserver``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
 
 
 def free_port() -> int:
@@ -25,7 +24,7 @@ def free_port() -> int:
 def mlflow_server(root: Path, backend_store_uri: str, *, startup_timeout: float = 180.0) -> Iterator[str]:
     """A real ``mlflow server`` (one worker, artifacts served from ``root/artifacts``); yields its URL.
 
-    Fails the test with the tail of the server's log when it exits or does not answer
+    Raises :class:`RuntimeError` with the tail of the server's log when it exits or does not answer
     ``/health`` in time; terminated (then killed) on exit.
     """
     root.mkdir(parents=True, exist_ok=True)
@@ -49,7 +48,7 @@ def mlflow_server(root: Path, backend_store_uri: str, *, startup_timeout: float 
             except OSError:
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"mlflow server ({backend_store_uri.split(':')[0]} backend) did not come up: "
+                raise RuntimeError(f"mlflow server ({backend_store_uri.split(':')[0]} backend) did not come up: "
                             f"{log_path.read_text(errors='replace')[-3000:]}")
             time.sleep(0.5)
         yield url
@@ -80,7 +79,8 @@ def dagster_webserver(root: Path, env: dict[str, str], *, startup_timeout: float
     ``root`` gets the Dagster home (``root/dagster``, :data:`WEBSERVER_INSTANCE` plus the shipped instance
     file's ``python_logs``, then ``instance``'s sections) and the server's log. ``env`` is the code location's environment (the
     ``ENVLOOP_*`` settings, ``ENVLOOP_HOME``, ``MLFLOW_TRACKING_URI``); runs inherit it. The server answers
-    once the code location has loaded (``round_job`` is listed); it is terminated with its process group.
+    once the code location has loaded (``round_job`` is listed), else :class:`RuntimeError` with the tail of
+    its log; it is terminated with its process group.
     """
     import json
     import os
@@ -119,7 +119,7 @@ def dagster_webserver(root: Path, env: dict[str, str], *, startup_timeout: float
             except (OSError, KeyError, ValueError):
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"dagster-webserver did not load the code location: {log_path.read_text(errors='replace')[-3000:]}")
+                raise RuntimeError(f"dagster-webserver did not load the code location: {log_path.read_text(errors='replace')[-3000:]}")
             time.sleep(1.0)
         yield url
     finally:

@@ -39,7 +39,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from envloop_pipelines_tests.services import free_port
+from envloop_pipelines.testing.services import free_port
 
 #: The name the hostile agent's left-behind process runs under (a test looks for it in /proc).
 STRAY_MARKER = "envloop-hostile-stray"
