@@ -489,9 +489,9 @@ def test_concept_table_spells_tracking_and_ledger_names() -> None:
 
     text = (DOCS / "concepts.md").read_text(encoding="utf-8")
     rows = _table(text, "## The concepts")
-    assert len(rows) == 19 and all(len(r) == 6 for r in rows), "the concept table has 19 concepts in 6 columns"
-    kinds = {n for r in rows for n in _names(r[3]) if "." not in n}  # not the params `recipe.*`
-    events = {n for r in rows for n in _names(r[4]) if "." not in n}  # not `change.recipe_overrides`
+    assert len(rows) == 19 and all(len(r) == 7 for r in rows), "the concept table has 19 concepts in 7 columns"
+    kinds = {n for r in rows for n in _names(r[4]) if "." not in n}  # not the params `recipe.*`
+    events = {n for r in rows for n in _names(r[5]) if "." not in n}  # not `change.recipe_overrides`
     assert kinds == set(tracking.RUN_KINDS), f"table {sorted(kinds)} vs tracking.RUN_KINDS {sorted(tracking.RUN_KINDS)}"
     assert events <= set(event_log.EVENT_KINDS), f"not ledger events: {sorted(events - set(event_log.EVENT_KINDS))}"
     every_doc = "".join(p.read_text(encoding="utf-8") for p in DOC_FILES)
@@ -517,9 +517,27 @@ def test_concept_table_names_exist() -> None:
         for name in _names(row[1]):
             if re.fullmatch(r"[a-z_]+", name):
                 assert defined(name, "core"), f"core function {name} ({row[0]}) is not defined in envloop_pipelines/core"
-        for name in _names(row[2]):
+        for name in _names(row[3]):
             if re.fullmatch(r"[a-z_]+", name) and name != "rounds" and not name.startswith("r0"):
                 assert defined(name, "defs"), f"Dagster definition {name} ({row[0]}) is not defined in envloop_pipelines/defs"
+
+
+def test_concept_table_names_the_module_each_concept_lives_in() -> None:
+    """Issue 36: the module column names files that exist, and each core function or class of a row is defined
+    in one of the modules its row names (a function that moves takes its row's module with it)."""
+    text = (DOCS / "concepts.md").read_text(encoding="utf-8")
+    package = ROOT / "envloop_pipelines"
+    for row in _table(text, "## The concepts"):
+        modules = [m for m in _names(row[2]) if m.endswith(".py")]
+        assert modules, f"{row[0]}: no module named"
+        missing = [m for m in modules if not (package / m).is_file()]
+        assert not missing, f"{row[0]}: no such module {missing}"
+        sources = "\n".join((package / m).read_text(encoding="utf-8") for m in modules)
+        for name in _names(row[1]) | {n for n in _names(row[2]) if not n.endswith(".py")}:
+            name = name.split(".")[0].split("[")[0]
+            if re.fullmatch(r"[A-Za-z_]+", name):
+                assert re.search(rf"^\s*(?:def|class) {name}\b", sources, re.M), \
+                    f"{row[0]}: {name} is not defined in {modules}"
 
 
 def test_loop_settings_are_loop_config() -> None:
