@@ -39,7 +39,7 @@ from envloop_pipelines.core.decision_loop.proposals import ProposalError, parse_
 from envloop_pipelines.core.decision_loop.step_records import RoundDecision
 from envloop_pipelines.core.ledger.ledger import EVENT_KINDS
 from envloop_pipelines.core.loop.budget import LoopBudget, NextRound, drive_loop, spent
-from envloop_pipelines.core.loop.config import field_default, loop_fields, parse_setting, round_key, round_number
+from envloop_pipelines.core.loop.config import round_key, round_number
 from envloop_pipelines.core.serve.settings import source_from_release_checkpoint
 from envloop_pipelines.core.services import PROBE_TIMEOUT_S, ServiceUnavailable, probe
 from envloop_pipelines.core.tracking import model_name
@@ -65,6 +65,7 @@ from envloop_pipelines.sdk.errors import (
     UnavailableError,
 )
 from envloop_pipelines.sdk.evaluate import evaluate
+from envloop_pipelines.sdk.loop_settings import reported_settings
 from envloop_pipelines.sdk.predict import Answerer
 from envloop_pipelines.sdk.recorded import ledger_events, promotion_warning, release_cards, round_decisions
 from envloop_pipelines.sdk.records import UNFINISHED, ReleaseInfo, RoundInfo, RoundRun, RunInfo
@@ -79,32 +80,6 @@ def _hypothesis_json(hypothesis: Mapping[str, Any] | str | os.PathLike[str] | No
     except ProposalError as exc:
         raise RefusedError(str(exc)) from None
     return None if proposal is None else json.dumps(proposal, sort_keys=True)
-
-
-def reported_settings(configured: Sequence[Mapping[str, str]]) -> dict[str, Any]:
-    """The loop's settings (``LoopConfig`` names) from its resource's configured values as the webserver reports them
-    (GraphQL ``configuredValues``: each ``{key, value, type}``, the value JSON text); a setting left unset is
-    ``LoopConfig``'s declared default. No ``LoopConfig`` is built: that would read this machine's home.
-
-    Raises:
-        ClientError: a setting bound to an environment variable (``type`` ``ENV_VAR``): the webserver shows the
-            variable's name, not its value.
-    """
-    settings = {f.name: field_default(f) for f in loop_fields()}
-    for entry in configured:
-        if entry["key"] not in settings:
-            continue
-        if entry["type"] != "VALUE":
-            raise ClientError(f"loop setting {entry['key']!r}: the deployment reads it from ${entry['value']} when a "
-                              f"run starts; its webserver does not show the value")
-        value = json.loads(entry["value"])
-        if value is not None:  # None: unset when the code location loaded (a run reads ENVLOOP_<FIELD>, else the default)
-            settings[entry["key"]] = value
-    overrides = settings["recipe_overrides"]  # JSON text in the resource (Dagster config is text), a mapping here
-    settings["recipe_overrides"] = dict(parse_setting("recipe_overrides", overrides) if isinstance(overrides, str)
-                                        else overrides)
-    settings["safety_families"] = list(settings["safety_families"])
-    return settings
 
 
 class Client(DagsterWebserver):
@@ -592,4 +567,4 @@ class Client(DagsterWebserver):
     evaluate = staticmethod(evaluate)
 
 
-__all__ = ["Client", "reported_settings"]
+__all__ = ["Client"]
