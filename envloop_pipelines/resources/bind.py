@@ -1,9 +1,9 @@
 """The one place the code location's resources are bound: ``definitions.py`` and the ``LocalClient`` both call
 :func:`loop_resources`, so a run the UI launches and a run executed in a client's process use the same resources.
 
-The two differ only in the ``loop`` resource handed in: the code location's (:func:`~envloop_pipelines.resources.loop.deployment_loop_resource`,
-its settings from ``ENVLOOP_<FIELD>``) or a client's (:func:`~envloop_pipelines.resources.loop.loop_resource`, its
-settings given in code).
+The two differ only in the ``loop`` resource handed in: the code location's
+(:func:`~envloop_pipelines.resources.loop.deployment_loop_resource`, its settings from ``ENVLOOP_<FIELD>``) or a
+client's (:func:`~envloop_pipelines.resources.loop.loop_resource`, its settings given in code).
 """
 
 from __future__ import annotations

@@ -16,11 +16,12 @@ A client never reads a deployment's EnvLoop home: what it shows is what the webs
 MLflow server expose, so the same client drives a local ``envloop ui`` (``http://127.0.0.1:3000``
 and ``sqlite:///.envloop/mlflow.db`` or a local ``mlflow server``) and a Kubernetes deployment;
 only the two URLs change. The loop's settings are the code location's (``ENVLOOP_<FIELD>`` on the
-server): :meth:`Client.loop_settings` asks the webserver for its ``loop`` resource's configured values. A loop of rounds is driven from the client
-(:meth:`Client.run_loop`): one round at a time, stopping on the budget (rounds, patience, wall
-time), with no daemon needed. The ledger a client sees is the events the steps published (null
-arms, hypotheses, trained checkpoints, rejections, decisions, releases), not the events only the
-daemon's sensors write (``round_failed``; a failed round shows as a failed run instead).
+server): :meth:`Client.loop_settings` asks the webserver for its ``loop`` resource's configured values
+(``sdk/loop_settings.py``). A loop of rounds is driven from the client (:meth:`Client.run_loop`): one
+round at a time, stopping on the budget (rounds, patience, wall time), with no daemon needed. The
+ledger a client sees is the events the steps published (null arms, hypotheses, trained checkpoints,
+rejections, decisions, releases), not the events only the daemon's sensors write (``round_failed``; a
+failed round shows as a failed run instead).
 """
 
 from __future__ import annotations

@@ -35,7 +35,8 @@ def reported_settings(configured: Sequence[Mapping[str, str]]) -> dict[str, Any]
             raise ClientError(f"loop setting {entry['key']!r}: the deployment reads it from ${entry['value']} when a "
                               f"run starts; its webserver does not show the value")
         value = json.loads(entry["value"])
-        if value is not None:  # None: unset when the code location loaded (a run reads ENVLOOP_<FIELD>, else the default)
+        # None: unset when the code location loaded (a run reads ENVLOOP_<FIELD>, else the default)
+        if value is not None:
             settings[entry["key"]] = value
     overrides = settings["recipe_overrides"]  # JSON text in the resource (Dagster config is text), a mapping here
     settings["recipe_overrides"] = dict(parse_setting("recipe_overrides", overrides) if isinstance(overrides, str)
