@@ -24,7 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import dagster as dg  # noqa: E402
 
 from envloop_pipelines.cli.options import add_recipe_override_argument, parse_recipe_overrides  # noqa: E402
-from envloop_pipelines.cli.round import DEMO_OVERRIDES, QUIET  # noqa: E402
+from envloop_pipelines.cli.round import DEMO_OVERRIDES  # noqa: E402
 from envloop_pipelines.core.data.snapshots import open_task  # noqa: E402
 from envloop_pipelines.core.decision_loop import candidate, promotion_decision as decide, noise_floor as setup, before_training as steps  # noqa: E402
 from envloop_pipelines.core.decision_loop.step_records import RoundDecision  # noqa: E402
@@ -32,10 +32,10 @@ from envloop_pipelines.core.ledger.store import RoundStore  # noqa: E402
 from envloop_pipelines.core.model.predict import rescore_matches  # noqa: E402
 from envloop_pipelines.core.tracking import MlflowTracker  # noqa: E402
 from envloop_pipelines.defs.rounds.assets import ROUND_ASSETS, noise_floor, task_benchmark, with_upstream_sources  # noqa: E402
+from envloop_pipelines.resources.bind import loop_resources  # noqa: E402
 from envloop_pipelines.resources.loop import MlflowResource, loop_resource  # noqa: E402
-from envloop_pipelines.resources.round_store import RoundStoreIOManager  # noqa: E402
-from envloop_pipelines.resources.sandbox import SandboxResource  # noqa: E402
 from envloop_pipelines.core.progress import configure_command_line  # noqa: E402
+from envloop_pipelines.sdk.instance import QUIET  # noqa: E402
 
 STEPS = ("baseline_eval", "failure_mining", "environment_synthesis", "registered_hypothesis",
          "training_dataset_snapshot", "lora_checkpoint", "independent_reeval", "promotion_decision")
@@ -43,8 +43,7 @@ STEPS = ("baseline_eval", "failure_mining", "environment_synthesis", "registered
 
 def resources_for(home: Path, overrides: dict) -> dict:
     loop = loop_resource({"home": str(home), "noise_arms": 2, "recipe_overrides": overrides})
-    return {"loop": loop, "mlflow": MlflowResource(home=str(home)), "io_manager": RoundStoreIOManager(loop=loop),
-            "sandbox": SandboxResource()}
+    return {**loop_resources(loop), "mlflow": MlflowResource(home=str(home))}
 
 
 def main() -> None:

@@ -34,7 +34,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from envloop_pipelines.sdk import Client  # noqa: E402
+from envloop_pipelines.sdk.client import Client  # noqa: E402
 from envloop_pipelines.testing import services  # noqa: E402
 from envloop_pipelines.core.progress import configure_command_line  # noqa: E402
 

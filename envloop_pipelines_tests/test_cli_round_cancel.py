@@ -25,7 +25,7 @@ def test_a_run_whose_worker_is_gone_ends_canceled(tmp_path: Path, monkeypatch: p
 
     monkeypatch.setenv("ENVLOOP_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
-    from envloop_pipelines.sdk.local import dagster_home
+    from envloop_pipelines.sdk.instance import dagster_home
 
     dagster_home()
     instance = dg.DagsterInstance.get()

@@ -71,7 +71,7 @@ def test_a_local_retry_that_fails_again_exits_1(tmp_path: Path, monkeypatch: pyt
     from envloop_pipelines.core.loop.config import LoopConfig
     from envloop_pipelines.core.ledger.store import RoundStore
     from envloop_pipelines.names import PARTITION_TAG, ROUND_JOB, SETTINGS_TAG
-    from envloop_pipelines.sdk.local import INSTANCE_FILE
+    from envloop_pipelines.sdk.instance import INSTANCE_FILE
 
     home, dagster_home = tmp_path / "home", tmp_path / "dagster"
     dagster_home.mkdir()

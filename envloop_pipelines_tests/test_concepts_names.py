@@ -95,7 +95,7 @@ def test_the_config_spellings_are_loopconfig_and_its_environment() -> None:
 
 
 def test_the_sdk_spellings_are_the_clients_signatures() -> None:
-    from envloop_pipelines.sdk import Client
+    from envloop_pipelines.sdk.client import Client
     from envloop_pipelines.sdk.local import LocalClient
 
     local, remote = _code(_table()["loop recipe override"]["SDK"])

@@ -443,18 +443,18 @@ def test_http_api_decision_example_is_a_round_decision() -> None:
 def test_http_api_requests_use_the_sdk_names() -> None:
     """The curl requests ask for the jobs, partitions, assets and metadata the SDK and the code use."""
     from envloop_pipelines.defs.rounds.metadata import DECISION
-    from envloop_pipelines.sdk import client as sdk
+    from envloop_pipelines import names
 
     text = "\n".join(f.text for f in doc_fences("http-api.md") if "http" in f.tags)
-    for name in (sdk.ROUND_JOB, sdk.SETUP_JOB, sdk.PROMOTION_DECISION, sdk.HYPOTHESIS_ASSET, sdk.PARTITION_TAG,
-                 f'partitionsDefName: \\"{sdk.ROUNDS_PARTITIONS}\\"', f'select(.label == "{DECISION}")'):
+    for name in (names.ROUND_JOB, names.SETUP_JOB, names.PROMOTION_DECISION, names.HYPOTHESIS_ASSET, names.PARTITION_TAG,
+                 f'partitionsDefName: \\"{names.ROUNDS_PARTITIONS}\\"', f'select(.label == "{DECISION}")'):
         assert name in text, f"http-api.md: the requests do not use {name!r}"
 
 
 def test_sdk_examples_call_only_what_the_client_has() -> None:
     import ast
 
-    from envloop_pipelines.sdk import Client
+    from envloop_pipelines.sdk.client import Client
 
     for f in [f for f in doc_fences("http-api.md") if f.lang == "python"]:
         tree = ast.parse(f.text)

@@ -42,7 +42,7 @@ def test_the_check_names_the_key_a_close_match_and_the_fields_and_a_bad_value_it
 
 
 def test_the_sdk_door_refuses_it_before_anything_is_written(tmp_path: Path) -> None:
-    from envloop_pipelines.sdk import LocalClient
+    from envloop_pipelines.sdk.local import LocalClient
 
     home = tmp_path / "home"
     with pytest.raises(RecipeError, match=NAMED):

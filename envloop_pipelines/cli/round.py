@@ -28,20 +28,10 @@ from envloop_pipelines.names import PARTITION_TAG, ROUNDS_PARTITIONS
 
 
 def dagster_home() -> Path:
-    """``$DAGSTER_HOME`` with the package's instance file (:func:`envloop_pipelines.sdk.local.dagster_home`)."""
-    from envloop_pipelines.sdk.local import dagster_home as home
+    """``$DAGSTER_HOME`` with the package's instance file (:func:`envloop_pipelines.sdk.instance.dagster_home`)."""
+    from envloop_pipelines.sdk.instance import dagster_home as home
 
     return home()
-
-
-def __getattr__(name: str) -> Any:
-    """The local runner's names (``INSTANCE_FILE``, ``QUIET``, ``watch_steps``) live in ``sdk/local.py``; read
-    from here too (the benches and tests import them from the CLI), without importing Dagster at CLI start."""
-    if name in ("INSTANCE_FILE", "QUIET", "watch_steps"):
-        from envloop_pipelines.sdk import local
-
-        return getattr(local, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def local_client(settings: dict[str, Any] | None = None, task: str | None = None, door: str | None = None) -> Any:
@@ -72,7 +62,7 @@ def _power_line(client: Any, key: str, decision: Any) -> str | None:
 
 def _drive_local(client: Any, step: Any, echo: Any) -> list[dict[str, Any]]:
     """Run ``step(on_round)`` (the local client's loop or retry), printing each round; the rounds' timings."""
-    from envloop_pipelines.sdk import RefusedError, RoundFailed
+    from envloop_pipelines.sdk.errors import RefusedError, RoundFailed
 
     timings: list[dict[str, Any]] = []
     begun = {"t": time.perf_counter()}
@@ -105,7 +95,7 @@ def run_loop(*, loop_settings: dict[str, Any], rounds: int, patience: int, max_w
     Refused (exit 1, one line naming the round, its run and its door) before anything runs while a round of the
     task runs, from whichever door; the rounds claim the task's round themselves (``core/loop/round_claim.py``).
     """
-    from envloop_pipelines.sdk import RoundFailed
+    from envloop_pipelines.sdk.errors import RoundFailed
 
     client = client or local_client(loop_settings, door="envloop round start")
     _sdk_call(client.probe)  # a dead MLFLOW_TRACKING_URI fails here, in seconds, in one line
@@ -135,7 +125,7 @@ def retry_round(task: str, *, echo: Any = click.echo) -> list[dict[str, Any]]:
 
     Unfinished runs whose worker is gone are marked failed first (see :meth:`LocalClient.retry`).
     """
-    from envloop_pipelines.sdk import ClientError
+    from envloop_pipelines.sdk.errors import ClientError
 
     client = local_client(task=task, door="envloop round retry")
     for run in client.reap_orphans():
@@ -201,7 +191,8 @@ def remote_client(remote: str, mlflow_uri: str | None, task: str | None = None, 
     commands that start work) its servers are probed first: a dead one fails in seconds, in one line."""
     from click.core import ParameterSource
 
-    from envloop_pipelines.sdk import Client, ClientError
+    from envloop_pipelines.sdk.client import Client
+    from envloop_pipelines.sdk.errors import ClientError
 
     ctx = click.get_current_context(silent=True)
     from_env = ctx is not None and ctx.get_parameter_source("mlflow_uri") == ParameterSource.ENVIRONMENT
@@ -229,7 +220,7 @@ def any_client(remote: str | None, mlflow_uri: str | None, task: str | None) -> 
 
 def _sdk_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
     """Call the SDK; its errors become the command's (exit 1)."""
-    from envloop_pipelines.sdk import ClientError
+    from envloop_pipelines.sdk.errors import ClientError
 
     try:
         return fn(*args, **kwargs)
@@ -281,7 +272,7 @@ def run_remote_loop(client: Any, *, rounds: int, patience: int, max_wall_s: floa
     """``round start --remote``: the setup if the deployment has none, then rounds through the SDK. True if all decided."""
     import warnings
 
-    from envloop_pipelines.sdk import PromotionOutOfReach, RoundFailed
+    from envloop_pipelines.sdk.errors import PromotionOutOfReach, RoundFailed
 
     if not _sdk_call(client.is_set_up):
         started = time.perf_counter()
@@ -381,7 +372,7 @@ def round_retry(key: str | None, task: str | None, remote: str | None, mlflow_ur
                 click.echo(f"task {client.task}: no undecided round to retry")
                 return
             key = undecided[-1]
-        from envloop_pipelines.sdk import RoundFailed
+        from envloop_pipelines.sdk.errors import RoundFailed
 
         started = time.perf_counter()
         try:

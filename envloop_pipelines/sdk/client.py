@@ -2,62 +2,49 @@
 
 Two engines' own APIs, nothing of ours in between:
 
-* **Dagster's GraphQL API** (``dagster_graphql.DagsterGraphQLClient`` against the webserver):
-  add a ``rounds`` partition (``addDynamicPartition``), launch ``round_job`` or ``setup_job``
+* **Dagster's GraphQL API** (:class:`~envloop_pipelines.sdk.webserver.DagsterWebserver`, which ``Client``
+  extends): add a ``rounds`` partition (``addDynamicPartition``), launch ``round_job`` or ``setup_job``
   (``launchRun``), follow a run (``runOrError``: status and step stats; ``logsForRun``: the
   steps' progress lines), and read what the steps recorded in their asset materializations:
   ``promotion_decision`` carries the round's typed decision, its ledger events and the release
   card it wrote; ``noise_floor`` the null arms and release 1 (``defs/rounds/metadata.py``).
-* **MLflow's tracking and registry API** (``mlflow.MlflowClient``): the registered model
-  ``envloop-<task>`` with one version per release and the ``champion`` alias; each version's
-  run holds the release's holdout metrics and its checkpoint as an artifact.
+* **MLflow's tracking and registry API** (:class:`~envloop_pipelines.sdk.releases.MlflowReleases`): the
+  registered model ``envloop-<task>`` with one version per release and the ``champion`` alias; each
+  version's run holds the release's holdout metrics and its checkpoint as an artifact.
 
 A client never reads a deployment's EnvLoop home: what it shows is what the webserver and the
 MLflow server expose, so the same client drives a local ``envloop ui`` (``http://127.0.0.1:3000``
 and ``sqlite:///.envloop/mlflow.db`` or a local ``mlflow server``) and a Kubernetes deployment;
 only the two URLs change. The loop's settings are the code location's (``ENVLOOP_<FIELD>`` on the
-server; :meth:`Client.loop_settings` reads them back). A loop of rounds is driven from the client
-(:meth:`Client.run_loop`): one round at a time, stopping on the budget (rounds, patience, wall
-time), with no daemon needed. The ledger a client sees is the events the steps published (null
-arms, hypotheses, trained checkpoints, rejections, decisions, releases), not the events only the
-daemon's sensors write (``round_failed``; a failed round shows as a failed run instead).
+server): :meth:`Client.loop_settings` asks the webserver for its ``loop`` resource's configured values
+(``sdk/loop_settings.py``). A loop of rounds is driven from the client (:meth:`Client.run_loop`): one
+round at a time, stopping on the budget (rounds, patience, wall time), with no daemon needed. The
+ledger a client sees is the events the steps published (null arms, hypotheses, trained checkpoints,
+rejections, decisions, releases), not the events only the daemon's sensors write (``round_failed``; a
+failed round shows as a failed run instead).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 import time
-import urllib.parse
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envloop_pipelines.core.loop.config import LoopConfig, round_key, round_number
+from envloop_pipelines.console import quiet_third_party
+from envloop_pipelines.core.decision_loop.proposals import ProposalError, parse_proposal
 from envloop_pipelines.core.decision_loop.step_records import RoundDecision
-from envloop_pipelines.core.progress import Progress, ensure_shown
-from envloop_pipelines.core.ledger.projection import projection_error
-from envloop_pipelines.core.tracking import CHAMPION_ALIAS, HOLDOUT_PREFIX, TAG_CHECKPOINT, TAG_RELEASE, TAG_ROUND
-from envloop_pipelines.defs.rounds.metadata import DECISION as DECISION_LABEL
-from envloop_pipelines.defs.rounds.metadata import LEDGER_EVENTS as LEDGER_EVENTS_LABEL
-from envloop_pipelines.defs.rounds.metadata import PROMOTION_WARNING as PROMOTION_WARNING_LABEL
-from envloop_pipelines.defs.rounds.metadata import RELEASE_CARD as RELEASE_CARD_LABEL
-from envloop_pipelines.sdk import queries
-from envloop_pipelines.sdk.errors import (
-    ClientError,
-    NotFoundError,
-    PromotionOutOfReach,
-    RefusedError,
-    UnavailableError,
-)
-from envloop_pipelines.sdk.predict import Answerer
-
-#: Dagster's names in this project (the jobs, partitions, assets and tags a client reads and writes).
-from envloop_pipelines.names import (  # noqa: E402 - re-exported under the SDK's names
+from envloop_pipelines.core.ledger.event_log import EVENT_KINDS
+from envloop_pipelines.core.loop.budget import LoopBudget, NextRound, drive_loop, spent
+from envloop_pipelines.core.loop.config import round_key, round_number
+from envloop_pipelines.core.serve.settings import source_from_release_checkpoint
+from envloop_pipelines.core.services import PROBE_TIMEOUT_S, ServiceUnavailable, probe
+from envloop_pipelines.core.tracking import model_name
+from envloop_pipelines.names import (
     CLIENT_TAG,
     HYPOTHESIS_ASSET,
     LOOP_TAG,
@@ -69,152 +56,26 @@ from envloop_pipelines.names import (  # noqa: E402 - re-exported under the SDK'
     ROUNDS_PARTITIONS,
     SETUP_JOB,
 )
-#: Run statuses that are final.
-FINISHED = ("SUCCESS", "FAILURE", "CANCELED")
-#: Run statuses of a run that has not ended (queued, starting, running, being cancelled).
-UNFINISHED = ("QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING")
-
-
-@dataclass(frozen=True)
-class RunError:
-    """Why a run failed: the failed step (``None`` for a run that failed outside a step), its own error message
-    (the exception the step raised, not Dagster's wrapper) and the exception's class."""
-
-    step: str | None
-    message: str
-    error_class: str | None = None
-
-    def __str__(self) -> str:
-        return f"{self.step}: {self.message}" if self.step else self.message
-
-
-class RoundFailed(ClientError):
-    """A round's (or the setup's) run ended without a decision; ``reason`` is the failed step's own error."""
-
-    def __init__(self, message: str, run: "RunInfo", reason: RunError | None = None) -> None:
-        super().__init__(message)
-        self.run = run
-        self.reason = reason
-
-
-@dataclass(frozen=True)
-class StepInfo:
-    """One step of a run: its key (an asset or a check), status and times (epoch seconds)."""
-
-    key: str
-    status: str
-    start_time: float | None
-    end_time: float | None
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    """A Dagster run as the webserver reports it."""
-
-    run_id: str
-    job: str
-    status: str
-    partition: str | None
-    start_time: float | None
-    end_time: float | None
-    created: float | None
-    tags: Mapping[str, str]
-    steps: tuple[StepInfo, ...]
-    #: The steps this run executes when it runs a subset of its job (a retry from the failed step); else None.
-    step_keys: tuple[str, ...] | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.status in FINISHED
-
-    @property
-    def success(self) -> bool:
-        return self.status == "SUCCESS"
-
-    @property
-    def first_step_start(self) -> float | None:
-        """When the first step of the run started (epoch seconds), if one has."""
-        starts = [s.start_time for s in self.steps if s.start_time]
-        return min(starts) if starts else None
-
-    @classmethod
-    def from_graphql(cls, raw: Mapping[str, Any]) -> "RunInfo":
-        tags = {t["key"]: t["value"] for t in raw.get("tags") or []}
-        steps = tuple(StepInfo(s["stepKey"], s["status"], s.get("startTime"), s.get("endTime"))
-                      for s in raw.get("stepStats") or [])
-        return cls(run_id=raw["runId"], job=raw.get("jobName") or "", status=raw["status"],
-                   partition=tags.get(PARTITION_TAG), start_time=raw.get("startTime"), end_time=raw.get("endTime"),
-                   created=raw.get("creationTime"), tags=tags, steps=steps,
-                   step_keys=tuple(raw["stepKeysToExecute"]) if raw.get("stepKeysToExecute") else None)
-
-
-@dataclass(frozen=True)
-class RoundRun:
-    """A round the client launched: its key (the ``rounds`` partition) and its Dagster run."""
-
-    key: str
-    run_id: str
-    launched_at: float
-
-
-@dataclass(frozen=True)
-class RoundInfo:
-    """A round: its key, its latest run (if any) and its decision (once decided)."""
-
-    key: str
-    run: RunInfo | None
-    decision: RoundDecision | None
-
-    @property
-    def status(self) -> str:
-        """``decided``, or the latest run's status (``STARTED``, ``FAILURE`` ...), or ``not started``."""
-        if self.decision is not None:
-            return "decided"
-        return self.run.status if self.run is not None else "not started"
-
-
-@dataclass(frozen=True)
-class ReleaseInfo:
-    """A release: the registered model version in MLflow, its holdout metrics, and its card."""
-
-    release: int
-    model_version: str
-    round: str | None
-    checkpoint_sha256: str | None
-    mlflow_run_id: str | None
-    holdout: Mapping[str, float]
-    champion: bool
-    card: Mapping[str, Any] | None = field(default=None, compare=False)
-
-
-def _own_error(event: Mapping[str, Any]) -> tuple[str, str | None]:
-    """``(message, exception class)`` of a failure event: the step's own error, not Dagster's wrapper around it."""
-    described = (event.get("failureMetadata") or {}).get("description")
-    error = event.get("error") or {}
-    chain = [link["error"] for link in error.get("errorChain") or []]
-    own = chain[-1] if chain else error
-    if described:
-        return described, own.get("className") or error.get("className")
-    message = (own.get("message") or event.get("message") or "").strip()
-    return message, own.get("className")
-
-
-def _split_url(url: str) -> dict[str, Any]:
-    """``http://host:port/prefix`` as DagsterGraphQLClient's arguments; raises ClientError naming the field."""
-    parsed = urllib.parse.urlparse(url if "://" in url else f"http://{url}")
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise RefusedError(f"dagster_url: {url!r} is not an http(s) URL of a Dagster webserver (http://host:port)")
-    prefix = parsed.path.rstrip("/")
-    if prefix.endswith("/graphql"):
-        prefix = prefix[: -len("/graphql")]
-    return {"hostname": parsed.hostname, "port_number": parsed.port, "use_https": parsed.scheme == "https",
-            "path_prefix": prefix}
+from envloop_pipelines.sdk import queries
+from envloop_pipelines.sdk.errors import (
+    ClientError,
+    NotFoundError,
+    PromotionOutOfReach,
+    RefusedError,
+    RoundFailed,
+    UnavailableError,
+)
+from envloop_pipelines.sdk.evaluate import evaluate
+from envloop_pipelines.sdk.loop_settings import reported_settings
+from envloop_pipelines.sdk.predict import Answerer
+from envloop_pipelines.sdk.recorded import ledger_events, promotion_warning, release_cards, round_decisions
+from envloop_pipelines.sdk.records import UNFINISHED, ReleaseInfo, RoundInfo, RoundRun, RunInfo
+from envloop_pipelines.sdk.releases import MlflowReleases
+from envloop_pipelines.sdk.webserver import DagsterWebserver
 
 
 def _hypothesis_json(hypothesis: Mapping[str, Any] | str | os.PathLike[str] | None) -> str | None:
     """A person's hypothesis (a mapping, JSON text or a JSON file) as checked JSON; ``None`` for the automatic one."""
-    from envloop_pipelines.core.decision_loop.proposals import ProposalError, parse_proposal
-
     try:
         proposal = parse_proposal(hypothesis)
     except ProposalError as exc:
@@ -222,7 +83,7 @@ def _hypothesis_json(hypothesis: Mapping[str, Any] | str | os.PathLike[str] | No
     return None if proposal is None else json.dumps(proposal, sort_keys=True)
 
 
-class Client:
+class Client(DagsterWebserver):
     """Drive an EnvLoop deployment: its Dagster webserver and its MLflow tracking server.
 
     Args:
@@ -251,89 +112,44 @@ class Client:
 
     def __init__(self, dagster_url: str, mlflow_uri: str | None = None, *, timeout_s: float = 60.0,
                  headers: Mapping[str, str] | None = None, mlflow_setting: str | None = None) -> None:
-        from dagster_graphql import DagsterGraphQLClient
-
-        self.dagster_url = dagster_url.rstrip("/")
-        self.mlflow_uri = mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI") or None
-        self.mlflow_setting = mlflow_setting or ("mlflow_uri" if mlflow_uri else "MLFLOW_TRACKING_URI")
-        self.timeout_s = float(timeout_s)
-        self._graphql = DagsterGraphQLClient(**_split_url(dagster_url), timeout=int(timeout_s),
-                                             headers=dict(headers or {}))
-        self._location: tuple[str, str] | None = None
+        super().__init__(dagster_url, timeout_s=timeout_s, headers=headers)
+        uri = mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI") or None
+        self._releases = MlflowReleases(uri, mlflow_setting or ("mlflow_uri" if mlflow_uri else "MLFLOW_TRACKING_URI"),
+                                        self.timeout_s)
         self._settings: dict[str, Any] | None = None
-        self._steps: dict[str, int] = {}
-        self._mlflow: Any = None
         self._models_dir: str | None = None
         self._answers = Answerer(self.timeout_s)
 
-    # ------------------------------------------------------------------ GraphQL plumbing
+    @property
+    def mlflow_uri(self) -> str | None:
+        """MLflow's tracking URI (``mlflow_uri``, else ``$MLFLOW_TRACKING_URI``); ``None`` when neither is set."""
+        return self._releases.uri
 
-    def _query(self, document: str, variables: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        import requests.exceptions
-        from dagster_graphql import DagsterGraphQLClientError
-        from gql.transport.exceptions import TransportConnectionFailed, TransportServerError
-
-        try:
-            with warnings.catch_warnings():  # dagster_graphql passes variables the way gql 4 deprecates
-                warnings.simplefilter("ignore", DeprecationWarning)
-                return self._graphql._execute(document, dict(variables or {}))
-        except DagsterGraphQLClientError as exc:
-            cause = exc.__cause__
-            detail = f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
-            detail = " ".join(detail.split())[:300]
-            unreachable = isinstance(cause, (requests.exceptions.ConnectionError, requests.exceptions.Timeout,
-                                             TransportConnectionFailed, TransportServerError))
-            kind = UnavailableError if unreachable else ClientError
-            raise kind(f"the Dagster webserver at {self.dagster_url} did not answer: {detail}") from None
-
-    @staticmethod
-    def _ok(result: Mapping[str, Any], *allowed: str) -> Mapping[str, Any]:
-        """``result`` when its ``__typename`` is one of ``allowed``; else a ClientError with the server's message."""
-        kind = result.get("__typename")
-        if kind in allowed:
-            return result
-        message = result.get("message") or result.get("errors") or result
-        error = (NotFoundError if str(kind).endswith("NotFoundError")
-                 else RefusedError if kind in ("RunConfigValidationInvalid", "DuplicateDynamicPartitionError",
-                                               "InvalidStepError", "InvalidOutputError", "RunConflict")
-                 else ClientError)
-        raise error(f"{kind}: {message}")
-
-    def location(self) -> tuple[str, str]:
-        """``(code location, repository)`` holding ``round_job``, found once and kept."""
-        if self._location is None:
-            repos = self._ok(self._query(queries.REPOSITORIES)["repositoriesOrError"], "RepositoryConnection")
-            found = [(n["location"]["name"], n["name"]) for n in repos["nodes"]
-                     if any(j["name"] == ROUND_JOB for j in n["jobs"])]
-            if not found:
-                raise ClientError(f"no code location at {self.dagster_url} has the job {ROUND_JOB!r}: "
-                                  f"is it serving envloop_pipelines.definitions?")
-            if len(found) > 1:
-                raise ClientError(f"several code locations at {self.dagster_url} have {ROUND_JOB!r}: {found}")
-            self._location = found[0]
-        return self._location
-
-    def _repo(self) -> dict[str, str]:
-        location, repository = self.location()
-        return {"repositoryLocationName": location, "repositoryName": repository}
+    @property
+    def mlflow_setting(self) -> str:
+        """Where :attr:`mlflow_uri` came from, as errors name it."""
+        return self._releases.setting
 
     # ------------------------------------------------------------------ the code location's loop
 
     def loop_settings(self) -> dict[str, Any]:
-        """The loop the code location runs (its ``loop`` resource: ``LoopConfig`` names, defaults filled in).
+        """The loop the code location runs, as the deployment reports it (``LoopConfig`` names): its ``loop``
+        resource's configured values, read over GraphQL.
 
-        What the resource is configured with in the code location: every ``ENVLOOP_<FIELD>`` set when the
-        code location loaded, the rest ``LoopConfig``'s defaults.
+        Each ``ENVLOOP_<FIELD>`` set when the code location loaded is a configured value; a setting left unset there
+        is ``LoopConfig``'s default. Nothing is read on this machine: ``home`` is the deployment's (``None``: its
+        default), and ``safety_families`` are the configured ones (a run adds those its task declares).
+
+        Raises:
+            ClientError: the code location has no ``loop`` resource, or a setting of it is an environment variable
+                the webserver does not show.
         """
         if self._settings is None:
             repo = self._ok(self._query(queries.RESOURCES, {"repo": self._repo()})["repositoryOrError"], "Repository")
             loop = next((r for r in repo["allTopLevelResourceDetails"] if r["name"] == "loop"), None)
             if loop is None:
                 raise ClientError(f"the code location {self.location()[0]!r} has no 'loop' resource")
-            values = {v["key"]: json.loads(v["value"]) for v in loop["configuredValues"] if v["type"] == "VALUE"}
-            values = {k: v for k, v in values.items() if v is not None}  # unset: ENVLOOP_<FIELD> in the run
-            names = {f for f in LoopConfig.__dataclass_fields__}
-            self._settings = LoopConfig.from_settings({k: v for k, v in values.items() if k in names}).to_settings()
+            self._settings = reported_settings(loop["configuredValues"])
         return dict(self._settings)
 
     @property
@@ -343,90 +159,9 @@ class Client:
     @property
     def model_name(self) -> str:
         """The MLflow registered model of the task's releases."""
-        return LoopConfig(task=self.task).model_name
+        return model_name(self.task)
 
-    # ------------------------------------------------------------------ runs
-
-    def _launch(self, job: str, *, run_config: Mapping[str, Any] | None = None,
-                tags: Mapping[str, str] | None = None) -> str:
-        params = {"selector": {**self._repo(), "jobName": job}, "runConfigData": dict(run_config or {}),
-                  "executionMetadata": {"tags": [{"key": k, "value": str(v)} for k, v in (tags or {}).items()]}}
-        result = self._ok(self._query(queries.LAUNCH_RUN, {"params": params})["launchRun"], "LaunchRunSuccess")
-        return str(result["run"]["runId"])
-
-    def run(self, run_id: str) -> RunInfo:
-        """One run: status, partition, tags and step stats."""
-        return RunInfo.from_graphql(self._ok(self._query(queries.RUN, {"runId": run_id})["runOrError"], "Run"))
-
-    def runs(self, job: str = ROUND_JOB, *, partition: str | None = None, limit: int = 50,
-             statuses: Sequence[str] | None = None) -> list[RunInfo]:
-        """Runs of ``job``, newest first (of one ``rounds`` partition, of these statuses, when given)."""
-        run_filter: dict[str, Any] = {"pipelineName": job}
-        if partition is not None:
-            run_filter["tags"] = [{"key": PARTITION_TAG, "value": partition}]
-        if statuses is not None:
-            run_filter["statuses"] = list(statuses)
-        result = self._ok(self._query(queries.RUNS, {"filter": run_filter, "limit": limit})["runsOrError"], "Runs")
-        return [RunInfo.from_graphql(r) for r in result["results"]]
-
-    def job_steps(self, job: str) -> int:
-        """How many steps (assets and checks) a run of ``job`` executes."""
-        if job not in self._steps:
-            selector = {**self._repo(), "pipelineName": job}
-            result = self._ok(self._query(queries.JOB_STEPS, {"job": selector})["pipelineOrError"], "Pipeline")
-            self._steps[job] = len(result["solids"])
-        return self._steps[job]
-
-    def _events(self, run_id: str) -> list[dict[str, Any]]:
-        """Every event of a run's log with a message (its failures with their errors), oldest first.
-
-        Raises:
-            NotFoundError: no run ``run_id``.
-        """
-        events: list[dict[str, Any]] = []
-        cursor: str | None = None
-        for _ in range(1000):  # a page is at most 1000 events; a run has far fewer pages
-            result = self._ok(self._query(queries.RUN_FAILURES, {"runId": run_id, "after": cursor})["logsForRun"],
-                              "EventConnection")
-            events += [e for e in result["events"] if e.get("message") is not None]
-            cursor = result.get("cursor") or cursor
-            if not result.get("hasMore") or not result["events"]:
-                break
-        return events
-
-    def run_error(self, run_id: str) -> RunError | None:
-        """Why a run failed: the first failed step and the error it raised (its own message); ``None`` if none failed.
-
-        Dagster wraps a step's exception (``DagsterExecutionStepExecutionError: Error occurred while executing
-        op ...``); the step's own is the last link of the error's chain, or a ``dagster.Failure``'s description.
-
-        Raises:
-            NotFoundError: no run ``run_id``.
-        """
-        run_failure: RunError | None = None
-        for e in self._events(run_id):
-            if e["__typename"] == "ExecutionStepFailureEvent":
-                return RunError(e.get("stepKey"), *_own_error(e))
-            if e["__typename"] == "RunFailureEvent" and run_failure is None:
-                message, error_class = _own_error(e)
-                run_failure = RunError(None, message, error_class)
-        return run_failure
-
-    def logs(self, run_id: str, *, tail: int | None = 50) -> list[str]:
-        """The last ``tail`` messages of a run's log (all with ``None``): ``HH:MM:SS LEVEL step: message``.
-
-        Raises:
-            NotFoundError: no run ``run_id``.
-        """
-        lines = []
-        for e in self._events(run_id):
-            when = time.strftime("%H:%M:%S", time.gmtime(float(e.get("timestamp") or 0) / 1000))
-            step = f"{e['stepKey']}: " if e.get("stepKey") else ""
-            message = e["message"]
-            if e["__typename"] in ("ExecutionStepFailureEvent", "RunFailureEvent") and e.get("error"):
-                message = f"{message} {_own_error(e)[0]}"  # the step's own error, not only "step failed"
-            lines.append(f"{when} {e.get('level') or 'INFO'} {step}{message}")
-        return lines[-tail:] if tail else lines
+    # ------------------------------------------------------------------ runs of rounds
 
     def cancel(self, run_id: str, *, wait: bool = True, timeout_s: float = 120.0) -> RunInfo:
         """Cancel a run: its steps are interrupted and the run ends ``CANCELED``; its MLflow runs end ``KILLED``.
@@ -453,14 +188,7 @@ class Client:
 
     def _close_mlflow_round(self, key: str, status: str) -> list[str]:
         """End the round's MLflow runs still RUNNING with ``status`` (what the deployment's sensor does)."""
-        experiment = self.mlflow.get_experiment_by_name(self.task)
-        if experiment is None:
-            return []
-        runs = self.mlflow.search_runs([experiment.experiment_id], max_results=100,
-                                       filter_string=f"tags.`{TAG_ROUND}` = '{key}' and attributes.status = 'RUNNING'")
-        for r in runs:
-            self.mlflow.set_terminated(r.info.run_id, status=status)
-        return [r.info.run_id for r in runs]
+        return self._releases.close_round_runs(lambda: self.task, key, status)
 
     def retry(self, run: str, *, wait: bool = False, progress: bool = True,
               timeout_s: float | None = None) -> RoundRun | RoundInfo:
@@ -516,56 +244,6 @@ class Client:
             raise RoundFailed(f"round {launched.key}: run {info.run_id} ended {info.status}{why}{hint}", info, reason)
         return RoundInfo(launched.key, info, decision)
 
-    def _progress_lines(self, run_id: str, cursor: str | None) -> tuple[list[tuple[str | None, str]], str | None]:
-        """The run's INFO log messages after ``cursor`` as ``(step, message)`` (the steps' progress lines), and the new cursor."""
-        result = self._query(queries.RUN_LOGS, {"runId": run_id, "after": cursor})["logsForRun"]
-        if result.get("__typename") != "EventConnection":
-            return [], cursor
-        lines = [(e.get("stepKey"), e["message"]) for e in result["events"]
-                 if e.get("__typename") == "LogMessageEvent" and e.get("level") == "INFO" and e.get("message")]
-        return lines, result.get("cursor") or cursor
-
-    def wait(self, run_id: str, *, progress: bool = True, poll_s: float = 2.0, timeout_s: float | None = None,
-             desc: str | None = None) -> RunInfo:
-        """Follow a run until it ends; returns it (whatever its status).
-
-        With ``progress``, a bar over the run's steps (a line every few percent or 30 s when stderr is
-        not a terminal), with the step that runs and its latest progress line (training, say) beside it.
-
-        Raises:
-            ClientError: ``timeout_s`` passed first (the run goes on).
-        """
-        info = self.run(run_id)
-        if progress:
-            ensure_shown()  # a notebook or a script: the progress lines go to stderr, where a person sees them
-        # A retry runs the failed step and those after it: its bar counts what it runs, not the whole job.
-        total = len(info.step_keys) if info.step_keys else self.job_steps(info.job)
-        bar = Progress(desc or (f"round {info.partition}" if info.partition else info.job),
-                       total=total, unit="step") if progress else None
-        cursor: str | None = None
-        latest: dict[str | None, str] = {}  # the last progress line of each step
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        try:
-            while True:
-                done = sum(1 for s in info.steps if s.status in ("SUCCESS", "FAILURE", "SKIPPED"))
-                if bar is not None:
-                    running = [s.key for s in info.steps if s.status == "IN_PROGRESS"]
-                    lines, cursor = self._progress_lines(run_id, cursor)
-                    latest.update(lines)
-                    detail = next((latest[k] for k in running if k in latest), "")
-                    # before the first step: QUEUED (a queued instance needs dagster-daemon) or STARTING
-                    waiting = info.status if info.status in ("QUEUED", "NOT_STARTED", "STARTING") else None
-                    bar.update(done - bar.n, now=",".join(running) or waiting, detail=detail or None)
-                if info.finished:
-                    return info
-                if deadline is not None and time.monotonic() > deadline:
-                    raise ClientError(f"run {run_id} is still {info.status} after {timeout_s:.0f}s")
-                time.sleep(poll_s)
-                info = self.run(run_id)
-        finally:
-            if bar is not None:
-                bar.close()
-
     # ------------------------------------------------------------------ setup and rounds
 
     def is_set_up(self) -> bool:
@@ -597,8 +275,7 @@ class Client:
     def promotion_warning(self) -> str | None:
         """Why no candidate can be promoted with the measured noise floor (the bar is above what the metric can
         still gain over the champion), or ``None`` when one can; :meth:`setup` warns with it."""
-        found = self._materializations(NOISE_FLOOR, limit=1)
-        return found[0]["metadata"].get(PROMOTION_WARNING_LABEL) if found else None
+        return promotion_warning(self._materializations(NOISE_FLOOR, limit=1))
 
     def round_keys(self) -> list[str]:
         """Every ``rounds`` partition, in order."""
@@ -703,8 +380,6 @@ class Client:
         for name, value in (("rounds", rounds), ("patience", patience), ("max_wall_s", max_wall_s)):
             if not value > 0:
                 raise ClientError(f"{name}: the loop's budget must be positive, got {value}")
-        from envloop_pipelines.core.loop.budget import LoopBudget, NextRound, drive_loop, spent
-
         budget = LoopBudget(max_rounds=rounds, patience=patience, max_wall_s=max_wall_s)
         started, done = time.monotonic(), []
         loop_id = f"sdk-{int(time.time())}"
@@ -725,38 +400,15 @@ class Client:
 
     # ------------------------------------------------------------------ what the steps recorded
 
-    def _materializations(self, asset: str, *, partitions: Sequence[str] | None = None,
-                          limit: int | None = None) -> list[dict[str, Any]]:
-        """Materializations of ``asset``, newest first, each with ``metadata`` as a dict of plain values."""
-        variables = {"asset": {"path": [asset]}, "partitions": list(partitions) if partitions is not None else None,
-                     "limit": limit}
-        result = self._query(queries.MATERIALIZATIONS, variables)["assetOrError"]
-        if result.get("__typename") == "AssetNotFoundError":
-            return []
-        out = []
-        for m in self._ok(result, "Asset")["assetMaterializations"]:
-            metadata: dict[str, Any] = {}
-            for entry in m["metadataEntries"]:
-                kind = entry["__typename"]
-                if kind == "JsonMetadataEntry":
-                    metadata[entry["label"]] = json.loads(entry["jsonString"])
-                else:
-                    metadata[entry["label"]] = next((v for k, v in entry.items() if k not in ("label", "__typename")),
-                                                    None)
-            out.append({"run_id": m["runId"], "partition": m["partition"], "timestamp": float(m["timestamp"]) / 1000,
-                        "metadata": metadata})
-        return sorted(out, key=lambda m: -m["timestamp"])
-
     def decision(self, key: str) -> RoundDecision | None:
         """The round's decision (``promotion_decision``), ``None`` until it is decided.
 
         Raises:
             NotFoundError: there is no round ``key``.
         """
-        for m in self._materializations(PROMOTION_DECISION, partitions=[key], limit=1):
-            raw = m["metadata"].get(DECISION_LABEL)
-            if raw is not None:
-                return RoundDecision.from_dict(raw)
+        decided = round_decisions(self._materializations(PROMOTION_DECISION, partitions=[key], limit=1))
+        if key in decided:
+            return decided[key]
         keys = self.round_keys()
         if key not in keys:
             raise NotFoundError(f"round: no round {key!r} at {self.dagster_url}; rounds: {', '.join(keys) or 'none'}")
@@ -775,11 +427,7 @@ class Client:
 
     def rounds(self) -> list[RoundInfo]:
         """Every round, oldest first, with its latest run and decision."""
-        decisions: dict[str, RoundDecision] = {}
-        for m in self._materializations(PROMOTION_DECISION):
-            raw = m["metadata"].get(DECISION_LABEL)
-            if m["partition"] and raw is not None and m["partition"] not in decisions:
-                decisions[m["partition"]] = RoundDecision.from_dict(raw)
+        decisions = round_decisions(self._materializations(PROMOTION_DECISION))
         latest: dict[str, RunInfo] = {}
         for run in self.runs(ROUND_JOB, limit=500):
             if run.partition and run.partition not in latest:
@@ -792,27 +440,14 @@ class Client:
         Raises:
             RefusedError: ``kind`` is not a ledger event kind (the message lists them).
         """
-        from envloop_pipelines.core.ledger.event_log import EVENT_KINDS
-
         if kind is not None and kind not in EVENT_KINDS:
             raise RefusedError(f"kind: {kind!r} is not a ledger event kind; allowed: {', '.join(EVENT_KINDS)}")
-        events: dict[str, dict[str, Any]] = {}
-        for asset in (NOISE_FLOOR, PROMOTION_DECISION):
-            for m in self._materializations(asset):
-                for e in m["metadata"].get(LEDGER_EVENTS_LABEL) or []:
-                    events.setdefault(e.get("event_id") or json.dumps(e, sort_keys=True), e)
-        out = sorted(events.values(), key=lambda e: e.get("at") or 0)
-        return [e for e in out if kind is None or e.get("kind") == kind]
+        events = ledger_events(m for asset in (NOISE_FLOOR, PROMOTION_DECISION) for m in self._materializations(asset))
+        return [e for e in events if kind is None or e.get("kind") == kind]
 
     def cards(self) -> dict[int, dict[str, Any]]:
         """Release cards by release number, as the steps that published them recorded them."""
-        cards: dict[int, dict[str, Any]] = {}
-        for asset in (NOISE_FLOOR, PROMOTION_DECISION):
-            for m in self._materializations(asset):
-                card = m["metadata"].get(RELEASE_CARD_LABEL)
-                if card and int(card["release"]) not in cards:
-                    cards[int(card["release"])] = card
-        return cards
+        return release_cards(m for asset in (NOISE_FLOOR, PROMOTION_DECISION) for m in self._materializations(asset))
 
     def card(self, release: int | str = "champion") -> dict[str, Any]:
         """One release's card (``"champion"``: the current champion's).
@@ -831,29 +466,7 @@ class Client:
     @property
     def mlflow(self) -> Any:
         """``mlflow.MlflowClient`` on :attr:`mlflow_uri`."""
-        if self._mlflow is None:
-            if not self.mlflow_uri:
-                raise ClientError("mlflow_uri: not set; pass Client(..., mlflow_uri='http://host:port') "
-                                  "or set MLFLOW_TRACKING_URI")
-            from mlflow import MlflowClient
-
-            self._probe_mlflow()
-            self._mlflow = MlflowClient(tracking_uri=self.mlflow_uri, registry_uri=self.mlflow_uri)
-        return self._mlflow
-
-    def _probe_mlflow(self) -> None:
-        """An MLflow server must answer ``/health`` (``core/services.py``): a dead URL fails here, in seconds, not
-        after MLflow's own retries (minutes). A local store (``sqlite:///...``) needs no probe.
-
-        Raises:
-            UnavailableError: the server did not answer, or answered with an error (one line: URL and setting).
-        """
-        from envloop_pipelines.core.services import PROBE_TIMEOUT_S, ServiceUnavailable, probe_tracking_uri
-
-        try:
-            probe_tracking_uri(self.mlflow_uri, self.mlflow_setting, min(self.timeout_s, PROBE_TIMEOUT_S))
-        except ServiceUnavailable as exc:
-            raise UnavailableError(str(exc)) from None
+        return self._releases.client
 
     def probe(self) -> None:
         """Fail in seconds when the Dagster webserver, or the MLflow server (when ``mlflow_uri`` is set), does not
@@ -863,45 +476,16 @@ class Client:
         Raises:
             UnavailableError: a server did not answer; the one-line message names its URL and the setting.
         """
-        from envloop_pipelines.core.services import PROBE_TIMEOUT_S, ServiceUnavailable, probe
-
         try:  # any answer shows the webserver is up (a proxy in front may refuse /server_info itself)
             probe(self.dagster_url, name="the Dagster webserver", setting="dagster_url", path="/server_info",
                   timeout_s=min(self.timeout_s, PROBE_TIMEOUT_S), http_error_fails=False)
         except ServiceUnavailable as exc:
             raise UnavailableError(str(exc)) from None
-        self._probe_mlflow()
+        self._releases.probe()
 
     def releases(self, *, with_cards: bool = True) -> list[ReleaseInfo]:
         """The release chain from the MLflow registry (one model version per release), oldest first."""
-        from mlflow.exceptions import MlflowException
-
-        try:
-            versions = self.mlflow.search_model_versions(f"name='{self.model_name}'")
-        except MlflowException as exc:
-            raise UnavailableError(f"MLflow at {self.mlflow_uri}: {exc.message}") from None
-        try:
-            champion = str(self.mlflow.get_model_version_by_alias(self.model_name, CHAMPION_ALIAS).version)
-        except MlflowException:
-            champion = None
-        cards = self.cards()  # the ledger's, as the steps that published them recorded them
-        mismatch = projection_error([cards[k] for k in sorted(cards)],
-                                    [(str(v.version), v.tags or {}) for v in versions], champion, self.model_name)
-        if mismatch:  # the registry is the ledger's projection (issue 34): a moved alias or a forged tag is refused
-            raise ClientError(f"release chain refused: {mismatch}")
-        if not with_cards:
-            cards = {}
-        out = []
-        for v in versions:
-            if TAG_RELEASE not in (v.tags or {}):
-                continue
-            number = int(v.tags[TAG_RELEASE])
-            metrics = self.mlflow.get_run(v.run_id).data.metrics if v.run_id else {}
-            holdout = {k[len(HOLDOUT_PREFIX):]: val for k, val in metrics.items() if k.startswith(HOLDOUT_PREFIX)}
-            out.append(ReleaseInfo(release=number, model_version=str(v.version), round=v.tags.get(TAG_ROUND),
-                                   checkpoint_sha256=v.tags.get(TAG_CHECKPOINT), mlflow_run_id=v.run_id,
-                                   holdout=holdout, champion=str(v.version) == champion, card=cards.get(number)))
-        return sorted(out, key=lambda r: r.release)
+        return self._releases.releases(lambda: self.model_name, self.cards, with_cards=with_cards)
 
     def release_cards(self) -> list[dict[str, Any]]:
         """The releases as the local ledger's cards look: the card, with MLflow's version, holdout and champion flag."""
@@ -937,29 +521,12 @@ class Client:
         Raises:
             ClientError: no such release, or the download does not verify against the release's sha256.
         """
-        from envloop_pipelines.console import quiet_third_party
-        from envloop_pipelines.core.model.checkpoint import checkpoint_hash, verify_checkpoint
-
         quiet_third_party()  # the CLI's filters (a download's and a model's bars and notes), for a script or notebook
         number = self._release_number(release)
         found = next((r for r in self.releases(with_cards=False) if r.release == number), None)
         if found is None or not found.mlflow_run_id:
             raise NotFoundError(f"release: no release {number} of {self.model_name} in MLflow at {self.mlflow_uri}")
-        dest_dir = Path(dest)
-        dest_dir.mkdir(parents=True, exist_ok=True)
-        target = dest_dir / str(found.checkpoint_sha256)
-        if not target.exists():
-            staging = Path(tempfile.mkdtemp(prefix=".fetch-", dir=dest_dir))
-            try:
-                local = Path(self.mlflow.download_artifacts(found.mlflow_run_id, "checkpoint", str(staging)))
-                local.rename(target)
-            finally:
-                shutil.rmtree(staging, ignore_errors=True)
-        verify_checkpoint(target)
-        if found.checkpoint_sha256 and checkpoint_hash(target) != found.checkpoint_sha256:
-            raise ClientError(f"release {number}: the downloaded checkpoint hashes to {checkpoint_hash(target)}, "
-                              f"not {found.checkpoint_sha256}")
-        return target
+        return self._releases.download_checkpoint(found, dest)
 
     # ------------------------------------------------------------------ predict: a served release, or here
 
@@ -985,8 +552,6 @@ class Client:
     def _release_source(self, release: int | str, dest: str | os.PathLike[str] | None) -> Any:
         """The model source of a release's checkpoint, fetched from MLflow into ``dest`` (default: this client's
         temporary folder); it answers as the release (``envloop-<task>-r<NNNN>``), as the LocalClient's does."""
-        from envloop_pipelines.core.serve.settings import source_from_release_checkpoint
-
         if dest is None:
             if self._models_dir is None:
                 self._models_dir = tempfile.mkdtemp(prefix="envloop-models-")
@@ -1000,41 +565,7 @@ class Client:
 
     # ------------------------------------------------------------------ eval (runs here)
 
-    @staticmethod
-    def evaluate(checkpoint: str | os.PathLike[str], *, records: str | os.PathLike[str] | None = None,
-                 task: str | None = None, split: str = "dev", home: str | os.PathLike[str] | None = None) -> dict[str, Any]:
-        """Metrics of a checkpoint on labelled data, computed on this machine (as ``envloop eval``).
-
-        Args:
-            checkpoint: A checkpoint directory (:meth:`fetch_checkpoint` gives one).
-            records: A JSONL/CSV/Parquet file of labelled decision records; or
-            task, split, home: an open split (``dev``, ``val``, ``train``) of a task in a local EnvLoop home.
-
-        Raises:
-            ClientError: neither or both of ``records`` and ``task``, or a split the verifier keeps.
-        """
-        from envloop_pipelines.core.benchmark import SAFETY_FAMILIES
-        from envloop_pipelines.core.model.predict import evaluate_checkpoint
-
-        if (records is None) == (task is None):
-            raise ClientError("records/task: give exactly one: a file of labelled records, or a task and an open split")
-        if records is not None:
-            from envloop_pipelines.core.data.records import questions_table
-            from envloop_pipelines.core.data.tabular import load_records
-
-            table = questions_table(load_records(Path(records), require_group=False).records)
-            source = {"records": str(records)}
-        else:
-            if split not in ("dev", "val", "train"):
-                raise ClientError(f"split: {split!r} is not an open split (dev, val, train); test and holdout are "
-                                  f"scored by the verifier only")
-            from envloop_pipelines.core.data.snapshots import open_task
-
-            snapshot = open_task(str(task), home=home)
-            table = snapshot.table(split)
-            source = {"task": str(task), "split": split, "benchmark_version": snapshot.benchmark_version}
-        return {**evaluate_checkpoint(checkpoint, table, safety_families=SAFETY_FAMILIES), **source}
+    evaluate = staticmethod(evaluate)
 
 
-__all__ = ["Client", "ClientError", "NotFoundError", "PromotionOutOfReach", "RefusedError", "ReleaseInfo", "RoundFailed", "RoundInfo", "RoundRun",
-           "RunError", "RunInfo", "StepInfo", "UnavailableError"]
+__all__ = ["Client"]

@@ -1,4 +1,11 @@
-"""The SDK's errors, shared by both clients (:mod:`envloop_pipelines.sdk.client` re-exports them)."""
+"""The SDK's errors, shared by both clients (:mod:`envloop_pipelines.sdk` exports them)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for the annotations only: records.py does not import the errors
+    from envloop_pipelines.sdk.records import RunError, RunInfo
 
 
 class ClientError(RuntimeError):
@@ -21,4 +28,13 @@ class UnavailableError(ClientError):
     """The Dagster webserver or the MLflow server did not answer (within ``timeout_s``)."""
 
 
-__all__ = ["ClientError", "NotFoundError", "PromotionOutOfReach", "RefusedError", "UnavailableError"]
+class RoundFailed(ClientError):
+    """A round's (or the setup's) run ended without a decision; ``reason`` is the failed step's own error."""
+
+    def __init__(self, message: str, run: RunInfo, reason: RunError | None = None) -> None:
+        super().__init__(message)
+        self.run = run
+        self.reason = reason
+
+
+__all__ = ["ClientError", "NotFoundError", "PromotionOutOfReach", "RefusedError", "RoundFailed", "UnavailableError"]

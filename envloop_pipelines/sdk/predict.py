@@ -13,6 +13,8 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from envloop_pipelines.console import quiet_third_party
+from envloop_pipelines.core.serve.settings import settings_for
 from envloop_pipelines.sdk.errors import ClientError, NotFoundError, RefusedError, UnavailableError
 
 JEV_PATH = "/v1/systemone"
@@ -33,7 +35,7 @@ def jev_body(request: Mapping[str, Any]) -> dict[str, Any]:
 
 def answer(post: Callable[..., Any], body: Mapping[str, Any], where: str) -> dict[str, Any]:
     """The server's answer to one Jev body; its refusal as the SDK's error (4xx named by kind, 5xx unavailable)."""
-    import httpx
+    import httpx  # not a dependency of the package (pyproject's test extra): only a prediction needs it
 
     try:
         response = post(JEV_PATH, json=body)
@@ -89,13 +91,11 @@ class Answerer:
         many = not isinstance(request, Mapping)
         bodies = [jev_body(r) for r in (request if many else [request])]
         if url is None:
-            from envloop_pipelines.console import quiet_third_party
-
             quiet_third_party()  # the CLI's filters: a model loads here (its "Loading weights" bars, a FutureWarning)
             server = self._server(source())
             answers = [answer(server.post, body, "in process") for body in bodies]
         else:
-            import httpx
+            import httpx  # only a prediction needs it (see answer)
 
             headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
             with httpx.Client(base_url=url.rstrip("/"), timeout=self.timeout_s, headers=headers) as http:
@@ -104,10 +104,11 @@ class Answerer:
 
     def _server(self, source: Any) -> Any:
         """The server app for a model source, in this process (one per checkpoint, kept)."""
+        # Starlette's TestClient needs httpx (see answer), and the server app loads torch and the model's code
+        # (seconds): both imported when a release is first answered here
         from fastapi.testclient import TestClient
 
         from envloop_pipelines.core.serve.app import create_app
-        from envloop_pipelines.core.serve.settings import settings_for
 
         name = str(source.checkpoint_dir)
         if name not in self._servers:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from envloop_pipelines.sdk.client import ReleaseInfo, RoundInfo, RoundRun, RunError, RunInfo
+from envloop_pipelines.sdk.records import ReleaseInfo, RoundInfo, RoundRun, RunError, RunInfo
 
 
 @runtime_checkable

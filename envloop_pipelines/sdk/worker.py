@@ -16,14 +16,14 @@ import json
 import sys
 from pathlib import Path
 
+from envloop_pipelines.console import quiet_third_party
+from envloop_pipelines.sdk.errors import ClientError, RoundFailed
+from envloop_pipelines.sdk.instance import SILENT
+from envloop_pipelines.sdk.local import LocalClient
+
 
 def main(argv: list[str] | None = None) -> int:
     """Run the round the spec names; 0 when it was decided, 1 when it failed or was cancelled."""
-    from envloop_pipelines.console import quiet_third_party
-    from envloop_pipelines.sdk.client import RoundFailed
-    from envloop_pipelines.sdk.errors import ClientError
-    from envloop_pipelines.sdk.local import SILENT, LocalClient
-
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print("usage: python -m envloop_pipelines.sdk.worker SPEC.json", file=sys.stderr)

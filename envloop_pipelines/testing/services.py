@@ -88,7 +88,7 @@ def dagster_webserver(root: Path, env: dict[str, str], *, startup_timeout: float
 
     import yaml
 
-    from envloop_pipelines.cli.round import INSTANCE_FILE
+    from envloop_pipelines.sdk.instance import INSTANCE_FILE
 
     dagster_home = root / "dagster"
     dagster_home.mkdir(parents=True, exist_ok=True)

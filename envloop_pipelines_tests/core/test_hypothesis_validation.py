@@ -43,7 +43,8 @@ BAD = [
 def test_each_bad_field_is_refused_by_every_door_and_named(tmp_path: Path, proposal: dict, field: str,
                                                            message: str) -> None:
     from envloop_pipelines.cli.round import _read_hypothesis
-    from envloop_pipelines.sdk.client import RefusedError, _hypothesis_json
+    from envloop_pipelines.sdk.client import _hypothesis_json
+    from envloop_pipelines.sdk.errors import RefusedError
 
     errors = proposal_errors(proposal)
     assert any(e.startswith(field + ":") and message in e for e in errors), errors

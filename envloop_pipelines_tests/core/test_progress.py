@@ -184,7 +184,7 @@ def test_a_dagster_run_keeps_the_progress_lines_in_its_event_log(log_mode: None)
     import dagster as dg
     import yaml
 
-    from envloop_pipelines.cli.round import INSTANCE_FILE
+    from envloop_pipelines.sdk.instance import INSTANCE_FILE
 
     @dg.asset
     def slow_work() -> None:

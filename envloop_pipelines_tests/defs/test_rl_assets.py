@@ -24,7 +24,7 @@ round_setup = test_rl_round.round_setup
 
 def _materialize(selection: list, home: Path, settings: dict, *, raise_on_error: bool = False) -> dg.ExecuteInProcessResult:
     from envloop_pipelines.defs.rl.assets import RL_ASSETS
-    from envloop_pipelines.defs.rl.resources import rl_resources
+    from envloop_pipelines.resources.rl import rl_resources
     from envloop_pipelines.resources.loop import MlflowResource
 
     instance = dg.DagsterInstance.ephemeral()

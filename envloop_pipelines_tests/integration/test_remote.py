@@ -28,7 +28,8 @@ from envloop_pipelines.core import progress
 from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.decision_loop.step_records import RoundDecision
 from envloop_pipelines.core.ledger.store import RoundStore
-from envloop_pipelines.sdk import Client, ClientError
+from envloop_pipelines.sdk.client import Client
+from envloop_pipelines.sdk.errors import ClientError
 from envloop_pipelines.testing import services
 from envloop_pipelines_tests.test_docs import doc_fences
 

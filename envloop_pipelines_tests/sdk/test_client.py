@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from envloop_pipelines.sdk import Client, ClientError, RunInfo
+from envloop_pipelines.sdk.client import Client
+from envloop_pipelines.sdk.errors import ClientError
+from envloop_pipelines.sdk.records import RunInfo
 from envloop_pipelines.sdk import queries
-from envloop_pipelines.sdk.client import _hypothesis_json, _split_url
+from envloop_pipelines.sdk.client import _hypothesis_json
+from envloop_pipelines.sdk.webserver import _split_url
 
 GOOD = {"change": {"kind": "recipe", "recipe_diff": {"max_steps": 80}}, "predicted_delta": 0.02,
         "gate": {"primary_metric": "family_macro_accuracy", "min_delta": 0.01}, "rationale": "under-trained"}
@@ -92,7 +95,7 @@ def test_a_start_while_a_round_runs_on_the_deployment_is_refused_naming_it(monke
     """Issue 37: the remote Client accepted a second start_round while one ran. It now asks the deployment for a
     round run that has not ended before adding a partition (the round's first step claims the round on the
     deployment for starts that pass this check together: ``sdk/test_local_client_rounds.py``)."""
-    from envloop_pipelines.sdk import RefusedError
+    from envloop_pipelines.sdk.errors import RefusedError
 
     client = Client("http://127.0.0.1:9")
     client._settings = {"task": "personal_agent"}

@@ -20,8 +20,10 @@ import pytest
 
 from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.ledger.store import RoundStore
-from envloop_pipelines.sdk import Client, NotFoundError, RefusedError, RoundFailed, RoundRun, UnavailableError
-from envloop_pipelines.sdk.client import PARTITION_TAG, REFUSED_TAG, ROUND_JOB
+from envloop_pipelines.names import PARTITION_TAG, REFUSED_TAG, ROUND_JOB
+from envloop_pipelines.sdk.client import Client
+from envloop_pipelines.sdk.errors import NotFoundError, RefusedError, RoundFailed, UnavailableError
+from envloop_pipelines.sdk.records import RoundRun
 from envloop_pipelines.testing import services
 from envloop_pipelines_tests.integration.test_remote import (ENVLOOP, HYPOTHESIS, TASK, Deployment,
                                                           running_deployment)
@@ -33,7 +35,7 @@ REFUSED = {**HYPOTHESIS, "gate": {"floor_multiplier": 0.5}}
 #: The notebook: start a round, print its key and run, wait for it with progress (stderr is a pipe here).
 NOTEBOOK = """
 import json, sys
-from envloop_pipelines.sdk import Client
+from envloop_pipelines.sdk.client import Client
 client = Client(sys.argv[1], mlflow_uri=sys.argv[2])
 run = client.start_round(json.loads(sys.argv[3]))
 print(json.dumps({"key": run.key, "run_id": run.run_id}), flush=True)

@@ -20,7 +20,8 @@ import pytest
 from click.testing import CliRunner
 
 from envloop_pipelines.cli import main
-from envloop_pipelines.sdk import Client, RefusedError, UnavailableError
+from envloop_pipelines.sdk.client import Client
+from envloop_pipelines.sdk.errors import RefusedError, UnavailableError
 from envloop_pipelines.testing.services import free_port
 
 

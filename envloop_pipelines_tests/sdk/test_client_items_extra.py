@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 import pytest
 
-from envloop_pipelines.sdk import ClientError
+from envloop_pipelines.sdk.errors import ClientError
 
 #: The issue's hypotheses, each with the field its refusal names.
 ISSUE = [

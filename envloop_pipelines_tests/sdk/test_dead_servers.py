@@ -15,7 +15,9 @@ import pytest
 from click.testing import CliRunner
 
 from envloop_pipelines.cli import main
-from envloop_pipelines.sdk import Client, LocalClient, UnavailableError
+from envloop_pipelines.sdk.client import Client
+from envloop_pipelines.sdk.errors import UnavailableError
+from envloop_pipelines.sdk.local import LocalClient
 from envloop_pipelines.testing.services import free_port
 
 DEAD = "http://127.0.0.1:9"  # the discard port: nothing listens, the connection is refused at once

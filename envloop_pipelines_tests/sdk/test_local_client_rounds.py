@@ -20,7 +20,8 @@ import pytest
 
 from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.tracking import TAG_ROUND, MlflowTracker
-from envloop_pipelines.sdk import LocalClient, NotFoundError, RefusedError
+from envloop_pipelines.sdk.errors import NotFoundError, RefusedError
+from envloop_pipelines.sdk.local import LocalClient
 from envloop_pipelines_tests.defs.test_round import GENERATOR, TASK, learnable_tickets
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -165,7 +166,7 @@ def test_two_clients_started_0_1s_apart_run_one_round_and_every_other_door_is_re
     from envloop_pipelines.cli import main
     from envloop_pipelines.core.ledger.event_log import EVENT_CHECKPOINT_TRAINED
     from envloop_pipelines.names import CLIENT_TAG, REFUSED_TAG, ROUND_JOB
-    from envloop_pipelines.sdk.local import code_location_job
+    from envloop_pipelines.sdk.instance import code_location_job
 
     clients = [LocalClient({**SETTINGS, "home": str(loop["home"])}) for _ in range(2)]
     answers: dict[int, Any] = {}

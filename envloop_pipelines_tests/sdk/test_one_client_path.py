@@ -15,7 +15,7 @@ import envloop_pipelines
 from envloop_pipelines import names
 from envloop_pipelines.core.loop.budget import LoopBudget, NextRound, drive_loop, spent
 from envloop_pipelines.core.decision_loop.proposals import ProposalError, parse_proposal
-from envloop_pipelines.sdk import Client
+from envloop_pipelines.sdk.client import Client
 from envloop_pipelines.sdk.local import LocalClient
 from envloop_pipelines.sdk.protocol import LOOP_CLIENT_METHODS, LoopClient
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from envloop_pipelines.sdk import RefusedError
+from envloop_pipelines.sdk.errors import RefusedError
 from envloop_pipelines.sdk.predict import answer
 
 
@@ -28,7 +28,7 @@ def _python(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
 LOCAL_PROGRESS = """
 import time
 import dagster as dg
-from envloop_pipelines.sdk.local import watch_steps
+from envloop_pipelines.sdk.instance import watch_steps
 with watch_steps(dg.DagsterInstance.ephemeral(), "no-such-run", 3, "setup", poll_s=0.2):
     time.sleep(1.6)
 """
@@ -41,7 +41,9 @@ def test_the_local_clients_progress_reaches_a_script_whose_stderr_is_no_terminal
 
 FILTERS = """
 import os, warnings
-from envloop_pipelines.sdk import Client, LocalClient, NotFoundError, UnavailableError
+from envloop_pipelines.sdk.client import Client
+from envloop_pipelines.sdk.errors import NotFoundError, UnavailableError
+from envloop_pipelines.sdk.local import LocalClient
 
 def installed():
     return (os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS") == "1"
@@ -84,7 +86,9 @@ def test_a_cancelled_round_is_called_cancelled_in_its_worker_log(tmp_path: Path,
     """Issue 37: the worker log of a round that ``LocalClient.cancel`` stopped said it failed."""
     import json
 
-    from envloop_pipelines.sdk import RoundFailed, RunInfo, worker
+    from envloop_pipelines.sdk import worker
+    from envloop_pipelines.sdk.errors import RoundFailed
+    from envloop_pipelines.sdk.records import RunInfo
     from envloop_pipelines.sdk.local import LocalClient
 
     spec = tmp_path / "abc.json"

@@ -1,6 +1,6 @@
 """The RL round's settings: one frozen value, the only place they are declared.
 
-Dagster's ``rl`` resource (``defs/rl/resources.py``) is generated from the fields of
+Dagster's ``rl`` resource (``resources/rl.py``) is generated from the fields of
 :class:`RlRoundConfig` (same names, defaults and help), so the launch config of an RL
 round cannot drift from the core. Every field is a plain value (text, number, flag):
 the recipe is a file, the gate is its two knobs, and each cap on tokens says what it

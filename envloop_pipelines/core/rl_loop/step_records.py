@@ -1,7 +1,7 @@
 """The typed values the steps of an RL round hand each other (as ``decision_loop/step_records.py`` is for the decision round).
 
 Each step of :mod:`~envloop_pipelines.core.rl_loop.round_steps` takes the records of the steps it
-depends on and returns its own frozen record; Dagster's ``RlStoreIOManager`` (``defs/rl/resources.py``)
+depends on and returns its own frozen record; Dagster's ``RlStoreIOManager`` (``resources/rl.py``)
 stores each at ``<home>/loops/<task>/rounds/<round>/<asset>.json`` and hands it downstream, and
 :func:`~envloop_pipelines.core.rl_loop.run_round.run_rl_round` calls the same steps with the values
 directly. Attempts, SFT snapshots and policy checkpoints stay content-addressed on disk, referenced

@@ -1,7 +1,7 @@
 """The assets of an RL round, one per step. Each body resolves its settings, calls one core step, returns its record.
 
 The steps are :mod:`envloop_pipelines.core.rl_loop.round_steps`; their frozen records
-(``core/rl_loop/step_records.py``) go through ``RlStoreIOManager`` (``defs/rl/resources.py``),
+(``core/rl_loop/step_records.py``) go through ``RlStoreIOManager`` (``resources/rl.py``),
 so the graph's edges are the data flow. The policy server the steps use is
 ``defs/rl/serving.py``'s (``envloop serve``'s policy app).
 """
@@ -20,7 +20,7 @@ from envloop_pipelines.core.rl_loop.step_records import (
     RlSampling,
     RlSnapshot,
 )
-from envloop_pipelines.defs.rl.resources import RlResource
+from envloop_pipelines.resources.rl import RlResource
 from envloop_pipelines.defs.rl.serving import serve_policy
 from envloop_pipelines.resources.loop import MlflowResource
 
