@@ -4,8 +4,9 @@
 
 The code location turns every ``ENVLOOP_<FIELD>`` set when it loads into a configured value
 (``resources/loop.py``, ``deployment_loop_resource``); a setting left unset there reports ``null`` and is
-``LoopConfig``'s declared default. No ``LoopConfig`` is built on the client: its checks read a home (the task's
-declared safety families, the recipe file), and the home that matters is the deployment's.
+``LoopConfig``'s declared default. No ``LoopConfig`` is built on the client: the deployment's own resource
+checked the settings where they entered, and the task's declared safety families are read from the deployment's
+snapshot by each step (``LoopConfig.guarded_families``), never from this machine's home.
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from envloop_pipelines.core.loop.config import field_default, loop_fields, parse_setting
+from envloop_pipelines.core.loop.config import field_default, loop_fields
 from envloop_pipelines.sdk.errors import ClientError
 
 
 def reported_settings(configured: Sequence[Mapping[str, str]]) -> dict[str, Any]:
     """The loop's settings (``LoopConfig`` names) from its resource's configured values as the webserver reports them
     (GraphQL ``configuredValues``: each ``{key, value, type}``, the value JSON text); a setting left unset is
-    ``LoopConfig``'s declared default. No ``LoopConfig`` is built: that would read this machine's home.
+    ``LoopConfig``'s declared default (no ``LoopConfig`` is built here: see the module docstring).
 
     Raises:
         ClientError: a setting bound to an environment variable (``type`` ``ENV_VAR``): the webserver shows the
@@ -38,9 +39,7 @@ def reported_settings(configured: Sequence[Mapping[str, str]]) -> dict[str, Any]
         # None: unset when the code location loaded (a run reads ENVLOOP_<FIELD>, else the default)
         if value is not None:
             settings[entry["key"]] = value
-    overrides = settings["recipe_overrides"]  # JSON text in the resource (Dagster config is text), a mapping here
-    settings["recipe_overrides"] = dict(parse_setting("recipe_overrides", overrides) if isinstance(overrides, str)
-                                        else overrides)
+    settings["recipe_overrides"] = dict(settings["recipe_overrides"])  # a mapping in the resource as everywhere
     settings["safety_families"] = list(settings["safety_families"])
     return settings
 

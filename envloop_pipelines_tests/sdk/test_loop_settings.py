@@ -42,7 +42,7 @@ def _value(key: str, value: object) -> dict[str, str]:
 
 def test_the_reported_values_with_the_rest_left_at_their_defaults(no_loop_config_here: None) -> None:
     settings = reported_settings([_value("task", "tickets"), _value("noise_arms", 4), _value("top_clusters", None),
-                                  _value("recipe_overrides", '{"max_steps": 2}'), _value("not_a_setting", 1)])
+                                  _value("recipe_overrides", {"max_steps": 2}), _value("not_a_setting", 1)])
     assert list(settings) == [f.name for f in loop_fields()]
     assert (settings["task"], settings["noise_arms"], settings["recipe_overrides"]) == ("tickets", 4, {"max_steps": 2})
     assert (settings["top_clusters"], settings["safety_families"], settings["home"]) == (4, ["needs_approval"], None)
