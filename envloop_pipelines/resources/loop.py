@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import dagster as dg
 import pydantic
@@ -33,25 +33,14 @@ from envloop_pipelines.core.loop.config import (
     settings_from_env,
 )
 from envloop_pipelines.core.tracking import MlflowTracker
+from envloop_pipelines.resources.settings import SettingsResource, settings_resource_model
 
 
-class _LoopSettings(dg.ConfigurableResource):
-    #: The run's ``LoopConfig``, built once when the run's resources are set up and handed to every step.
-    _config: LoopConfig | None = pydantic.PrivateAttr(default=None)
+class _LoopSettings(SettingsResource):
+    """The loop's settings, built into a ``LoopConfig`` once per run (``SettingsResource``): a misspelled launchpad
+    override is refused when the run's resources are set up, naming the key, before any step's body."""
 
-    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        """Build the run's settings once, when the run starts, before any step's body: a misspelled launchpad
-        override is refused here, naming the key, not in the first step that loads the recipe."""
-        self._config = self.build_config()
-
-    def config(self) -> LoopConfig:
-        """The run's settings as the core's value: the one built at setup (validated there); outside a run
-        (a sensor tick, a test) built on each call."""
-        return self._config if self._config is not None else self.build_config()
-
-    def build_config(self) -> LoopConfig:
-        """The loop's settings as the core's value (validated there)."""
-        return LoopConfig.from_settings({f.name: getattr(self, f.name) for f in loop_fields()})
+    SETTINGS: ClassVar[Any] = LoopConfig
 
     def task_snapshot(self, benchmark: Benchmark) -> TaskSnapshot:
         """The task's snapshot for one step, opened once and handed to every core function the step calls.
@@ -78,13 +67,9 @@ def _resource_field(f: Any) -> tuple[Any, Any]:
     return (kind | None if default is None else kind), default
 
 
-LoopResource = pydantic.create_model(  # type: ignore[call-overload]
-    "LoopResource",
-    __base__=_LoopSettings,
-    __module__=__name__,
-    __doc__="The loop a code location runs: every setting of ``LoopConfig`` (env ``ENVLOOP_<FIELD>``).",
-    **{f.name: _resource_field(f) for f in loop_fields()},
-)
+LoopResource = settings_resource_model(
+    "LoopResource", _LoopSettings,
+    "The loop a code location runs: every setting of ``LoopConfig`` (env ``ENVLOOP_<FIELD>``).", _resource_field)
 
 
 class _SettingsFromEnv(LoopResource):  # type: ignore[misc, valid-type]
@@ -111,13 +96,10 @@ def _unset_field(f: Any) -> tuple[Any, Any]:
         f"{help_text} Unset: ${env_name(f.name)} when a run uses the resource, else {shown!r}.").strip())
 
 
-DeploymentLoopResource = pydantic.create_model(  # type: ignore[call-overload]
-    "DeploymentLoopResource",
-    __base__=_SettingsFromEnv,
-    __module__=__name__,
-    __doc__="The code location's loop: each setting of ``LoopConfig`` set here, else ``ENVLOOP_<FIELD>`` at run time.",
-    **{f.name: _unset_field(f) for f in loop_fields()},
-)
+DeploymentLoopResource = settings_resource_model(
+    "DeploymentLoopResource", _SettingsFromEnv,
+    "The code location's loop: each setting of ``LoopConfig`` set here, else ``ENVLOOP_<FIELD>`` at run time.",
+    _unset_field)
 
 
 def deployment_loop_resource(environ: Mapping[str, str]) -> Any:

@@ -4,61 +4,48 @@
 (same names, types, defaults and help), so the launch config cannot drift from the core. A run sets
 them under ``resources.rl.config`` (README, "RL from verified attempts"). ``RlStoreIOManager`` stores
 each step's frozen record (``core/rl_loop/step_records.py``) in the RL task's ``RoundStore``, as the decision
-round's IO manager does for its own.
+round's IO manager does for its own (one ``StepStoreIOManager``, ``resources/settings.py``).
 """
 
-from typing import Any
+import dataclasses
+import typing
+from typing import Any, ClassVar
 
-import dagster as dg
 import pydantic
 
-from envloop_pipelines.core.rl_loop.round_config import RlRoundConfig, rl_field_type, rl_fields
+from envloop_pipelines.core.rl_loop.round_config import RlRoundConfig
 from envloop_pipelines.core.rl_loop.step_records import RL_STEP_RECORDS
-from envloop_pipelines.core.ledger.store import RoundStore
+from envloop_pipelines.resources.settings import SettingsResource, StepStoreIOManager, settings_resource_model
 
 
-class _RlSettings(dg.ConfigurableResource):
-    def config(self) -> RlRoundConfig:
-        """The round's settings as the core's value (validated there)."""
-        return RlRoundConfig.from_settings({f.name: getattr(self, f.name) for f in rl_fields()})
+class _RlSettings(SettingsResource):
+    """The RL round's settings, built into an ``RlRoundConfig`` once per run (``SettingsResource``)."""
+
+    SETTINGS: ClassVar[Any] = RlRoundConfig
 
 
-RlResource = pydantic.create_model(  # type: ignore[call-overload]
-    "RlResource",
-    __base__=_RlSettings,
-    __module__=__name__,
-    __doc__="The settings of an RL round: every field of ``RlRoundConfig`` (set per run under ``resources.rl.config``).",
-    **{f.name: (rl_field_type(f), pydantic.Field(default=f.default, description=f.metadata.get("help")))
-       for f in rl_fields()},
-)
+def _rl_field(f: dataclasses.Field) -> tuple[Any, Any]:
+    """The field's type (``X | None`` kept), its default and help."""
+    return typing.get_type_hints(RlRoundConfig)[f.name], pydantic.Field(default=f.default,
+                                                                         description=f.metadata.get("help"))
 
 
-class RlStoreIOManager(dg.ConfigurableIOManager):
+RlResource = settings_resource_model(
+    "RlResource", _RlSettings,
+    "The settings of an RL round: every field of ``RlRoundConfig`` (set per run under ``resources.rl.config``).",
+    _rl_field)
+
+
+class RlStoreIOManager(StepStoreIOManager):
     """RL step values as JSON at ``<home>/loops/<task>/rounds/<round>/<asset>.json``, by the record of each asset."""
+
+    RECORDS: ClassVar[Any] = RL_STEP_RECORDS
+    RECORDS_WHERE: ClassVar[str] = "core/rl_loop/step_records.RL_STEP_RECORDS"
 
     rl: RlResource  # type: ignore[valid-type]
 
-    def _where(self, context: "dg.OutputContext | dg.InputContext") -> tuple[RoundStore, str, str]:
-        step = context.asset_key.path[-1]
-        if step not in RL_STEP_RECORDS:
-            raise dg.DagsterInvariantViolationError(f"asset {step!r} has no record type in core/rl_loop/step_records.RL_STEP_RECORDS")
-        cfg = self.rl.config()
-        return RoundStore(cfg.task, cfg.home), step, context.asset_partition_key
-
-    def handle_output(self, context: dg.OutputContext, obj: Any) -> None:
-        store, step, key = self._where(context)
-        if not isinstance(obj, RL_STEP_RECORDS[step]):
-            raise dg.DagsterTypeCheckDidNotPass(
-                f"asset {step} returned {type(obj).__name__}, expected {RL_STEP_RECORDS[step].__name__}")
-        context.add_output_metadata({"stored_at": dg.MetadataValue.path(str(store.save(step, obj, key)))})
-
-    def load_input(self, context: dg.InputContext) -> Any:
-        store, step, key = self._where(context)
-        value = store.load(step, RL_STEP_RECORDS[step], key)
-        if value is None:
-            raise dg.DagsterInvariantViolationError(
-                f"{store.step_path(step, key)} is missing: materialize {step} for round {key} first")
-        return value
+    def settings(self) -> Any:
+        return self.rl
 
 
 def rl_resources() -> dict[str, Any]:

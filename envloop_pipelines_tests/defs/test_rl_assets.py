@@ -72,10 +72,19 @@ def test_the_first_rl_steps_hand_their_records_through_the_store(tmp_path: Path)
     ({"dataset": "shell@x", "nonsense": 1}, "nonsense"),
 ])
 def test_bad_rl_settings_are_refused_by_name(tmp_path: Path, settings: dict, message: str) -> None:
+    """Refused when the run's resources are set up (the settings are built once per run), before any step."""
+    import re
+
     from envloop_pipelines.defs.rl.assets import rl_hypothesis
 
-    with pytest.raises(Exception, match=message):
+    with pytest.raises(Exception) as caught:
         _materialize([rl_hypothesis], tmp_path, {"home": str(tmp_path), **settings}, raise_on_error=True)
+    chain, exc = [], caught.value
+    while exc is not None:
+        chain.append(str(exc))
+        exc = exc.__cause__ or exc.__context__
+    assert any(re.search(message, m) for m in chain), chain
+    assert not (tmp_path / "loops").exists()  # no step ran
 
 
 def test_the_whole_rl_round_materializes_and_its_decision_comes_back_through_the_io_manager(

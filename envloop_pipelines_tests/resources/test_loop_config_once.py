@@ -20,7 +20,8 @@ def test_a_run_builds_its_loop_config_once_and_every_call_returns_it(monkeypatch
         seen.extend(id(context.resources.loop.config()) for _ in range(5))
         assert context.resources.loop.config().noise_arms == 4
 
-    loop = loop_resource({"noise_arms": 4})
+    loop = loop_resource({"noise_arms": 4})  # checks the settings (one LoopConfig), before any run
+    built.clear()
     assert dg.materialize([step], resources={"loop": loop, "io_manager": RoundStoreIOManager(loop=loop)}).success
     assert len(set(seen)) == 1, "each call built a new LoopConfig"
     # Once for the run's loop resource and once for the IO manager's (Dagster sets up a nested resource on its

@@ -131,15 +131,5 @@ class RlRoundConfig:
         return cls(**dict(settings))
 
 
-def rl_fields() -> tuple[dataclasses.Field, ...]:
-    """The settings of an RL round, in declaration order."""
-    return dataclasses.fields(RlRoundConfig)
-
-
-def rl_field_type(f: dataclasses.Field) -> Any:
-    """A field's type, ``X | None`` kept (for generating the Dagster resource)."""
-    return typing.get_type_hints(RlRoundConfig)[f.name]
-
-
 __all__ = ["CHANGE_KIND", "CONFIDENCE_LEVEL", "DEFAULT_RL_RECIPE", "HELDOUT_SPLIT", "RL_METRIC", "RlRoundConfig",
-           "TRAIN_SPLIT", "rl_field_type", "rl_fields"]
+           "TRAIN_SPLIT"]
