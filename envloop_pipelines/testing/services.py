@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from envloop_pipelines.names import ROUND_JOB
+
 
 
 def free_port() -> int:
@@ -114,7 +116,7 @@ def dagster_webserver(root: Path, env: dict[str, str], *, startup_timeout: float
                                                  headers={"Content-Type": "application/json"})
                 with urllib.request.urlopen(request, timeout=5) as r:
                     nodes = json.loads(r.read())["data"]["repositoriesOrError"].get("nodes") or []
-                    if any(j["name"] == "round_job" for n in nodes for j in n["jobs"]):
+                    if any(j["name"] == ROUND_JOB for n in nodes for j in n["jobs"]):
                         break
             except (OSError, KeyError, ValueError):
                 pass
