@@ -6,7 +6,7 @@ unknown before the hypothesis is written), so two runs train different candidate
 ``envloop demo`` on ``--tree`` (a checkout; the installed package's dependencies are used) in a fresh home with
 ``secrets.randbelow`` replaced, in every process of the run, by a ``random.Random(--seed)`` sequence (a
 ``sitecustomize`` module on ``PYTHONPATH``, here only: the product never pins a draw). It prints the demo's
-output and writes it to ``--out``; run it on two trees and compare the round lines and the release table
+output (stdout) and writes it to ``--out`` (stderr beside it); run it on two trees and compare the round lines and the release table
 (``--compare A B`` prints the lines that differ, seconds masked).
 
     python bench/demo_replay.py --tree /path/to/before --out before.txt
@@ -35,9 +35,9 @@ import secrets
 _draws = random.Random(int(os.environ["ENVLOOP_REPLAY_SEED"]))
 secrets.randbelow = lambda n: _draws.randrange(n)  # bench/demo_replay.py: the same seed draws in both runs
 '''
-#: Figures that differ between two runs of one tree: seconds, run ids, paths.
-MASKS = [(re.compile(r"\b\d+(\.\d+)?s\b"), "<s>"), (re.compile(r"(spent|pred) s"), r"\1 s"),
-         (re.compile(r"(timings|demo finished).*"), r"\1 <masked>"), (re.compile(r"/tmp/\S+"), "<path>")]
+#: What differs between two runs and is no figure: seconds, the loop's id (a clock reading), paths.
+MASKS = [(re.compile(r"\b\d+(\.\d+)?s\b"), "<s>"), (re.compile(r"(timings|demo finished).*"), r"\1 <masked>"),
+         (re.compile(r"/tmp/\S+"), "<path>"), (re.compile(r"\bcli-\d+"), "cli-<id>")]
 
 
 def replay(tree: Path, seed: int, out: Path) -> int:
@@ -50,15 +50,19 @@ def replay(tree: Path, seed: int, out: Path) -> int:
                    ENVLOOP_HOME=str(Path(tmp) / "home"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
         envloop = [sys.executable, "-c", "from envloop_pipelines.cli import main; main()", "demo"]
         done = subprocess.run(envloop, env=env, cwd=tmp, capture_output=True, text=True)
-    out.write_text(done.stdout + done.stderr, encoding="utf-8")
+    out.write_text(done.stdout, encoding="utf-8")
+    out.with_name(out.name + ".stderr").write_text(done.stderr, encoding="utf-8")
     print(done.stdout, end="")
     print(done.stderr[-3000:], end="", file=sys.stderr)
     return done.returncode
 
 
 def figures(path: Path) -> list[str]:
+    """The demo's printed lines (its stdout: progress bars go to stderr), masked (:data:`MASKS`)."""
     lines = []
     for line in path.read_text(encoding="utf-8").splitlines():
+        if re.match(r"[\w ]+:\s+\d+% ", line) or line.startswith("WARNING") or not line.strip():
+            continue  # a progress line or a log line, if the file holds stderr too
         for pattern, repl in MASKS:
             line = pattern.sub(repl, line)
         lines.append(line)
@@ -77,7 +81,7 @@ def main() -> int:
         differ = [(x, y) for x, y in zip(a, b) if x != y] + [(x, "") for x in a[len(b):]] + [("", y) for y in b[len(a):]]
         for x, y in differ:
             print(f"- {x}\n+ {y}")
-        print(f"{len(differ)} of {max(len(a), len(b))} lines differ (seconds, paths and the timings line masked)")
+        print(f"{len(differ)} of {max(len(a), len(b))} lines differ (seconds, paths, the loop id and the timings line masked)")
         return 1 if differ else 0
     return replay(args.tree, args.seed, args.out)
 
