@@ -48,6 +48,7 @@ print(json.dumps({"status": info.status}), flush=True)
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     with running_deployment(tmp_path_factory.mktemp("deployment"),
                             instance={"run_retries": {"enabled": True, "max_retries": 1}}) as d:
+        d.client().setup(progress=False)  # every test starts rounds: the floor first, whichever test runs alone
         yield d
 
 
@@ -69,7 +70,6 @@ def _launch_refused(client: Client, key: str) -> str:
 
 def test_a_refused_hypothesis_over_http_fails_once_with_its_reason_and_leaves_nothing(deployment: Deployment) -> None:
     client = deployment.client()
-    client.setup(progress=False)
     key = client.add_round()
     run_id = _launch_refused(client, key)
     info = client.wait(run_id, progress=False, poll_s=0.5, timeout_s=300)
@@ -108,7 +108,9 @@ def test_a_notebook_watches_a_round_cancels_it_and_retries_it_to_its_decision(de
                                  json.dumps(HYPOTHESIS)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
     try:
-        started = json.loads(notebook.stdout.readline())
+        line = notebook.stdout.readline()
+        assert line, f"the notebook printed no round: {notebook.stderr.read()[-3000:]}"
+        started = json.loads(line)
         key, run_id = started["key"], started["run_id"]
         deadline = time.monotonic() + 600
         while True:  # cancel once the hypothesis is registered (the round's MLflow runs exist) and before the decision
