@@ -162,6 +162,7 @@ def train_pool(config: Any, n: int, home: Path, *, indices: list[int] | None = N
     store = RoundStore(config.task, config.home)
     data = base_training_snapshot(config, snapshot)  # the null arms' data: contamination-checked base train
     train, val, test = snapshot_rows(data), snapshot.table("val"), snapshot.table("test")
+    families = config.guarded_families(snapshot)
     recipe = config.load_recipe()
     folder = home / "aa-pool"
     offset, prefix = SEED_OFFSET, "seed"
@@ -178,7 +179,7 @@ def train_pool(config: Any, n: int, home: Path, *, indices: list[int] | None = N
             continue
         started = time.perf_counter()
         ckpt = train_into_store(store, train, val, recipe.replace(seed=seed), data_hash=data.sha256,
-                                safety_families=config.guarded_families(snapshot), safety_fnr_target=config.safety_fnr_target)
+                                safety_families=families, safety_fnr_target=config.safety_fnr_target)
         preds = write_predictions(folder / f"{prefix}{seed}-test.parquet", ckpt, test)
         metrics = dict(verify_predictions(config, "test", preds, checkpoint=ckpt).report.metrics)
         info = {"index": i, "seed": seed, "checkpoint": str(ckpt), "checkpoint_sha256": ckpt.name,

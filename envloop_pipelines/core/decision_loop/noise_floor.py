@@ -163,11 +163,12 @@ def measure_continuation_arms(config: LoopConfig, measured: MeasuredNoiseFloor, 
     val, test = snapshot.table("val"), snapshot.table("test")
     train = snapshot_rows(data)
     arms = list(listed)
+    families = config.guarded_families(snapshot)
     for i in range(len(listed), n):
         arm = recipe.replace(seed=recipe.seed + CONTINUATION_SEED_OFFSET + i)
         started = time.perf_counter()
         ckpt = train_into_store(store, train, val, arm, data_hash=data.sha256, init_from=Path(control["checkpoint"]),
-                                safety_families=config.guarded_families(snapshot), safety_fnr_target=config.safety_fnr_target)
+                                safety_families=families, safety_fnr_target=config.safety_fnr_target)
         preds = write_predictions(store.noise / measured.floor.key / f"continuation-seed{arm.seed}-test.parquet", ckpt,
                                   test, home=envloop_home(config.home))
         arms.append({"seed": arm.seed, "init_from": control["checkpoint_sha256"], "init_seed": control.get("seed"),
@@ -195,6 +196,7 @@ def _measure(config: LoopConfig, tracker: Tracker, snapshot: TaskSnapshot, store
     data = base_training_snapshot(config, snapshot)
     identity = check_arm_identity([(recipe_to_dict(a), data.sha256) for a in arms])  # before any compute
     train, val, test = snapshot_rows(data), snapshot.table("val"), snapshot.table("test")
+    families = config.guarded_families(snapshot)
     parent = tracker.start_run(config.task, f"noise floor {key}", tags={TAG_KIND: KIND_NOISE_FLOOR, TAG_NOISE_KEY: key,
                                                                        **(run_tags or {})})
     tracker.log_params(parent.run_id, {"arms": config.noise_arms, "benchmark_version": snapshot.benchmark_version,
@@ -203,7 +205,7 @@ def _measure(config: LoopConfig, tracker: Tracker, snapshot: TaskSnapshot, store
     for arm in arms:
         started = time.perf_counter()
         ckpt = train_into_store(store, train, val, arm, data_hash=data.sha256,
-                                safety_families=config.guarded_families(snapshot), safety_fnr_target=config.safety_fnr_target)
+                                safety_families=families, safety_fnr_target=config.safety_fnr_target)
         preds = write_predictions(store.noise / key / f"arm-seed{arm.seed}-test.parquet", ckpt, test,
                                   home=envloop_home(config.home))
         run = verify_predictions(config, "test", preds, checkpoint=ckpt, sandbox=sandbox, **setup_reader(config, key))
