@@ -37,22 +37,27 @@ def _local_lm(tmp_path: Path) -> str:
 # --------------------------------------------------------------------------- Trainer arguments
 
 
-def test_both_trainers_get_their_arguments_from_the_one_builder(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """The same trainer fields give the same TrainingArguments (bf16 dropped on CPU, with the same log line);
-    only the labels and whether every step's loss is logged differ, and they are the builder's arguments."""
+@pytest.mark.parametrize("bf16_units", [False, True])
+def test_both_trainers_get_their_arguments_from_the_one_builder(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                                monkeypatch: pytest.MonkeyPatch, bf16_units: bool) -> None:
+    """The same trainer fields give the same TrainingArguments (bf16 kept on a CPU with bf16 units, dropped with
+    the same log line on one without); only the labels and whether every step's loss is logged differ, and they
+    are the builder's arguments."""
+    from envloop_pipelines.core.model import training
     from envloop_pipelines.core.model.training import trainer_arguments
 
+    monkeypatch.setattr(training, "cpu_bf16", lambda: bf16_units)
     decision = Recipe(**SHARED)
     causal = CausalSftRecipe(base_model=_local_lm(tmp_path), **SHARED)
     with caplog.at_level("INFO", logger="envloop_pipelines.core.model.training"):
         a = trainer_arguments(decision, str(tmp_path / "a"), label_names=["targets"]).to_dict()
         b = trainer_arguments(causal, str(tmp_path / "a"), label_names=["labels"], log_every_step=True).to_dict()
-    assert caplog.text.count("bf16 ignored on CPU") == 2
+    assert caplog.text.count("recipe.precision=bf16 ignored: this CPU has no bf16 units") == (0 if bf16_units else 2)
     differ = {k for k in a if a[k] != b[k]}
     assert differ == {"label_names", "logging_strategy", "logging_steps"}
     assert (a["label_names"], b["label_names"]) == (["targets"], ["labels"])
     assert str(a["logging_strategy"]).endswith("no") and str(b["logging_strategy"]).endswith("steps")
-    assert b["logging_steps"] == 1 and a["bf16"] is b["bf16"] is False and a["use_cpu"] and b["use_cpu"]
+    assert b["logging_steps"] == 1 and a["bf16"] is b["bf16"] is bf16_units and a["use_cpu"] and b["use_cpu"]
     assert (a["learning_rate"], a["max_steps"], a["gradient_accumulation_steps"], a["seed"]) == (5e-4, 7, 2, 3)
 
 

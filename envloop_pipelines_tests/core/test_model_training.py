@@ -30,7 +30,7 @@ from envloop_pipelines.core.model.checkpoint import (
 )
 from envloop_pipelines.core.model.predict import DecisionModel, evaluate_checkpoint, predictions_from_table
 from envloop_pipelines.core.model.readout import as_questions
-from envloop_pipelines.core.model.recipe import Recipe, recipe_hash
+from envloop_pipelines.core.model.recipe import Recipe, RecipeError, recipe_hash
 from envloop_pipelines.core.model.training import (
     IncompatibleInitError,
     _Collator,
@@ -312,19 +312,61 @@ def test_unlabelled_training_questions_are_an_error(tmp_path: Path) -> None:
 
 
 def test_deepspeed_config_passes_through_on_gpu_only(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from envloop_pipelines.core.model import training
     from envloop_pipelines.core.model.training import deepspeed_config as _deepspeed_config, trainer_arguments
 
     gpu_recipe = RECIPE.replace(deepspeed="packaged:deepspeed_zero2.json", precision="bf16")
+    monkeypatch.setattr(training, "cpu_bf16", lambda: False)  # a CPU without bf16 units
     with caplog.at_level("INFO", logger="envloop_pipelines.core.model.training"):
         args = trainer_arguments(gpu_recipe, str(tmp_path), label_names=["targets"])
     assert args.deepspeed is None and not args.bf16 and args.use_cpu  # this machine has no GPU
-    assert "ignored: no CUDA device" in caplog.text and "bf16 ignored on CPU" in caplog.text
+    assert "ignored: no CUDA device" in caplog.text and "this CPU has no bf16 units" in caplog.text
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert _deepspeed_config(gpu_recipe, cuda=True).name == "deepspeed_zero2.json"
     stage3 = tmp_path / "z3.json"
     stage3.write_text(json.dumps({"zero_optimization": {"stage": 3}}))
     with pytest.raises(ValueError, match="recipe field 'deepspeed'.*ZeRO stage 3"):
         _deepspeed_config(RECIPE.replace(deepspeed=str(stage3)), cuda=True)
+
+
+def test_bf16_trains_under_autocast_on_a_cpu_with_bf16_units(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """precision: bf16 on a CPU with bf16 units: the Trainer autocasts (the encoder's matmuls run in bf16), the
+    weights stay fp32, and the checkpoint predicts in its inference precision as an fp32-trained one does."""
+    from envloop_pipelines.core.model import training
+    from envloop_pipelines.core.model.training import trainer_arguments
+
+    monkeypatch.setattr(training, "cpu_bf16", lambda: True)
+    recipe = RECIPE.replace(precision="bf16", max_steps=2)
+    assert trainer_arguments(recipe, str(tmp_path / "args"), label_names=["targets"]).bf16
+    seen: list[torch.dtype] = []
+    real_linear = torch.nn.functional.linear
+
+    def spy(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        out = real_linear(x, w, b)
+        if torch.is_grad_enabled():  # the training steps, not the val pass
+            seen.append(out.dtype)
+        return out
+
+    monkeypatch.setattr(torch.nn.functional, "linear", spy)
+    out = train_checkpoint(make_table(6), make_table(4, seed=1, start=100), recipe, tmp_path / "ckpt", data_hash="h")
+    monkeypatch.setattr(torch.nn.functional, "linear", real_linear)
+    assert torch.bfloat16 in seen, "no bf16 matmul in training: autocast is off"
+    model = DecisionModel.load(out)
+    assert all(p.dtype == torch.float32 for p in model.model.parameters())
+
+
+def test_encoder_dropout_sets_the_base_models_dropout_and_keeps_old_hashes() -> None:
+    from envloop_pipelines.core.model.recipe import recipe_to_dict
+
+    assert "encoder_dropout" not in recipe_to_dict(RECIPE)
+    def encoder_dropouts(model: torch.nn.Module) -> set[float]:  # the base model's, not LoRA's own (lora.dropout)
+        return {m.p for n, m in model.named_modules()
+                if isinstance(m, torch.nn.Dropout) and ".encoder.layer." in n and "lora_dropout" not in n}
+
+    assert encoder_dropouts(build_trainable_model(RECIPE.replace(encoder_dropout=0.0))[0]) == {0.0}
+    assert encoder_dropouts(build_trainable_model(RECIPE)[0]) == {0.1}
+    with pytest.raises(RecipeError, match="encoder_dropout"):
+        RECIPE.replace(encoder_dropout=1.5)
 
 
 def test_weights_left_in_bf16_are_rebuilt_as_the_checkpoint_loads_them() -> None:

@@ -114,7 +114,8 @@ class TrainerFields:
         lr_scheduler: Learning-rate schedule after the warm-up.
         max_grad_norm: Gradient clipping norm.
         seed: Seed of every random choice (LoRA initialisation, data order, dropout).
-        precision: ``fp32`` or ``bf16`` (bf16 is used on a GPU only).
+        precision: ``fp32`` or ``bf16``: bf16 autocast in training on a GPU and on a CPU with bf16 units
+            (``avx512_bf16`` or AMX; master weights and optimizer state stay fp32); fp32 on a CPU without them.
         gradient_checkpointing: Trade compute for memory on the base model (GPU recipes).
         deepspeed: Optional DeepSpeed config (``packaged:<file>`` or a path); used on a GPU only.
     """
@@ -244,7 +245,10 @@ class Recipe(TrainerFields):
         max_grad_norm: Gradient clipping norm.
         seed: Seed of every random choice (weights of head and LoRA, data order, dropout).
         error_budget: Val error rate the automation threshold is fitted for.
-        precision: ``fp32`` or ``bf16`` (bf16 is used on a GPU only).
+        precision: ``fp32`` or ``bf16`` (training autocast; see :class:`TrainerFields`).
+        encoder_dropout: Dropout of the encoder's hidden states and attention probabilities in training
+            (``hidden_dropout_prob`` and ``attention_probs_dropout_prob`` of a BERT-class config); ``None``
+            keeps the base model's own (0.1 for MiniLM). Predictions never drop anything (decision_head only).
         inference_precision: ``fp32`` or ``bf16``: the numeric format every prediction of a checkpoint
             runs in (bf16 autocast of the encoder and head, on CPU too): the val pass its calibration is
             fitted on, the verifier's predictions and ``envloop serve``, so all three see the same numbers.
@@ -263,6 +267,7 @@ class Recipe(TrainerFields):
     family_head: bool = False
     eval_batch_size: int = 32
     error_budget: float = 0.05
+    encoder_dropout: float | None = None
     inference_precision: str = "fp32"
 
     def __post_init__(self) -> None:
@@ -296,6 +301,12 @@ class Recipe(TrainerFields):
             _fail("family_head", "false for the label_token readout (it has no separate head)", self.family_head)
         _check_int("eval_batch_size", self.eval_batch_size, 1, 65_536)
         _check_float("error_budget", self.error_budget, 0.0, 1.0, low_open=True, high_open=True)
+        if self.encoder_dropout is not None:
+            _check_float("encoder_dropout", self.encoder_dropout, 0.0, 1.0, high_open=True)
+            if self.readout != "decision_head":
+                _fail("encoder_dropout", "null for the label_token readout (its LM keeps its own dropout)",
+                      self.encoder_dropout)
+            object.__setattr__(self, "encoder_dropout", float(self.encoder_dropout))
         if self.inference_precision not in PRECISIONS:
             _fail("inference_precision", f"one of {', '.join(PRECISIONS)}", self.inference_precision)
         for name in ("head_lr", "error_budget"):
@@ -410,7 +421,7 @@ def load_recipe(spec: str | Path, overrides: Mapping[str, Any] | None = None, *,
 #: out of the dict (and so of the hash) at that value, so existing checkpoints and noise floors keep their hashes.
 _ADDED_FIELDS: dict[str, Any] = {"state_attention": False, "head_warmup_epochs": 0, "frozen_layers": 0,
                                  "length_grouped": False, "lexical": False, "inference_precision": "fp32",
-                                 "family_head": False}
+                                 "family_head": False, "encoder_dropout": None}
 
 
 def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:

@@ -13,8 +13,11 @@ data order is a function of the seed alone), no dataloader workers, and
 of training (restored afterwards).
 
 DeepSpeed: the recipe's config path goes to ``TrainingArguments(deepspeed=…)``
-when a CUDA device is present; on CPU it is ignored with a log line, and so is
-``precision: bf16``.
+when a CUDA device is present; on CPU it is ignored with a log line.
+``precision: bf16`` trains under bf16 autocast on a GPU and on a CPU with bf16
+units (``avx512_bf16``: matrix products at ~2.5x the fp32 rate here, master
+weights and optimizer state stay fp32); on a CPU without them it is ignored
+with a log line.
 
 Several processes (``accelerate launch --num_processes N -m envloop_pipelines.cli train …``):
 every rank trains on its shard of each batch; rank 0 alone calibrates and writes the
@@ -272,12 +275,20 @@ def deepspeed_config(recipe: TrainerFields, cuda: bool) -> Path | None:
     return path
 
 
+def cpu_bf16() -> bool:
+    """Whether this CPU multiplies bf16 matrices natively (``avx512_bf16`` or AMX), so bf16 autocast pays."""
+    try:
+        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    except AttributeError:  # an older torch without the probes: stay in fp32
+        return False
+
+
 def trainer_arguments(recipe: TrainerFields, output_dir: str, *, label_names: Sequence[str],
                       log_every_step: bool = False) -> Any:
     """The ``TrainingArguments`` of a recipe: the one builder of both trainers (decision model, causal SFT).
 
-    The recipe's trainer fields as they are, except on a machine without CUDA: ``precision: bf16`` and
-    ``deepspeed`` are then ignored, with a log line each. No checkpoints, no evaluation, no reports, no
+    The recipe's trainer fields as they are, except: without CUDA ``deepspeed`` is ignored, and
+    ``precision: bf16`` too where the CPU has no bf16 units (:func:`cpu_bf16`), each with a log line. No checkpoints, no evaluation, no reports, no
     progress bars, no dataloader workers (determinism).
 
     Args:
@@ -292,8 +303,8 @@ def trainer_arguments(recipe: TrainerFields, output_dir: str, *, label_names: Se
     cuda = torch.cuda.is_available()
     deepspeed = deepspeed_config(recipe, cuda)
     bf16 = recipe.precision == "bf16"
-    if bf16 and not cuda:
-        log.info("recipe.precision=bf16 ignored on CPU: training in fp32")
+    if bf16 and not cuda and not cpu_bf16():
+        log.info("recipe.precision=bf16 ignored: this CPU has no bf16 units (avx512_bf16); training in fp32")
         bf16 = False
     logging_args: dict[str, Any] = {"logging_strategy": "steps", "logging_steps": 1} if log_every_step else {
         "logging_strategy": "no"}
@@ -716,6 +727,7 @@ __all__ = [
     "IncompatibleInitError",
     "TrainerRun",
     "build_trainable_model",
+    "cpu_bf16",
     "deepspeed_config",
     "evaluate_checkpoint",
     "is_main_process",
