@@ -59,3 +59,25 @@ def test_the_card_shows_the_gain_by_family_the_clusters_and_the_heads_share() ->
     first = render_card({**_card(readout={"hybrid": False, "head_share": 1.0}), "parent_test": None})
     assert "| route | 0.7000 | — | — | 0.5400 |" in first and "The encoder's head alone" in first
     assert "## Readout" not in render_card(_card())
+
+
+def test_the_card_and_the_release_chain_say_what_the_release_answers_on_its_own(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 44: coverage at the error budget beside accuracy, in the card's header, the chain's table and the
+    line before the champion's holdout line (the key's budget read, not assumed)."""
+    from envloop_pipelines.cli.round import echo_releases
+    from envloop_pipelines.core.release.card import answers_on_its_own, coverage_of
+
+    card = _card(test={"family_macro_accuracy": 0.6, "coverage_at_5pct": 0.025},
+                 tfidf_baseline_test={"family_macro_accuracy": 0.52, "coverage_at_5pct": 0.0})
+    assert coverage_of(card["test"]) == (0.05, 0.025)
+    assert coverage_of({"coverage_at_2.5pct": 0.4}) == (0.025, 0.4)
+    assert coverage_of({"family_macro_accuracy": 0.6}) == (None, None) == coverage_of(None)
+    line = answers_on_its_own(card)
+    assert line == ("release 2 answers 2.5% of the test questions on its own within a 5% error budget "
+                    "(family-macro accuracy 0.6000 on all of them); a person gets the other 97.5%")
+    assert f"- on its own: {line} (coverage at the error budget, test)" in render_card(card)
+    assert answers_on_its_own(_card()) is None and "on its own" not in render_card(_card())  # an old card
+    echo_releases("t", [card])
+    header, row = capsys.readouterr().out.splitlines()[1:3]
+    assert "test cov@5%" in header and row.split()[8:10] == ["0.0250", "0.0000"], (header, row)

@@ -134,6 +134,31 @@ def paired_text(d: Mapping[str, Any] | None) -> str | None:
     return f"{d['delta']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]"
 
 
+def coverage_of(metrics: Mapping[str, Any] | None) -> tuple[float | None, float | None]:
+    """The error budget and the coverage at it in a split's metrics (``coverage_at_5pct`` -> ``(0.05, value)``);
+    ``(None, None)`` when the metrics have no coverage."""
+    for key, value in (metrics or {}).items():
+        if key.startswith("coverage_at_") and key.endswith("pct") and isinstance(value, (int, float)):
+            try:
+                return float(key[len("coverage_at_"):-len("pct")]) / 100, float(value)
+            except ValueError:
+                continue
+    return None, None
+
+
+def answers_on_its_own(card: Mapping[str, Any]) -> str | None:
+    """What the release can answer without a person, on test: ``release 2 answers 2.5% of the test questions on
+    its own within a 5% error budget (its family-macro accuracy 0.5267); a person gets the other 97.5%``."""
+    test = card.get("test") or {}
+    budget, coverage = coverage_of(test)
+    if coverage is None:
+        return None
+    acc = test.get("family_macro_accuracy")
+    accuracy = f" (family-macro accuracy {acc:.4f} on all of them)" if isinstance(acc, float) else ""
+    return (f"release {card['release']} answers {coverage:.1%} of the test questions on its own within a "
+            f"{budget:.0%} error budget{accuracy}; a person gets the other {1 - coverage:.1%}")
+
+
 def _holdout_table(card: Mapping[str, Any]) -> list[str]:
     """The holdout beside TF-IDF + LR scored in the same read, with the paired delta release − TF-IDF.
 
@@ -159,7 +184,11 @@ def render_card(card: Mapping[str, Any]) -> str:
              f"- recipe: `{str(card['recipe_hash'])[:16]}`  checkpoint: `{str(card['checkpoint_sha256'])[:16]}`"
              + (f"  inference: {card['inference_precision']} (verifier and `envloop serve` alike)"
                 if card.get("inference_precision") else ""),
-             f"- MLflow model version: {card.get('model_version')}", "", "## Holdout (read once)", ""]
+             f"- MLflow model version: {card.get('model_version')}"]
+    on_its_own = answers_on_its_own(card)
+    if on_its_own:
+        lines.append(f"- on its own: {on_its_own} (coverage at the error budget, test)")
+    lines += ["", "## Holdout (read once)", ""]
     lines += _holdout_table(card)
     lines += ["", "## Test", "", "| metric | release | parent | TF-IDF + LR |", "|---|---|---|---|"]
     parent, tfidf = card.get("parent_test") or {}, card.get("tfidf_baseline_test") or {}
@@ -197,4 +226,4 @@ def render_card(card: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["benchmark_limitations", "paired_text", "render_card"]
+__all__ = ["answers_on_its_own", "benchmark_limitations", "coverage_of", "paired_text", "render_card"]
