@@ -32,9 +32,13 @@ NO_RETRY_TAG = "dagster/retry_on_asset_or_op_failure"
 LOOP_TAG = "envloop/loop"
 #: Who launched a run (``sdk``).
 CLIENT_TAG = "envloop/client"
-#: A run its first step refused (``hypothesis``: a bad hypothesis; ``busy``: another round of the task held the
-#: round claim): never retried, nothing written to the ledger.
+#: A run its first step refused (``hypothesis``: a bad hypothesis; ``busy``: another run of the task's loop, its setup
+#: or a round, held the loop's claim): never retried, nothing written to the ledger.
 REFUSED_TAG = "envloop/refused"
+#: ``REFUSED_TAG``'s value on a run refused because another run of the task's loop held the claim.
+REFUSED_BUSY = "busy"
+#: The run that held the loop's claim when a run was refused as busy (``defs/rounds/assets.py``).
+BUSY_WITH_TAG = "envloop/busy_with"
 #: The worker that executes a run in-process (``defs/rounds/recovery.py`` reaps runs whose worker is gone).
 HOST_TAG = "envloop/host"
 PID_TAG = "envloop/pid"

@@ -60,6 +60,19 @@ def _power_line(client: Any, key: str, decision: Any) -> str | None:
             + ("; underpowered" if power.get("underpowered") else ""))
 
 
+class Busy(click.ClickException):
+    """Another run of the task's loop (its setup or a round) holds the claim: one line naming it, exit status 2."""
+
+    exit_code = 2
+
+
+def _refused(exc: Exception) -> click.ClickException:
+    """The command's error for an SDK error: :class:`Busy` (exit 2) for a busy loop, else exit 1."""
+    from envloop_pipelines.sdk.errors import BusyError
+
+    return Busy(str(exc)) if isinstance(exc, BusyError) else click.ClickException(str(exc))
+
+
 def _drive_local(client: Any, step: Any, echo: Any) -> list[dict[str, Any]]:
     """Run ``step(on_round)`` (the local client's loop or retry), printing each round; the rounds' timings."""
     from envloop_pipelines.sdk.errors import RefusedError, RoundFailed
@@ -82,8 +95,8 @@ def _drive_local(client: Any, step: Any, echo: Any) -> list[dict[str, Any]]:
     except RoundFailed as exc:
         timings.append({"step": f"round {exc.run.partition}", "s": time.perf_counter() - begun["t"], "success": False})
         echo(str(exc))
-    except RefusedError as exc:  # another round of the task took the claim first
-        raise click.ClickException(str(exc)) from None
+    except RefusedError as exc:  # a bad budget, or another run of the task's loop took the claim first (exit 2)
+        raise _refused(exc) from None
     return timings
 
 
@@ -92,32 +105,37 @@ def run_loop(*, loop_settings: dict[str, Any], rounds: int, patience: int, max_w
              client: Any = None) -> list[dict[str, Any]]:
     """Set up the benchmark and noise floor, then run rounds while the loop's budget lasts (in this process).
 
-    Refused (exit 1, one line naming the round, its run and its door) before anything runs while a round of the
-    task runs, from whichever door; the rounds claim the task's round themselves (``core/loop/round_claim.py``).
+    One claim of the task's loop for the setup and every round (``LocalClient.hold_loop``,
+    ``core/loop/round_claim.py``), taken before anything is generated or written: while a setup or a round of the
+    task runs, from whichever door, the command is refused at once (exit 2, one line naming that run, its door and
+    how to follow or cancel it), having written nothing.
     """
-    from envloop_pipelines.sdk.errors import RoundFailed
+    from envloop_pipelines.sdk.errors import ClientError, RoundFailed
 
     client = client or local_client(loop_settings, door="envloop round start")
     _sdk_call(client.probe)  # a dead MLFLOW_TRACKING_URI fails here, in seconds, in one line
     for run in client.reap_orphans():
         echo(f"marked run {run.run_id} ({run.job_name}) failed: its worker is gone")
     _sdk_call(client.ensure_no_round_running)
-    started = time.perf_counter()
-    try:
-        client.setup()
-        ok = True
-    except RoundFailed as exc:
-        echo(f"setup failed: {exc}")
-        ok = False
-    timings = [{"step": "setup (benchmark + noise floor)", "s": time.perf_counter() - started, "success": ok}]
-    if not ok:
-        return timings
-    echo(f"setup: benchmark and noise floor ready ({timings[-1]['s']:.0f}s)")
-    warning = client.promotion_warning()
-    if warning:
-        click.echo(f"warning: task {client.task}: {warning}", err=True)
-    return timings + _drive_local(client, lambda on_round: client.run_loop(
-        rounds=rounds, patience=patience, max_wall_s=max_wall_s, hypothesis=proposal, on_round=on_round), echo)
+    with _sdk_call(client.hold_loop):  # given back when the loop ends, however it ends
+        started = time.perf_counter()
+        try:
+            client.setup()
+            ok = True
+        except RoundFailed as exc:
+            echo(f"setup failed: {exc}")
+            ok = False
+        except ClientError as exc:  # a run of the task started from elsewhere before this one's claim (exit 2)
+            raise _refused(exc) from None
+        timings = [{"step": "setup (benchmark + noise floor)", "s": time.perf_counter() - started, "success": ok}]
+        if not ok:
+            return timings
+        echo(f"setup: benchmark and noise floor ready ({timings[-1]['s']:.0f}s)")
+        warning = client.promotion_warning()
+        if warning:
+            click.echo(f"warning: task {client.task}: {warning}", err=True)
+        return timings + _drive_local(client, lambda on_round: client.run_loop(
+            rounds=rounds, patience=patience, max_wall_s=max_wall_s, hypothesis=proposal, on_round=on_round), echo)
 
 
 def retry_round(task: str, *, echo: Any = click.echo) -> list[dict[str, Any]]:
@@ -134,7 +152,7 @@ def retry_round(task: str, *, echo: Any = click.echo) -> list[dict[str, Any]]:
     try:
         return _drive_local(client, lambda on_round: client.retry(on_round=on_round), echo)
     except ClientError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise _refused(exc) from None
 
 
 def echo_releases(task: str, releases: list[dict[str, Any]], as_json: bool = False) -> None:
@@ -145,30 +163,40 @@ def echo_releases(task: str, releases: list[dict[str, Any]], as_json: bool = Fal
     if not releases:
         click.echo(f"task {task}: no releases yet")
         return
+    from envloop_pipelines.core.release.card import coverage_of
+
+    budgets = {coverage_of(r.get("test"))[0] for r in releases} - {None}
+    cov = f"cov@{budgets.pop():.0%}" if len(budgets) == 1 else "coverage"
     click.echo(f"release chain of {task}:")
     click.echo(f"{'release':>7}  {'round':<9} {'parent':>6}  {'holdout acc':>11} {'TF-IDF':>7} {'holdout brier':>13} "
-               f"{'test acc':>8} {'TF-IDF':>7}  checkpoint")
+               f"{'test acc':>8} {'TF-IDF':>7} {'test ' + cov:>12} {'TF-IDF':>7}  checkpoint")
     nan = float("nan")
     for r in releases:
         h, t = r.get("holdout") or {}, r.get("test") or {}
         ht, tt = r.get("holdout_tfidf") or {}, r.get("tfidf_baseline_test") or {}
+        mine, theirs = coverage_of(t)[1], coverage_of(tt)[1]
         champion = "  (champion)" if r.get("champion") else ""
         click.echo(f"{r['release']:>7}  {r.get('round') or '-':<9} {r.get('parent_release') or '-'!s:>6}  "
                    f"{h.get('family_macro_accuracy', nan):>11.4f} {ht.get('family_macro_accuracy', nan):>7.4f} "
                    f"{h.get('brier', nan):>13.4f} {t.get('family_macro_accuracy', nan):>8.4f} "
-                   f"{tt.get('family_macro_accuracy', nan):>7.4f}  {str(r.get('checkpoint_sha256'))[:12]}{champion}")
+                   f"{tt.get('family_macro_accuracy', nan):>7.4f} {nan if mine is None else mine:>12.4f} "
+                   f"{nan if theirs is None else theirs:>7.4f}  {str(r.get('checkpoint_sha256'))[:12]}{champion}")
         for e in r.get("errata", []):
             click.echo(f"         erratum {e['erratum']}: {e['field']} {e['old']} -> {e['new']} ({e['reason']})")
 
 
 def echo_champion_vs_tfidf(task: str, client: Any = None) -> None:
-    """One line: the champion's holdout family-macro accuracy beside TF-IDF + LR's, paired, from its one read."""
-    from envloop_pipelines.core.release.card import paired_text
+    """What the champion answers on its own (coverage at the error budget, test), then, the last line, its holdout
+    family-macro accuracy beside TF-IDF + LR's, paired, from its one read."""
+    from envloop_pipelines.core.release.card import answers_on_its_own, paired_text
 
     releases = (client or local_client(task=task)).release_cards()
     if not releases:
         return
     card = releases[-1]
+    on_its_own = answers_on_its_own(card)
+    if on_its_own:
+        click.echo(on_its_own)
     metric = "family_macro_accuracy"
     mine, theirs = (card.get("holdout") or {}).get(metric), (card.get("holdout_tfidf") or {}).get(metric)
     if mine is None or theirs is None:
@@ -219,13 +247,13 @@ def any_client(remote: str | None, mlflow_uri: str | None, task: str | None) -> 
 
 
 def _sdk_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """Call the SDK; its errors become the command's (exit 1)."""
+    """Call the SDK; its errors become the command's (exit 1; exit 2 when the task's loop is busy)."""
     from envloop_pipelines.sdk.errors import ClientError
 
     try:
         return fn(*args, **kwargs)
     except ClientError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise _refused(exc) from None
 
 
 def remote_releases(client: Any) -> list[dict[str, Any]]:
@@ -322,7 +350,8 @@ def round_start(ctx: click.Context, rounds: int, patience: int, max_wall_s: floa
     """Start a loop of rounds and run it to the end of its budget (here, or on a deployment with --remote).
 
     Exit status: 0 when every round was decided, 1 when a round failed (the ledger and the run say why),
-    2 for bad options.
+    2 for bad options or while a setup or a round of the task runs (from any door: one line names its run and how
+    to follow or cancel it; nothing is generated or written).
     """
     from click.core import ParameterSource
 
@@ -398,7 +427,7 @@ def round_retry(key: str | None, task: str | None, remote: str | None, mlflow_ur
 @click.option("--task", default=None, help="The task (default personal_agent; with --remote, the deployment's).")
 @remote_options
 def round_cancel(run_id: str, task: str | None, remote: str | None, mlflow_uri: str | None) -> None:
-    """Cancel the run RUN_ID of a round and wait until it has stopped; print how it ended.
+    """Cancel the run RUN_ID of a round or of the setup and wait until it has stopped; print how it ended.
 
     Here: the run's worker on this machine (an `envloop round start`, or a round started from the SDK) is
     interrupted and the run ends CANCELED. With --remote: the deployment's run is terminated. Either way the

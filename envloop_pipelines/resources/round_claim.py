@@ -1,5 +1,6 @@
-"""The round claim (``core/loop/round_claim.py``) judged against a Dagster instance: a claim whose run has
-finished there is stale. Every door takes it through here; the core never sees the instance."""
+"""The loop's claim, its setup's or a round's (``core/loop/round_claim.py``), judged against a Dagster instance: a
+claim whose run has finished there is stale (a hold's, when its process is gone). Every door takes it through
+here; the core never sees the instance."""
 
 from __future__ import annotations
 
@@ -7,15 +8,19 @@ import dagster as dg
 
 from envloop_pipelines.core.loop.config import LoopConfig
 from envloop_pipelines.core.loop.round_claim import (
+    SETUP,
     RoundBusy,
     RoundClaim,
     RunFinished,
     claim_round,
     live_claim,
+    release_hold,
     release_round,
+    watch_or_cancel,
 )
 
-__all__ = ["RoundBusy", "RoundClaim", "claim_round_on", "live_claim_on", "release_round_of", "run_finished_on"]
+__all__ = ["SETUP", "RoundBusy", "RoundClaim", "claim_round_on", "live_claim_on", "release_hold_of", "release_round_of",
+           "run_finished_on", "watch_or_cancel"]
 
 
 def run_finished_on(instance: dg.DagsterInstance) -> RunFinished:
@@ -29,13 +34,14 @@ def run_finished_on(instance: dg.DagsterInstance) -> RunFinished:
 
 
 def claim_round_on(instance: dg.DagsterInstance, cfg: LoopConfig, round_key: str, *, run_id: str, door: str,
-                   pid: int | None) -> RoundClaim:
-    """Claim ``cfg.task``'s round for ``run_id`` (:func:`~envloop_pipelines.core.loop.round_claim.claim_round`).
+                   pid: int | None, holder: str | None = None) -> RoundClaim:
+    """Claim ``cfg.task``'s loop for ``run_id``, a round or the setup (``round_key`` :data:`SETUP`)
+    (:func:`~envloop_pipelines.core.loop.round_claim.claim_round`; ``holder``: the hold it belongs to).
 
     Raises:
         RoundBusy: a live claim of another run holds it (the message names its round, run and door).
     """
-    return claim_round(cfg.task, cfg.home, round_key, run_id=run_id, door=door, pid=pid,
+    return claim_round(cfg.task, cfg.home, round_key, run_id=run_id, door=door, pid=pid, holder=holder,
                        run_finished=run_finished_on(instance))
 
 
@@ -47,3 +53,8 @@ def live_claim_on(instance: dg.DagsterInstance, cfg: LoopConfig) -> RoundClaim |
 def release_round_of(cfg: LoopConfig, run_id: str) -> bool:
     """Give the task's claim back once ``run_id``'s run has ended (only when that run holds it)."""
     return release_round(cfg.task, cfg.home, run_id)
+
+
+def release_hold_of(cfg: LoopConfig, holder: str) -> bool:
+    """Give the task's claim back once the hold ``holder`` is done (only when that hold has it)."""
+    return release_hold(cfg.task, cfg.home, holder)

@@ -10,6 +10,7 @@ imports it from here.
 
 from envloop_pipelines.sdk.client import Client
 from envloop_pipelines.sdk.errors import (
+    BusyError,
     ClientError,
     NotFoundError,
     PromotionOutOfReach,
@@ -21,5 +22,5 @@ from envloop_pipelines.sdk.local import LocalClient
 from envloop_pipelines.sdk.protocol import LoopClient
 from envloop_pipelines.sdk.records import ReleaseInfo, RoundInfo, RoundRun, RunError, RunInfo, StepInfo
 
-__all__ = ["Client", "ClientError", "LocalClient", "LoopClient", "NotFoundError", "PromotionOutOfReach", "RefusedError", "ReleaseInfo", "RoundFailed", "RoundInfo", "RoundRun",
+__all__ = ["BusyError", "Client", "ClientError", "LocalClient", "LoopClient", "NotFoundError", "PromotionOutOfReach", "RefusedError", "ReleaseInfo", "RoundFailed", "RoundInfo", "RoundRun",
            "RunError", "RunInfo", "StepInfo", "UnavailableError"]

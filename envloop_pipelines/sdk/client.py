@@ -41,16 +41,19 @@ from envloop_pipelines.core.decision_loop.step_records import RoundDecision
 from envloop_pipelines.core.ledger.event_log import EVENT_KINDS
 from envloop_pipelines.core.loop.budget import LoopBudget, NextRound, drive_loop, spent
 from envloop_pipelines.core.loop.config import round_key, round_number
+from envloop_pipelines.core.loop.round_claim import watch_or_cancel
 from envloop_pipelines.core.serve.settings import source_from_release_checkpoint
 from envloop_pipelines.core.services import PROBE_TIMEOUT_S, ServiceUnavailable, probe
 from envloop_pipelines.core.tracking import model_name
 from envloop_pipelines.names import (
+    BUSY_WITH_TAG,
     CLIENT_TAG,
     HYPOTHESIS_ASSET,
     LOOP_TAG,
     NOISE_FLOOR,
     PARTITION_TAG,
     PROMOTION_DECISION,
+    REFUSED_BUSY,
     REFUSED_TAG,
     ROUND_JOB,
     ROUNDS_PARTITIONS,
@@ -58,6 +61,7 @@ from envloop_pipelines.names import (
 )
 from envloop_pipelines.sdk import queries
 from envloop_pipelines.sdk.errors import (
+    BusyError,
     ClientError,
     NotFoundError,
     PromotionOutOfReach,
@@ -238,6 +242,7 @@ class Client(DagsterWebserver):
         decision = self.decision(launched.key) if info.success else None
         if not info.success or decision is None:
             reason = self.run_error(info.run_id) if info.status == "FAILURE" else None
+            self._raise_if_busy(info, reason)
             why = f": {reason}" if reason is not None else " without a decision"
             hint = "" if info.status == "CANCELED" or (reason and info.tags.get(REFUSED_TAG)) else (
                 f"; Client.retry({launched.key!r}) runs it again from the failed step")
@@ -253,19 +258,26 @@ class Client(DagsterWebserver):
     def setup(self, *, wait: bool = True, progress: bool = True) -> RunInfo:
         """Launch ``setup_job`` (the task's benchmark and noise floor, release 1 on a fresh task).
 
-        Cached on the server per benchmark version and recipe, so running it again is cheap.
+        Cached on the server per benchmark version and recipe, so running it again is cheap. Refused before the
+        launch while a setup or a round of the deployment has not ended (:meth:`ensure_no_round_running`); two
+        setups that pass this check together are told apart by the setup's first step, which claims the task's
+        loop on the deployment (``core/loop/round_claim.py``): the second run ends refused, having generated and
+        written nothing, and raises :class:`BusyError` too.
 
         Raises:
             UnavailableError: a server did not answer its probe (:meth:`probe`).
+            BusyError: another run of the task's loop runs (the message names it and how to follow or cancel it).
             RoundFailed: the setup run failed.
         """
         self.probe()
+        self.ensure_no_round_running()
         run_id = self._launch(SETUP_JOB, tags={CLIENT_TAG: "sdk"})
         if not wait:
             return self.run(run_id)
         info = self.wait(run_id, progress=progress, desc="setup")
         if not info.success:
             reason = self.run_error(run_id) if info.status == "FAILURE" else None
+            self._raise_if_busy(info, reason)
             raise RoundFailed(f"setup run {run_id} ended {info.status}" + (f": {reason}" if reason else ""), info, reason)
         warning = self.promotion_warning()
         if warning:
@@ -322,7 +334,7 @@ class Client(DagsterWebserver):
         written nothing.
 
         Raises:
-            RefusedError: a round runs on the deployment (the message names it and its run).
+            BusyError: a round or the setup runs on the deployment (the message names it and its run).
             UnavailableError: a server did not answer its probe (:meth:`probe`).
             ClientError: a bad hypothesis (the message names the field), the setup has not run, or
                 the server refused the launch.
@@ -330,10 +342,10 @@ class Client(DagsterWebserver):
         started = time.time()
         proposal = _hypothesis_json(hypothesis)
         self.probe()
+        self.ensure_no_round_running()  # first: while the setup runs, a start is told so, not that there is none
         if not self.is_set_up():
             raise ClientError(f"the task {self.task!r} has no noise floor yet: run Client.setup() "
                               f"(setup_job) before the first round")
-        self.ensure_no_round_running()
         key = self.add_round(key)
         run_config: dict[str, Any] = {}
         if proposal is not None:
@@ -343,16 +355,30 @@ class Client(DagsterWebserver):
         return RoundRun(key=key, run_id=run_id, launched_at=started)
 
     def ensure_no_round_running(self) -> None:
-        """Refuse while a round of the deployment has not ended.
+        """Refuse while a round or the setup of the deployment has not ended (two requests, within ``timeout_s``).
 
         Raises:
-            RefusedError: a round runs; the message names it and its run.
+            BusyError: a round or the setup runs; the message, one line, names it, its run and how to follow or
+                cancel it.
         """
-        running = self.runs(ROUND_JOB, statuses=UNFINISHED, limit=1)
-        if running:
-            run = running[0]
-            raise RefusedError(f"round {run.partition} of task {self.task!r} is running (run {run.run_id}, "
-                               f"{run.status}): wait for it or cancel it first")
+        for job in (SETUP_JOB, ROUND_JOB):
+            running = self.runs(job, statuses=UNFINISHED, limit=1)
+            if running:
+                run = running[0]
+                what = "the setup" if job == SETUP_JOB else f"round {run.partition}"
+                raise BusyError(f"{what} of task {self.task!r} is running (run {run.run_id}, {run.status}): "
+                                f"{watch_or_cancel(run.run_id, self.dagster_url)}", run.run_id)
+
+    def _raise_if_busy(self, info: RunInfo, reason: Any) -> None:
+        """A run its first step refused because another run of the task's loop held the claim: :class:`BusyError`
+        with the step's one line (naming that run)."""
+        if info.tags.get(REFUSED_TAG) == REFUSED_BUSY:
+            holder = info.tags.get(BUSY_WITH_TAG)
+            message = (reason.message if reason is not None else
+                       f"run {info.run_id} was refused: another run of task {self.task!r} holds its loop")
+            if holder:  # the step names the deployment's own commands; a person here follows it with --remote
+                message = message.replace(watch_or_cancel(holder), watch_or_cancel(holder, self.dagster_url))
+            raise BusyError(message, holder)
 
     def run_round(self, hypothesis: Mapping[str, Any] | str | os.PathLike[str] | None = None, *,
                   progress: bool = True, poll_s: float = 2.0, timeout_s: float | None = None,

@@ -20,6 +20,16 @@ class RefusedError(ClientError):
     """Bad input, refused before anything was launched or written (a hypothesis, a key, a kind): the message names the field."""
 
 
+class BusyError(RefusedError):
+    """Another run of the task's loop (its setup or a round) runs: a second start, from whichever door, is refused
+    before anything of it runs or is written. The message, one line, names that run, its door and how to follow or
+    cancel it; ``run_id`` is that run's id (``None`` when the refusal did not say)."""
+
+    def __init__(self, message: str, run_id: str | None = None) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+
+
 class NotFoundError(ClientError):
     """No such round, run, release or step at the deployment."""
 
@@ -37,4 +47,4 @@ class RoundFailed(ClientError):
         self.reason = reason
 
 
-__all__ = ["ClientError", "NotFoundError", "PromotionOutOfReach", "RefusedError", "RoundFailed", "UnavailableError"]
+__all__ = ["BusyError", "ClientError", "NotFoundError", "PromotionOutOfReach", "RefusedError", "RoundFailed", "UnavailableError"]

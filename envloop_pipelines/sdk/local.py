@@ -59,8 +59,16 @@ from envloop_pipelines.names import (
 )
 from envloop_pipelines.resources.bind import loop_resources
 from envloop_pipelines.resources.loop import MlflowResource, loop_resource
-from envloop_pipelines.resources.round_claim import RoundBusy, claim_round_on, live_claim_on, release_round_of
-from envloop_pipelines.sdk.errors import ClientError, NotFoundError, RefusedError, RoundFailed, UnavailableError
+from envloop_pipelines.resources.round_claim import (
+    SETUP,
+    RoundBusy,
+    claim_round_on,
+    live_claim_on,
+    release_hold_of,
+    release_round_of,
+    watch_or_cancel,
+)
+from envloop_pipelines.sdk.errors import BusyError, ClientError, NotFoundError, RefusedError, RoundFailed, UnavailableError
 from envloop_pipelines.sdk.instance import (
     QUIET,
     code_location_job,
@@ -105,6 +113,9 @@ class LocalClient(LocalRecords):
         self.run_logging: dict[str, Any] = QUIET
         self._resources: dict[str, Any] | None = None
         self._workers: dict[str, subprocess.Popen[bytes]] = {}  # run id -> the worker start_round started
+        #: The hold this client has on its task's loop (:meth:`hold_loop`), and the run id it claimed for its first run.
+        self._holder: str | None = None
+        self._held_run_id: str | None = None
         if loop_settings is not None:
             self._use(loop_settings)
 
@@ -140,18 +151,27 @@ class LocalClient(LocalRecords):
     def setup(self, *, wait: bool = True, progress: bool = True) -> RunInfo:
         """Run ``setup_job`` here (the task's benchmark and noise floor, release 1 on a fresh task).
 
+        The task's loop is claimed first (:meth:`hold_loop`, unless this client holds it already), before any data
+        is generated or anything is written: a setup or a round of the task running from any door refuses it.
+
         Raises:
             UnavailableError: the MLflow server does not answer (:meth:`probe`).
+            BusyError: another run of the task's loop runs (the message names it and how to follow or cancel it).
             RoundFailed: the setup run failed.
         """
-        self._cfg()
+        cfg = self._cfg()
         self.probe()
-        job = code_location_job(SETUP_JOB)
-        run_id = new_run_id()
-        watch = watch_steps(self.instance, run_id, len(job.graph.nodes), "setup") if progress else contextlib.nullcontext()
-        with watch:
-            job.execute_in_process(instance=self.instance, resources=self._resources, run_config=QUIET,
-                                   tags=worker_tags(), run_id=run_id, raise_on_error=False)
+        with self._hold(SETUP, "setup"):
+            self.ensure_no_round_running()
+            job = code_location_job(SETUP_JOB)
+            run_id = self._next_run_id()
+            self._claim(SETUP, run_id, self._door_of("setup"), os.getpid())  # the hold's claim, this run's now
+            watch = (watch_steps(self.instance, run_id, len(job.graph.nodes), "setup") if progress
+                     else contextlib.nullcontext())
+            tags = {**worker_tags(), SETTINGS_TAG: json.dumps(cfg.to_settings(), sort_keys=True)}
+            with watch:
+                job.execute_in_process(instance=self.instance, resources=self._resources, run_config=QUIET,
+                                       tags=tags, run_id=run_id, raise_on_error=False)
         info = self.run(run_id)
         if not info.success:
             reason = self.run_error(run_id)
@@ -172,35 +192,79 @@ class LocalClient(LocalRecords):
         """The door a round claim names: the CLI's command, or ``LocalClient.<method>``."""
         return self._door or f"LocalClient.{method}"
 
-    def _claim(self, key: str, run_id: str, door: str, pid: int) -> None:
-        """Claim the task's round for ``run_id`` (``core/loop/round_claim.py``); a live claim of another run refuses.
+    def _claim(self, key: str, run_id: str, door: str, pid: int, holder: str | None = None) -> None:
+        """Claim the task's loop for ``run_id``, round ``key`` or the setup (``core/loop/round_claim.py``), in this
+        client's hold when it has one; a live claim of another run refuses.
 
         Raises:
-            RefusedError: another round of the task runs (the message names it, its run and its door).
+            BusyError: another run of the task's loop runs (the message names it, its run and its door).
         """
         try:
-            claim_round_on(self.instance, self._cfg(), key, run_id=run_id, door=door, pid=pid)
+            claim_round_on(self.instance, self._cfg(), key, run_id=run_id, door=door, pid=pid,
+                           holder=holder or self._holder)
         except RoundBusy as exc:
-            raise RefusedError(str(exc)) from None
+            raise BusyError(str(exc), exc.claim.run_id) from None
+
+    def hold_loop(self, what: str = SETUP) -> contextlib.ExitStack:
+        """Claim the task's loop now, for the setup and the rounds this client runs next in this process, and return
+        the context that gives it back (``with client.hold_loop(): client.setup(); client.run_loop(rounds=2)``).
+
+        One claim for them all: no other door starts a setup or a round of the task from the claim on, between
+        this client's runs included; a claim whose process is gone is taken over. ``envloop round start`` holds it
+        from its setup to its last round; :meth:`setup`, :meth:`run_loop` and :meth:`retry` hold it for their own
+        runs when the client does not already. Nothing is generated or written before the claim.
+
+        Args:
+            what: What this client runs first, as a refused door is told: ``"setup"`` or a round key.
+
+        Raises:
+            BusyError: another run of the task's loop runs; the message, one line, names it, its door and how to
+                follow or cancel it.
+        """
+        return self._hold(what, "hold_loop")
+
+    def _hold(self, what: str, method: str) -> contextlib.ExitStack:
+        """:meth:`hold_loop` for ``method``'s runs (the door it names); nothing to take or give back when held."""
+        stack = contextlib.ExitStack()
+        if self._holder is not None:
+            return stack
+        cfg = self._cfg()
+        holder, run_id = new_run_id(), new_run_id()  # two uuid4s: the hold's and its first run's
+        self._claim(what, run_id, self._door_of(method), os.getpid(), holder=holder)
+        self._holder, self._held_run_id = holder, run_id
+
+        def give_back() -> None:
+            self._holder = self._held_run_id = None
+            release_hold_of(cfg, holder)
+
+        stack.callback(give_back)
+        return stack
+
+    def _next_run_id(self) -> str:
+        """The run id of the next run: the one the hold claimed for its first run, then new ones."""
+        run_id, self._held_run_id = self._held_run_id or new_run_id(), None
+        return run_id
 
     def _execute_round(self, key: str, proposal: Mapping[str, Any] | None, run_key: str | None,
                        retry_of: Any = None, progress: bool = True, run_id: str | None = None,
                        extra_tags: Mapping[str, str] | None = None, door: str = "LocalClient.run_round") -> RoundInfo:
         """Run round ``key``'s job in this process; the round with its decision, or RoundFailed.
 
-        The task's round is claimed for the run first (a worker takes over the claim its ``start_round`` took)
-        and given back when the run has ended.
+        The task's loop is claimed for the run first (a worker takes over the claim its ``start_round`` took; in
+        a hold, the run takes the hold's claim over) and given back when the run has ended (in a hold, when the
+        hold ends).
 
         Raises:
-            RefusedError: another round of the task holds the claim.
+            BusyError: another run of the task's loop holds the claim.
         """
         cfg = self._cfg()
-        run_id = run_id or new_run_id()
+        run_id = run_id or self._next_run_id()
         self._claim(key, run_id, door, os.getpid())
         try:
             return self._execute_claimed(key, proposal, run_key, retry_of, progress, run_id, extra_tags)
         finally:
-            release_round_of(cfg, run_id)
+            if self._holder is None:
+                release_round_of(cfg, run_id)
 
     def _execute_claimed(self, key: str, proposal: Mapping[str, Any] | None, run_key: str | None, retry_of: Any,
                          progress: bool, run_id: str, extra_tags: Mapping[str, str] | None) -> RoundInfo:
@@ -236,41 +300,45 @@ class LocalClient(LocalRecords):
             raise RefusedError(str(exc)) from None
 
     def _next_round(self) -> str:
-        """The key of the task's next round; refused before setup and while a round of the task runs."""
+        """The key of the task's next round; refused while a round or the setup of the task runs, and before setup."""
+        self.ensure_no_round_running()  # first: while the setup runs, a start is told so, not that there is none
         if not self.is_set_up():
             raise RefusedError(f"the task {self.task!r} has no noise floor yet: run setup() (setup_job) before the "
                                f"first round")
-        self.ensure_no_round_running()
         return round_key(last_round_number(self.task, self._home) + 1)
 
     def ensure_no_round_running(self) -> None:
-        """Refuse while a round of the task runs, from whichever door (nothing is claimed: the round's own claim
-        is taken when it starts).
+        """Refuse while a round or the setup of the task runs, from whichever door, but this client's own hold
+        (nothing is claimed: the run's own claim is taken when it starts).
 
         Raises:
-            RefusedError: a round of the task runs; the message names it, its run and (from its claim) its door.
+            BusyError: a run of the task's loop runs; the message names it, its run, (from its claim) its door, and
+                how to follow or cancel it.
         """
         self.reap_orphans()  # a claim whose worker died holds nothing: its run is marked failed first
         claim = live_claim_on(self.instance, self._cfg()) if self._resources is not None else None
-        if claim is not None:
-            raise RefusedError(str(RoundBusy(claim)))
+        if claim is not None and (self._holder is None or claim.holder != self._holder):
+            raise BusyError(str(RoundBusy(claim)), claim.run_id)
         running = self._running_round()
         if running is not None:
-            raise RefusedError(f"round {running[0]} of task {self.task!r} is running (run {running[1]}): wait for it "
-                               f"or cancel it first")
+            what = "the setup" if running[0] == SETUP else f"round {running[0]}"
+            raise BusyError(f"{what} of task {self.task!r} is running (run {running[1]}): "
+                            f"{watch_or_cancel(running[1])}", running[1])
 
     def _running_round(self) -> tuple[str, str] | None:
-        """``(key, run id)`` of a round of this task whose worker is alive: one started here that has not created
-        its run yet, or an unfinished run of the instance (a run whose worker is gone is marked failed first)."""
+        """``(key, run id)`` of a round (or the setup: key ``setup``) of this task whose worker is alive: one
+        started here that has not created its run yet, or an unfinished run of the instance (a run whose worker is
+        gone is marked failed first)."""
         for run_id, worker in list(self._workers.items()):
             if worker.poll() is None and self.instance.get_run_by_id(run_id) is None:
                 return json.loads(Path(worker.args[-1]).read_text(encoding="utf-8"))["key"], run_id
         self.reap_orphans()
         unfinished = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
                       dg.DagsterRunStatus.CANCELING]
-        for run in self.instance.get_runs(filters=dg.RunsFilter(job_name=ROUND_JOB, statuses=unfinished)):
-            if json.loads(run.tags.get(SETTINGS_TAG) or "{}").get("task") == self.task:
-                return run.tags.get(PARTITION_TAG, "?"), run.run_id
+        for job in (ROUND_JOB, SETUP_JOB):
+            for run in self.instance.get_runs(filters=dg.RunsFilter(job_name=job, statuses=unfinished)):
+                if json.loads(run.tags.get(SETTINGS_TAG) or "{}").get("task") == self.task:
+                    return run.tags.get(PARTITION_TAG, SETUP if job == SETUP_JOB else "?"), run.run_id
         return None
 
     def run_round(self, hypothesis: Mapping[str, Any] | str | os.PathLike[str] | None = None, *,
@@ -287,7 +355,8 @@ class LocalClient(LocalRecords):
                 returned); default the next round and a new id.
 
         Raises:
-            RefusedError: a bad hypothesis (the field named), no setup yet, or a round of the task still running.
+            RefusedError: a bad hypothesis (the field named), or no setup yet.
+            BusyError: a round or the setup of the task still running (a kind of RefusedError).
             RoundFailed: the round ended without a decision.
         """
         proposal = self._proposal(hypothesis)
@@ -310,10 +379,14 @@ class LocalClient(LocalRecords):
             tags: Extra tags of the Dagster run.
 
         Raises:
-            RefusedError: a bad hypothesis or key, no setup yet, or a round of the task still running.
+            RefusedError: a bad hypothesis or key, or no setup yet.
+            BusyError: a round or the setup of the task still running (a kind of RefusedError).
         """
         started = time.time()
         cfg = self._cfg()
+        if self._holder is not None:  # its claim goes to a worker that outlives this process: not this one's hold
+            raise RefusedError("start_round: this client holds its task's loop (hold_loop); run_round runs the round "
+                               "in it")
         proposal = self._proposal(hypothesis)
         self.probe()
         following = self._next_round()
@@ -485,8 +558,11 @@ class LocalClient(LocalRecords):
         The hypothesis (if any) is the first round's (``envloop round start --hypothesis``); later rounds
         derive theirs from the champion's failures, as with the remote client.
 
+        One claim of the task's loop for all its rounds (:meth:`hold_loop`, unless this client holds it already).
+
         Raises:
             RefusedError: a bad hypothesis (every field named) or budget.
+            BusyError: another run of the task's loop runs.
             RoundFailed: a round ended without a decision.
         """
         cfg = self._cfg()
@@ -496,10 +572,11 @@ class LocalClient(LocalRecords):
         except ValueError as exc:
             raise RefusedError(str(exc)) from None
         self.probe()
-        self.ensure_no_round_running()  # before the active loop is replaced
-        state = start_loop(cfg.task, f"cli-{int(time.time())}", budget, home=cfg.home)
-        self.notify(f"loop {state.loop_id}: up to {rounds} rounds")
-        return self._drive(None, on_round, progress, proposal)
+        with self._hold(round_key(last_round_number(cfg.task, cfg.home) + 1), "run_loop"):  # one claim, every round
+            self.ensure_no_round_running()  # before the active loop is replaced
+            state = start_loop(cfg.task, f"cli-{int(time.time())}", budget, home=cfg.home)
+            self.notify(f"loop {state.loop_id}: up to {rounds} rounds")
+            return self._drive(None, on_round, progress, proposal)
 
     def retry(self, run: str | None = None, *, wait: bool = True, progress: bool = True,
               on_round: Callable[[RoundInfo], None] | None = None) -> list[RoundInfo]:
@@ -536,11 +613,12 @@ class LocalClient(LocalRecords):
             raise RefusedError(f"round {key}'s run belongs to task {settings.get('task')!r}, not {task!r}")
         self._use(settings)
         self.probe()
-        self.ensure_no_round_running()
-        self.notify(f"retrying round {key} (run {failed.run_id} {failed.status.value})")
-        return self._drive((key, lambda: self._execute_round(key, None, failed.tags.get(LOOP_TAG), retry_of=failed,
-                                                             progress=progress, door=self._door_of("retry"))),
-                           on_round, progress)
+        with self._hold(key, "retry"):  # one claim for the retried round and the rounds after it
+            self.ensure_no_round_running()
+            self.notify(f"retrying round {key} (run {failed.run_id} {failed.status.value})")
+            return self._drive((key, lambda: self._execute_round(key, None, failed.tags.get(LOOP_TAG),
+                                                                 retry_of=failed, progress=progress,
+                                                                 door=self._door_of("retry"))), on_round, progress)
 
 
 __all__ = ["LocalClient"]

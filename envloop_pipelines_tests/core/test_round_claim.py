@@ -6,8 +6,10 @@ r0001. Here the doors are processes racing for the claim; exactly one wins and t
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -16,11 +18,13 @@ from pathlib import Path
 import pytest
 
 from envloop_pipelines.core.loop.round_claim import (
+    SETUP,
     RoundBusy,
     claim_path,
     claim_round,
     live_claim,
     read_claim,
+    release_hold,
     release_round,
 )
 
@@ -98,3 +102,71 @@ def test_a_step_claim_without_a_process_is_stale_once_the_instance_has_no_such_r
     claim_path(TASK, tmp_path).write_text("{torn", encoding="utf-8")
     assert read_claim(TASK, tmp_path) is None
     assert claim_round(TASK, tmp_path, "r0002", run_id="B", door="x", run_finished=_no_runs, pid=None).run_id == "B"
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True).stdout)
+
+
+def test_a_hold_is_its_doors_from_the_setup_to_its_last_round_and_another_door_is_refused_meanwhile(
+        tmp_path: Path) -> None:
+    """Issue 47: ``envloop round start`` holds the task's loop from its setup to its last round; a door asking between
+    two of its runs (the setup's run finished, the next not created yet) is refused, naming the run and how to follow
+    or cancel it, in one line."""
+    me = os.getpid()
+    finished = {"setup-run": True, "r1-run": True}  # its runs have finished on the instance: the hold goes on
+    claim_round(TASK, tmp_path, SETUP, run_id="setup-run", door="envloop round start", run_finished=_no_runs, pid=me,
+                holder="H")
+    with pytest.raises(RoundBusy) as busy:
+        claim_round(TASK, tmp_path, SETUP, run_id="other", door="LocalClient.setup", run_finished=finished.get, pid=me,
+                    holder="G")
+    message = str(busy.value)
+    assert message == (f"the setup of task {TASK!r} is running (run setup-run, started by envloop round start, pid {me} "
+                       f"on {socket.gethostname()}): wait for it (follow it in `envloop ui`) or cancel it "
+                       f"(`envloop round cancel setup-run`)")
+    assert "\n" not in message and busy.value.claim.holder == "H"
+    with pytest.raises(RoundBusy, match="the setup of task"):  # a run of no hold (a step of a launched run)
+        claim_round(TASK, tmp_path, "r0001", run_id="launched", door="a launch of round_job", run_finished=finished.get)
+
+    nxt = claim_round(TASK, tmp_path, "r0001", run_id="r1-run", door="LocalClient.run_loop", run_finished=_no_runs,
+                      pid=me, holder="H")  # the hold's next run takes its claim over
+    assert (nxt.round, nxt.run_id, nxt.door, nxt.holder) == ("r0001", "r1-run", "envloop round start", "H")
+    assert read_claim(TASK, tmp_path) == nxt
+    with pytest.raises(RoundBusy, match=r"^round r0001 of task .* \(run r1-run, .*`envloop round cancel r1-run`\)$"):
+        claim_round(TASK, tmp_path, "r0002", run_id="other", door="sensor", run_finished=finished.get, pid=None)
+    assert live_claim(TASK, tmp_path, finished.get) == nxt  # its run finished, its process is alive: held
+
+    assert not release_round(TASK, tmp_path, "other") and not release_hold(TASK, tmp_path, "G")
+    assert read_claim(TASK, tmp_path) == nxt
+    assert release_hold(TASK, tmp_path, "H") and read_claim(TASK, tmp_path) is None
+    assert not release_hold(TASK, tmp_path, "H")
+    assert claim_round(TASK, tmp_path, SETUP, run_id="other", door="LocalClient.setup", run_finished=finished.get,
+                       pid=me, holder="G").holder == "G"
+
+
+def test_a_hold_whose_process_is_gone_is_taken_over_and_a_hold_needs_a_process(tmp_path: Path) -> None:
+    dead = _dead_pid()
+    claim_round(TASK, tmp_path, SETUP, run_id="A", door="envloop round start", run_finished=_no_runs, pid=dead,
+                holder="H")  # its process was killed in the middle of its setup; its run never finished
+    unfinished = {"A": False}.get
+    assert live_claim(TASK, tmp_path, unfinished) is None
+    taken = claim_round(TASK, tmp_path, SETUP, run_id="B", door="LocalClient.setup", run_finished=unfinished,
+                        pid=os.getpid(), holder="G")
+    assert (taken.run_id, taken.holder, taken.pid) == ("B", "G", os.getpid())
+    with pytest.raises(ValueError, match="holder: a hold is its process's"):
+        claim_round(TASK, tmp_path / "other", SETUP, run_id="C", door="x", run_finished=_no_runs, holder="K")
+
+
+def test_the_same_runs_claim_takes_the_round_it_runs_and_a_claim_written_before_holds_reads(tmp_path: Path) -> None:
+    me = os.getpid()
+    claim_round(TASK, tmp_path, SETUP, run_id="A", door="LocalClient.hold_loop", run_finished=_no_runs, pid=me,
+                holder="H")
+    first = claim_round(TASK, tmp_path, "r0001", run_id="A", door="LocalClient.run_loop", run_finished=_no_runs,
+                        pid=me)  # the hold's first run is a round: the claim says so
+    assert (first.round, first.door, first.holder) == ("r0001", "LocalClient.hold_loop", "H")
+    old = {"task": TASK, "round": "r0002", "run_id": "Z", "door": "envloop round start", "pid": me,
+           "host": socket.gethostname(), "at": 0.0}
+    claim_path(TASK, tmp_path).write_text(json.dumps(old), encoding="utf-8")
+    assert read_claim(TASK, tmp_path).holder is None and read_claim(TASK, tmp_path).run_id == "Z"

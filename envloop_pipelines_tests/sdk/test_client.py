@@ -104,15 +104,61 @@ def test_a_start_while_a_round_runs_on_the_deployment_is_refused_naming_it(monke
     asked: dict = {}
 
     def runs(job: str, *, partition: str | None = None, limit: int = 50, statuses: object = None) -> list[RunInfo]:
-        asked.update(job=job, statuses=statuses)
+        asked.setdefault("jobs", []).append(job)
+        asked.update(statuses=statuses)
         return [RunInfo(run_id="abc", job=job, status="STARTED", partition="r0003", start_time=None, end_time=None,
-                        created=None, tags={}, steps=())]
+                        created=None, tags={}, steps=())] if job == "round_job" else []
 
     monkeypatch.setattr(client, "runs", runs)
     monkeypatch.setattr(client, "add_round", lambda key=None: pytest.fail("a partition was added"))
     with pytest.raises(RefusedError, match=r"^round r0003 of task 'personal_agent' is running \(run abc, STARTED\)"):
         client.start_round()
-    assert asked["job"] == "round_job" and set(asked["statuses"]) >= {"QUEUED", "STARTING", "STARTED"}
+    assert asked["jobs"] == ["setup_job", "round_job"] and set(asked["statuses"]) >= {"QUEUED", "STARTING", "STARTED"}
+
+
+def test_a_setup_beside_a_run_of_the_deployments_loop_is_refused_as_busy_naming_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 47: a second setup on a deployment ran beside the first. ``Client.setup`` asks the deployment for a setup
+    or round run that has not ended before launching; a setup that passed that check together with another is refused
+    by its first step (the deployment's claim: ``sdk/test_loop_claim.py``), and ``setup`` raises ``BusyError`` with
+    that step's one line, telling a person here how to follow or cancel the holder with ``--remote``."""
+    from envloop_pipelines.names import BUSY_WITH_TAG, REFUSED_TAG
+    from envloop_pipelines.sdk.errors import BusyError, RefusedError
+    from envloop_pipelines.sdk.records import RunError
+
+    url = "http://127.0.0.1:9"
+    client = Client(url)
+    client._settings = {"task": "personal_agent"}
+    monkeypatch.setattr(client, "probe", lambda: None, raising=False)  # no servers here
+    running: dict[str, list[RunInfo]] = {"setup_job": [], "round_job": []}
+    monkeypatch.setattr(client, "runs", lambda job, **kw: running[job])
+    launched: list[str] = []
+    monkeypatch.setattr(client, "_launch", lambda job, **kw: launched.append(job) or "mine")
+
+    def run(run_id: str, job: str, status: str, tags: dict[str, str], partition: str | None = None) -> RunInfo:
+        return RunInfo(run_id=run_id, job=job, status=status, partition=partition, start_time=None, end_time=None,
+                       created=None, tags=tags, steps=())
+
+    for job, partition, what in (("setup_job", None, "the setup"), ("round_job", "r0002", "round r0002")):
+        running.update({"setup_job": [], "round_job": []}, **{job: [run("theirs", job, "STARTED", {}, partition)]})
+        with pytest.raises(BusyError) as busy:
+            client.setup(progress=False)
+        assert str(busy.value) == (f"{what} of task 'personal_agent' is running (run theirs, STARTED): wait for it "
+                                   f"(follow it in {url}) or cancel it (`envloop round cancel theirs --remote {url}`)")
+        assert isinstance(busy.value, RefusedError) and busy.value.run_id == "theirs" and launched == []
+
+    running.update({"setup_job": [], "round_job": []})  # both passed the check: the step's claim tells them apart
+    step = ("setup: refused: the setup of task 'personal_agent' is running (run theirs, started by a launch of "
+            "setup_job on h): wait for it (follow it in `envloop ui`) or cancel it (`envloop round cancel theirs`)")
+    monkeypatch.setattr(client, "wait", lambda run_id, **kw: run(run_id, "setup_job", "FAILURE", {
+        REFUSED_TAG: "busy", BUSY_WITH_TAG: "theirs"}))
+    monkeypatch.setattr(client, "run_error", lambda run_id: RunError(step="task_benchmark", message=step))
+    with pytest.raises(BusyError) as busy:
+        client.setup(progress=False)
+    assert launched == ["setup_job"] and busy.value.run_id == "theirs"
+    assert str(busy.value) == step.replace("(follow it in `envloop ui`) or cancel it (`envloop round cancel theirs`)",
+                                           f"(follow it in {url}) or cancel it (`envloop round cancel theirs "
+                                           f"--remote {url}`)")
 
 
 def test_a_release_answers_as_the_same_model_id_locally_and_remotely(tmp_path: Path,

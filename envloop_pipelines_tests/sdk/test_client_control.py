@@ -198,3 +198,36 @@ def test_predict_with_the_champion_here_gives_the_numbers_envloop_serve_gives(de
     assert list(here[0]["answers"]) == list(records[0]["questions"])
     with pytest.raises(UnavailableError, match="did not answer"):
         client.predict(records[0], url=f"http://127.0.0.1:{services.free_port()}")
+
+
+def test_a_setup_launched_while_the_tasks_loop_is_held_is_refused_by_its_first_step(deployment: Deployment) -> None:
+    """Issue 47, the deployment's doors: a ``setup_job`` launched over GraphQL (``Client.setup``, as the HTTP job API
+    and the launchpad launch it) while a door of the deployment's home holds the task's loop (as ``envloop round
+    start`` does from its setup to its last round) passes the client's check (no run of the holder is on the
+    deployment) and is refused by its first step: the run ends FAILURE tagged busy, ``setup`` raises ``BusyError``
+    naming the holder's run and ``--remote``, and the ledger is as it was."""
+    import os
+
+    from envloop_pipelines.core.loop.round_claim import SETUP, claim_round, release_hold
+    from envloop_pipelines.names import BUSY_WITH_TAG, SETUP_JOB
+    from envloop_pipelines.sdk.errors import BusyError
+
+    client = deployment.client()
+    before = list(Ledger(TASK, deployment.home).events())
+    claim_round(TASK, deployment.home, SETUP, run_id="held-by-a-door", door="envloop round start",
+                run_finished=lambda run_id: None, pid=os.getpid(), holder="this-test")
+    try:
+        with pytest.raises(BusyError) as busy:
+            client.setup(progress=False)
+    finally:
+        assert release_hold(TASK, deployment.home, "this-test")
+    message = str(busy.value)
+    assert busy.value.run_id == "held-by-a-door" and "\n" not in message, message
+    assert message.startswith(f"setup: refused: the setup of task {TASK!r} is running (run held-by-a-door, started by "
+                              f"envloop round start, pid {os.getpid()} on "), message
+    assert message.endswith(f"wait for it (follow it in {deployment.dagster}) or cancel it (`envloop round cancel "
+                            f"held-by-a-door --remote {deployment.dagster}`)"), message
+    refused = client.runs(SETUP_JOB, limit=1)[0]
+    assert refused.status == "FAILURE" and refused.tags[REFUSED_TAG] == "busy"
+    assert refused.tags[BUSY_WITH_TAG] == "held-by-a-door"
+    assert list(Ledger(TASK, deployment.home).events()) == before

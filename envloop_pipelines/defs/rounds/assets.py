@@ -82,38 +82,59 @@ def refuse(context: dg.AssetExecutionContext, message: str, reason: str = "hypot
     raise dg.Failure(description=message, allow_retries=False)
 
 
-#: ``REFUSED_TAG`` of a run refused because another round of the task held the claim.
-BUSY = "busy"
+#: ``REFUSED_TAG`` of a run refused because another run of the task's loop (its setup or a round) held the claim.
+BUSY = names.REFUSED_BUSY
+
+
+def claim_the_loop(context: dg.AssetExecutionContext, loop: LoopResource, what: str) -> None:
+    """Claim the task's loop for this run (``core/loop/round_claim.py``) before anything of it is written:
+    ``what`` is the round's key, or ``SETUP`` in the setup's steps.
+
+    The first step of a round or of the setup does it for every door: a run launched while another run of the
+    task's loop runs (by the remote ``Client``, the HTTP job API, the UI's launchpad, the sensor, the schedule) is
+    refused naming that run, its door and how to follow or cancel it (tagged ``REFUSED_TAG`` busy, never retried,
+    and ``BUSY_WITH_TAG`` the run that held the claim), having written nothing: no file, ledger event or MLflow
+    run, and no data generated. A run whose door claimed for it already (``LocalClient``, ``envloop round start``)
+    takes its claim over.
+    """
+    from envloop_pipelines.defs.rounds.recovery import worker_pid
+    from envloop_pipelines.resources.round_claim import SETUP, RoundBusy, claim_round_on
+
+    try:
+        claim_round_on(context.instance, loop.config(), what, run_id=context.run.run_id, door=run_door(context.run),
+                       pid=worker_pid(context.run))
+    except RoundBusy as exc:
+        context.instance.add_run_tags(context.run.run_id, {names.BUSY_WITH_TAG: exc.claim.run_id})
+        if what != SETUP:
+            refuse(context, f"round {what}: refused: {exc}", reason=BUSY)
+        context.instance.add_run_tags(context.run.run_id, {NO_RETRY_TAG: "false", REFUSED_TAG: BUSY})
+        raise dg.Failure(description=f"setup: refused: {exc}", allow_retries=False) from None
 
 
 def claim_the_round(context: dg.AssetExecutionContext, loop: LoopResource) -> None:
-    """Claim the task's round for this run (``core/loop/round_claim.py``) before anything of it is written.
+    """Claim the task's loop for this round's run (:func:`claim_the_loop`, the round's first step)."""
+    claim_the_loop(context, loop, context.partition_key)
 
-    The round's first step does it for every door: a run launched while another round of the task runs (by the
-    remote ``Client``, the sensor, the schedule, the UI) is refused naming that round, its run and its door, and
-    writes nothing (no ledger event, no MLflow run; the failure hook closes none of the other round's). A run whose
-    door claimed for it already (``LocalClient``, ``envloop round start``) takes its claim over.
-    """
-    from envloop_pipelines.defs.rounds.recovery import worker_pid
-    from envloop_pipelines.resources.round_claim import RoundBusy, claim_round_on
 
-    try:
-        claim_round_on(context.instance, loop.config(), context.partition_key, run_id=context.run_id,
-                       door=run_door(context.run), pid=worker_pid(context.run))
-    except RoundBusy as exc:
-        refuse(context, f"round {context.partition_key}: refused: {exc}", reason=BUSY)
+def claim_the_setup(context: dg.AssetExecutionContext, loop: LoopResource) -> None:
+    """Claim the task's loop for this setup's run (:func:`claim_the_loop`): in each of the setup's steps, since a
+    launch may materialize the noise floor alone; the second is the same run's claim, taken over."""
+    from envloop_pipelines.resources.round_claim import SETUP
+
+    claim_the_loop(context, loop, SETUP)
 
 
 def run_door(run: dg.DagsterRun) -> str:
-    """Who launched ``run``, in words: the sensor or schedule that requested it, the SDK's ``Client``, or a launch."""
+    """Who launched ``run``, in words: the sensor or schedule that requested it, the SDK's ``Client``, or a launch of
+    its job (the HTTP job API, the UI's launchpad)."""
     tags = run.tags
     if tags.get(names.SENSOR_NAME_TAG):
         return f"sensor {tags[names.SENSOR_NAME_TAG]}"
     if tags.get(names.SCHEDULE_NAME_TAG):
         return f"schedule {tags[names.SCHEDULE_NAME_TAG]}"
     if tags.get(names.CLIENT_TAG) == "sdk":
-        return "Client.start_round"
-    return f"a launch of {names.ROUND_JOB}"
+        return "Client.setup" if run.job_name == names.SETUP_JOB else "Client.start_round"
+    return f"a launch of {run.job_name}"
 
 
 def _round_started(context: dg.AssetExecutionContext, key: str) -> bool:
@@ -143,8 +164,9 @@ VERIFIER_POD = {"dagster-k8s/config": {
 
 
 @dg.asset(group_name="benchmark", op_tags=VERIFIER_POD)
-def task_benchmark(loop: LoopResource) -> dg.Output[Benchmark]:
+def task_benchmark(context: dg.AssetExecutionContext, loop: LoopResource) -> dg.Output[Benchmark]:
     """The task's versioned, group-disjoint splits (the built-in benchmark is generated on first use)."""
+    claim_the_setup(context, loop)  # before any data is generated: a second setup beside a run of the loop is refused
     bench = setup.ensure_task_benchmark(loop.config())
     rows = {s: {"groups": v["groups"], "records": v["records"], "questions": v["questions"]}
             for s, v in bench.splits.items()}
@@ -162,6 +184,7 @@ def noise_floor(context: dg.AssetExecutionContext, loop: LoopResource, mlflow: M
     """Spread of the primary metric over K null arms of the control recipe; cached per benchmark version and recipe."""
     from envloop_pipelines.core.loop.promotion import champion_out_of_reach
 
+    claim_the_setup(context, loop)  # before any arm or holdout slot: this run's own claim, or a launch of this step alone
     cfg = loop.config()
     result = setup.measure_noise_floor(cfg, loop.task_snapshot(task_benchmark), mlflow.tracker(),
                                        run_tags=run_tags(context), sandbox=sandbox.settings())
