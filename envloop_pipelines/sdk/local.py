@@ -18,7 +18,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -61,14 +60,9 @@ from envloop_pipelines.resources.bind import loop_resources
 from envloop_pipelines.resources.loop import MlflowResource, loop_resource
 from envloop_pipelines.resources.round_claim import (
     SETUP,
-    RoundBusy,
-    claim_round_on,
-    live_claim_on,
-    release_hold_of,
     release_round_of,
-    watch_or_cancel,
 )
-from envloop_pipelines.sdk.errors import BusyError, ClientError, NotFoundError, RefusedError, RoundFailed, UnavailableError
+from envloop_pipelines.sdk.errors import ClientError, NotFoundError, RefusedError, RoundFailed, UnavailableError
 from envloop_pipelines.sdk.instance import (
     QUIET,
     code_location_job,
@@ -78,12 +72,11 @@ from envloop_pipelines.sdk.instance import (
     show_steps,
     watch_steps,
 )
-from envloop_pipelines.sdk.local_records import LocalRecords
+from envloop_pipelines.sdk.local_claim import LocalClaims
 from envloop_pipelines.sdk.records import RoundInfo, RoundRun, RunInfo
 
 
-
-class LocalClient(LocalRecords):
+class LocalClient(LocalClaims):
     """Drive the loop in this process: Dagster's jobs executed in-process on the local instance.
 
     Args:
@@ -188,63 +181,6 @@ class LocalClient(LocalRecords):
             return None
         return champion_out_of_reach(cfg.task, cfg.home, floor) or None
 
-    def _door_of(self, method: str) -> str:
-        """The door a round claim names: the CLI's command, or ``LocalClient.<method>``."""
-        return self._door or f"LocalClient.{method}"
-
-    def _claim(self, key: str, run_id: str, door: str, pid: int, holder: str | None = None) -> None:
-        """Claim the task's loop for ``run_id``, round ``key`` or the setup (``core/loop/round_claim.py``), in this
-        client's hold when it has one; a live claim of another run refuses.
-
-        Raises:
-            BusyError: another run of the task's loop runs (the message names it, its run and its door).
-        """
-        try:
-            claim_round_on(self.instance, self._cfg(), key, run_id=run_id, door=door, pid=pid,
-                           holder=holder or self._holder)
-        except RoundBusy as exc:
-            raise BusyError(str(exc), exc.claim.run_id) from None
-
-    def hold_loop(self, what: str = SETUP) -> contextlib.ExitStack:
-        """Claim the task's loop now, for the setup and the rounds this client runs next in this process, and return
-        the context that gives it back (``with client.hold_loop(): client.setup(); client.run_loop(rounds=2)``).
-
-        One claim for them all: no other door starts a setup or a round of the task from the claim on, between
-        this client's runs included; a claim whose process is gone is taken over. ``envloop round start`` holds it
-        from its setup to its last round; :meth:`setup`, :meth:`run_loop` and :meth:`retry` hold it for their own
-        runs when the client does not already. Nothing is generated or written before the claim.
-
-        Args:
-            what: What this client runs first, as a refused door is told: ``"setup"`` or a round key.
-
-        Raises:
-            BusyError: another run of the task's loop runs; the message, one line, names it, its door and how to
-                follow or cancel it.
-        """
-        return self._hold(what, "hold_loop")
-
-    def _hold(self, what: str, method: str) -> contextlib.ExitStack:
-        """:meth:`hold_loop` for ``method``'s runs (the door it names); nothing to take or give back when held."""
-        stack = contextlib.ExitStack()
-        if self._holder is not None:
-            return stack
-        cfg = self._cfg()
-        holder, run_id = new_run_id(), new_run_id()  # two uuid4s: the hold's and its first run's
-        self._claim(what, run_id, self._door_of(method), os.getpid(), holder=holder)
-        self._holder, self._held_run_id = holder, run_id
-
-        def give_back() -> None:
-            self._holder = self._held_run_id = None
-            release_hold_of(cfg, holder)
-
-        stack.callback(give_back)
-        return stack
-
-    def _next_run_id(self) -> str:
-        """The run id of the next run: the one the hold claimed for its first run, then new ones."""
-        run_id, self._held_run_id = self._held_run_id or new_run_id(), None
-        return run_id
-
     def _execute_round(self, key: str, proposal: Mapping[str, Any] | None, run_key: str | None,
                        retry_of: Any = None, progress: bool = True, run_id: str | None = None,
                        extra_tags: Mapping[str, str] | None = None, door: str = "LocalClient.run_round") -> RoundInfo:
@@ -306,40 +242,6 @@ class LocalClient(LocalRecords):
             raise RefusedError(f"the task {self.task!r} has no noise floor yet: run setup() (setup_job) before the "
                                f"first round")
         return round_key(last_round_number(self.task, self._home) + 1)
-
-    def ensure_no_round_running(self) -> None:
-        """Refuse while a round or the setup of the task runs, from whichever door, but this client's own hold
-        (nothing is claimed: the run's own claim is taken when it starts).
-
-        Raises:
-            BusyError: a run of the task's loop runs; the message names it, its run, (from its claim) its door, and
-                how to follow or cancel it.
-        """
-        self.reap_orphans()  # a claim whose worker died holds nothing: its run is marked failed first
-        claim = live_claim_on(self.instance, self._cfg()) if self._resources is not None else None
-        if claim is not None and (self._holder is None or claim.holder != self._holder):
-            raise BusyError(str(RoundBusy(claim)), claim.run_id)
-        running = self._running_round()
-        if running is not None:
-            what = "the setup" if running[0] == SETUP else f"round {running[0]}"
-            raise BusyError(f"{what} of task {self.task!r} is running (run {running[1]}): "
-                            f"{watch_or_cancel(running[1])}", running[1])
-
-    def _running_round(self) -> tuple[str, str] | None:
-        """``(key, run id)`` of a round (or the setup: key ``setup``) of this task whose worker is alive: one
-        started here that has not created its run yet, or an unfinished run of the instance (a run whose worker is
-        gone is marked failed first)."""
-        for run_id, worker in list(self._workers.items()):
-            if worker.poll() is None and self.instance.get_run_by_id(run_id) is None:
-                return json.loads(Path(worker.args[-1]).read_text(encoding="utf-8"))["key"], run_id
-        self.reap_orphans()
-        unfinished = [dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
-                      dg.DagsterRunStatus.CANCELING]
-        for job in (ROUND_JOB, SETUP_JOB):
-            for run in self.instance.get_runs(filters=dg.RunsFilter(job_name=job, statuses=unfinished)):
-                if json.loads(run.tags.get(SETTINGS_TAG) or "{}").get("task") == self.task:
-                    return run.tags.get(PARTITION_TAG, SETUP if job == SETUP_JOB else "?"), run.run_id
-        return None
 
     def run_round(self, hypothesis: Mapping[str, Any] | str | os.PathLike[str] | None = None, *,
                   progress: bool = True, tags: Mapping[str, str] | None = None, key: str | None = None,
