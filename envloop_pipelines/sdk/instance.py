@@ -51,6 +51,29 @@ def dagster_home() -> Path:
     return home
 
 
+def open_instance() -> Any:
+    """The Dagster instance of :func:`dagster_home`, its storages created by one process at a time.
+
+    On a fresh home the first open creates the SQLite databases and stamps their schema version; two processes
+    doing so at once (two terminals started together, the same second) left two version rows, and every later
+    open failed with alembic's "more than one head present". The first open of each process takes an
+    exclusive lock on ``<dagster home>/.instance.lock`` while it opens and reads each storage once.
+    """
+    import fcntl
+
+    home = dagster_home()
+    with open(home / ".instance.lock", "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            instance = dg.DagsterInstance.get()
+            instance.get_runs(limit=1)  # the run storage
+            instance.get_latest_materialization_event(dg.AssetKey("envloop_instance_probe"))  # the event log
+            instance.all_instigator_state()  # the schedule storage (sensors and schedules)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return instance
+
+
 def new_run_id() -> str:
     """A new run's id, as Dagster makes them (a UUID4: Dagster's own maker is not public API)."""
     return str(uuid.uuid4())

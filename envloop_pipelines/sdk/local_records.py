@@ -21,7 +21,7 @@ from envloop_pipelines.core.serve.settings import source_from_release
 from envloop_pipelines.defs.rounds.recovery import reap_orphaned_runs
 from envloop_pipelines.names import NOISE_FLOOR, PARTITION_TAG, ROUND_JOB, ROUNDS_PARTITIONS
 from envloop_pipelines.sdk.errors import NotFoundError, RefusedError
-from envloop_pipelines.sdk.instance import dagster_home, run_error, run_info
+from envloop_pipelines.sdk.instance import open_instance, run_error, run_info
 from envloop_pipelines.sdk.predict import Answerer
 from envloop_pipelines.sdk.records import ReleaseInfo, RoundInfo, RunError, RunInfo
 
@@ -48,8 +48,7 @@ class LocalRecords:
     def instance(self) -> Any:
         """The local Dagster instance (``$DAGSTER_HOME``)."""
         if self._instance is None:
-            dagster_home()
-            self._instance = dg.DagsterInstance.get()
+            self._instance = open_instance()
         return self._instance
 
     def reap_orphans(self) -> list[Any]:
