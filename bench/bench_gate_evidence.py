@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -55,7 +54,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from scipy import stats  # noqa: E402
 
-from bench_aa import METRIC, short_reason  # noqa: E402
+from bench_aa import METRIC  # noqa: E402
 
 #: Seeds of the replicates' arms and null candidates start here (far from the loop's and bench_aa's seeds).
 SEED_BASE = 20_000

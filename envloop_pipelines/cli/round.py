@@ -441,13 +441,11 @@ def round_cancel(run_id: str, task: str | None, remote: str | None, mlflow_uri: 
 @click.option("--task", default="personal_agent", show_default=True)
 def round_add(task: str) -> None:
     """Add the next round partition (for `dagster asset materialize --partition`) and print its key."""
-    import dagster as dg
-
     from envloop_pipelines.core.loop.budget import last_round_number
     from envloop_pipelines.core.loop.config import round_key
+    from envloop_pipelines.sdk.instance import open_instance
 
-    dagster_home()
-    instance = dg.DagsterInstance.get()
+    instance = open_instance()
     existing = instance.get_dynamic_partitions(ROUNDS_PARTITIONS)
     key = round_key(max([last_round_number(task)] + [int(k[1:]) for k in existing]) + 1)
     instance.add_dynamic_partitions(ROUNDS_PARTITIONS, [key])
@@ -537,13 +535,18 @@ def echo_ledger(events: list[dict[str, Any]], as_json: bool, *, calibration: boo
 
 
 def calibration_lines(events: list[dict[str, Any]]) -> list[str]:
-    """The loop's prediction calibration per lever (``proposer.calibration_rows``), as a table; empty when no
-    round of a lever is decided."""
+    """The loop's prediction calibration per lever (``proposer.calibration_rows``), as a table, then the gate's
+    measured operating point at the loop's design (``core.loop.operating_point``: false promotions and power, or
+    that none is on record there); empty when no round of a lever is decided."""
     from envloop_pipelines.core.decision_loop.proposer import calibration_rows, lever_records
+    from envloop_pipelines.core.loop.operating_point import (
+        design_from_events, measured_operating_point, operating_point_text)
 
     rows = calibration_rows(lever_records(events))
     if not rows:
         return []
+    design = design_from_events(events)
+    point = None if design is None else measured_operating_point(**design)
 
     def secs(v: Any) -> str:
         return "-" if v is None else f"{v:.0f}"
@@ -555,6 +558,8 @@ def calibration_lines(events: list[dict[str, Any]]) -> list[str]:
         lines.append(f"{r['lever']:<14}{r['rounds']:>7}{r['promoted']:>9}{r['mean_predicted']:>+11.4f}"
                      f"{r['mean_observed']:>+10.4f}{r['mean_error']:>+9.4f}{r['inside_range']:>8}"
                      f"{secs(r['predicted_seconds']):>8}{secs(r['spent_seconds']):>9}")
+    lines.append(operating_point_text(point) if design is not None else
+                 "the gate's operating point: this ledger's rounds do not name their design (registered before issue 45)")
     return lines
 
 

@@ -24,6 +24,7 @@ from envloop_pipelines.core.ledger.event_log import (
 from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.ledger.anchor import anchor_head, verify_ledger
 from envloop_pipelines.core.loop.config import LoopConfig
+from envloop_pipelines.core.loop.operating_point import measured_operating_point
 from envloop_pipelines.core.loop.promotion import PromotionDecision, decide_promotion
 from envloop_pipelines.core.release.publish import champion, publish_release, tfidf_baseline
 from envloop_pipelines.core.decision_loop.step_records import (
@@ -88,8 +89,9 @@ def decide_round(config: LoopConfig, task: TaskSnapshot, hypothesis: RegisteredH
     decision = RoundDecision.of(key, verdict, delta=delta, noise_floor=noise_floor.floor.floor, hypothesis=registered,
                                 gate=gate)
     if verdict.promote:
-        limitations = [*benchmark_limitations(task),
-                       "The noise floor measures seed variance of the control recipe trained from the base model."]
+        point = measured_operating_point(noise_floor.benchmark_version, noise_floor.recipe_hash,
+                                         len(noise_floor.floor.values), registered.gate.__dict__)
+        limitations = [*benchmark_limitations(task), floor_limitation(point, registered.change)]
 
         def card(release: int, holdout: dict[str, Any]) -> dict[str, Any]:
             return {
@@ -109,7 +111,7 @@ def decide_round(config: LoopConfig, task: TaskSnapshot, hypothesis: RegisteredH
                            **{k: registered.change[k] for k in ("lever", "recipe_diff", "init", "prediction")
                               if k in registered.change}},
                 "observed_delta": delta["delta"], "train_s": candidate.train_s,
-                "limitations": limitations,
+                "gate_operating_point": point, "limitations": limitations,
             }
 
         release = publish_release(config, tracker, checkpoint=Path(candidate.checkpoint), snapshot=task,
@@ -132,6 +134,23 @@ def decide_round(config: LoopConfig, task: TaskSnapshot, hypothesis: RegisteredH
                   key=f"decided:{key}")
     anchor_head(ledger, tracker)
     return decision
+
+
+def floor_limitation(point: Mapping[str, Any] | None, change: Mapping[str, Any]) -> str:
+    """What the card says of the floor: measured on the control recipe from the base model, and whether that
+    floor is shown to bound the seed spread at a champion's longer lineage (issue 45: the budget lever's
+    324-step champion, measured by ``bench/bench_gate_evidence.py`` at this design), or not measured there."""
+    text = "The noise floor measures seed variance of the control recipe trained from the base model"
+    spread = (point or {}).get("lineage_spread")
+    if spread:
+        verdict = "bounds" if spread["bounded"] else "does not bound"
+        return (f"{text}; at this design the seed sd at the {spread['lineage_steps']}-step lineage of one budget "
+                f"round is {spread['lineage_sd']:.4f} against {spread['control_sd']:.4f} at the control recipe "
+                f"(n = {spread['n_lineage']} and {spread['n_control']}), so the control floor {verdict} it "
+                f"({point.get('measured', 'undated')}, bench/bench_gate_evidence.py).")
+    lineage = "trained on from its parent" if change.get("init") != "base" else "retrained with another recipe"
+    return (f"{text}; this release is {lineage}, and no seed spread at such a lineage is on record at this design "
+            f"to show that floor bounds it (bench/bench_gate_evidence.py measures it).")
 
 
 class FloorRecipeError(LedgerError):

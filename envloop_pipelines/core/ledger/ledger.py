@@ -134,7 +134,11 @@ class Ledger(HeldOutReads, EventLog):
         self.append(EVENT_HYPOTHESIS_REGISTERED, {"round": hypothesis.round, "hash": hypothesis.hash,
                                                   "predicted_delta": hypothesis.predicted_delta,
                                                   "mde": power.get("mde"), "underpowered": hypothesis.underpowered,
-                                                  "change": dict(hypothesis.change)},
+                                                  "change": dict(hypothesis.change),
+                                                  # the design the gate decides at (core.loop.operating_point)
+                                                  "benchmark_version": hypothesis.benchmark_version,
+                                                  "recipe_hash": hypothesis.recipe_hash,
+                                                  "gate": dict(hypothesis.gate.__dict__)},
                     key=f"hypothesis:{hypothesis.round}")
 
     def _registered_event(self, round_key: str) -> dict[str, Any] | None:

@@ -218,6 +218,10 @@ def render_card(card: Mapping[str, Any]) -> str:
                      f"{_fmt(power.get('se'))}" + (f", bar {_fmt(power['bar'])}" if power.get("bar") is not None
                                                    else "")
                      + ")" + ("; **underpowered**" if power.get("underpowered") else ""))
+    if "gate_operating_point" in card:  # cards written before issue 45 carry no such key
+        from envloop_pipelines.core.loop.operating_point import operating_point_text
+
+        lines.append(f"- operating point: {operating_point_text(card['gate_operating_point'])}")
     for a in card.get("amendments") or []:
         lines.append(f"- amendment: `{json.dumps(a['amended_gate'])}` (original `{json.dumps(a['original_gate'])}`), reason: {a['reason']}")
     if card.get("guards"):
