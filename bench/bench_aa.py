@@ -152,7 +152,8 @@ def train_pool(config: Any, n: int, home: Path, *, indices: list[int] | None = N
     base model, on the base rows), with a recipe change that changes nothing the model sees and fresh seeds
     (``NULL_SEED_OFFSET``): the candidates of a null lever's A/A (issue 33)."""
     from envloop_pipelines.core.data.snapshots import open_task
-    from envloop_pipelines.core.decision_loop.candidate import snapshot_rows, train_into_store
+    from envloop_pipelines.core.decision_loop.training_dataset_snapshot import snapshot_rows
+    from envloop_pipelines.core.decision_loop.lora_checkpoint import train_into_store
     from envloop_pipelines.core.release.tracked_runs import verify_predictions, write_predictions
     from envloop_pipelines.core.decision_loop.noise_floor import base_training_snapshot
     from envloop_pipelines.core.ledger.store import RoundStore
@@ -253,7 +254,7 @@ def main() -> None:
     from envloop_pipelines.cli.options import add_recipe_override_argument, parse_recipe_overrides
     from envloop_pipelines.cli.round import DEMO_BUILTIN_USERS, DEMO_HIDDEN_USERS, DEMO_OVERRIDES
     from envloop_pipelines.core.data.snapshots import open_task
-    from envloop_pipelines.core.decision_loop import noise_floor as setup
+    from envloop_pipelines.core.decision_loop.task_benchmark import ensure_task_benchmark
     from envloop_pipelines.core.loop.config import LoopConfig
     from envloop_pipelines.core.progress import configure_command_line
 
@@ -310,7 +311,7 @@ def main() -> None:
     config = LoopConfig(recipe_overrides=overrides, noise_arms=args.noise_arms, builtin_users=args.users or None,
                         builtin_records_per_user=args.records_per_user, builtin_hidden_users=hidden, home=str(home))
     t0 = time.perf_counter()
-    setup.ensure_task_benchmark(config)
+    ensure_task_benchmark(config)
     snapshot = open_task(config.task, home=config.home)
     test = snapshot.table("test")
     print(f"benchmark {snapshot.benchmark_version}: test {test.num_rows} questions "

@@ -102,7 +102,7 @@ class Members:
 
     def __init__(self, config: Any, home: Path) -> None:
         from envloop_pipelines.core.data.snapshots import open_task
-        from envloop_pipelines.core.decision_loop.candidate import snapshot_rows
+        from envloop_pipelines.core.decision_loop.training_dataset_snapshot import snapshot_rows
         from envloop_pipelines.core.decision_loop.noise_floor import base_training_snapshot
         from envloop_pipelines.core.ledger.store import RoundStore
 
@@ -115,7 +115,7 @@ class Members:
         self.recipe = config.load_recipe()
 
     def train_one(self, name: str, recipe: Any, init_from: Path | None = None) -> dict[str, Any]:
-        from envloop_pipelines.core.decision_loop.candidate import train_into_store
+        from envloop_pipelines.core.decision_loop.lora_checkpoint import train_into_store
         from envloop_pipelines.core.model.recipe import recipe_hash
         from envloop_pipelines.core.release.tracked_runs import verify_predictions, write_predictions
 
@@ -272,7 +272,7 @@ def main() -> None:
     from envloop_pipelines.cli.round import DEMO_BUILTIN_USERS, DEMO_HIDDEN_USERS, DEMO_OVERRIDES
     from envloop_pipelines.cli.options import parse_recipe_overrides
     from envloop_pipelines.core.data.snapshots import open_task
-    from envloop_pipelines.core.decision_loop import noise_floor as setup
+    from envloop_pipelines.core.decision_loop.task_benchmark import ensure_task_benchmark
     from envloop_pipelines.core.ledger.hypothesis import Gate
     from envloop_pipelines.core.loop.config import LoopConfig
     from envloop_pipelines.core.loop.operating_point import OPERATING_POINTS_FILE, record_operating_point
@@ -311,7 +311,7 @@ def main() -> None:
             record_operating_point(point, path=args.points_file or OPERATING_POINTS_FILE)
             print(f"on record in {args.points_file or OPERATING_POINTS_FILE}")
         return
-    setup.ensure_task_benchmark(config)
+    ensure_task_benchmark(config)
     snapshot = open_task(config.task, home=config.home)
     test = snapshot.table("test")
     design = {"task": config.task, "benchmark_version": snapshot.benchmark_version, "test_questions": test.num_rows,

@@ -26,7 +26,15 @@ import dagster as dg  # noqa: E402
 from envloop_pipelines.cli.options import add_recipe_override_argument, parse_recipe_overrides  # noqa: E402
 from envloop_pipelines.cli.round import DEMO_OVERRIDES  # noqa: E402
 from envloop_pipelines.core.data.snapshots import open_task  # noqa: E402
-from envloop_pipelines.core.decision_loop import candidate, promotion_decision as decide, noise_floor as setup, before_training as steps  # noqa: E402
+from envloop_pipelines.core.decision_loop.baseline_eval import evaluate_champion  # noqa: E402
+from envloop_pipelines.core.decision_loop.environment_synthesis import synthesize_environments  # noqa: E402
+from envloop_pipelines.core.decision_loop.failure_mining import mine_failures  # noqa: E402
+from envloop_pipelines.core.decision_loop.independent_reeval import reevaluate  # noqa: E402
+from envloop_pipelines.core.decision_loop.lora_checkpoint import train_candidate  # noqa: E402
+from envloop_pipelines.core.decision_loop.noise_floor import current_noise_floor  # noqa: E402
+from envloop_pipelines.core.decision_loop.promotion_decision import decide_round  # noqa: E402
+from envloop_pipelines.core.decision_loop.registered_hypothesis import register_hypothesis  # noqa: E402
+from envloop_pipelines.core.decision_loop.training_dataset_snapshot import build_training_snapshot  # noqa: E402
 from envloop_pipelines.core.decision_loop.step_records import RoundDecision  # noqa: E402
 from envloop_pipelines.core.ledger.store import RoundStore  # noqa: E402
 from envloop_pipelines.core.model.predict import rescore_matches  # noqa: E402
@@ -73,19 +81,19 @@ def main() -> None:
     direct: dict[str, float] = {}
     values: dict[str, Any] = {}
     calls = {
-        "baseline_eval": lambda: steps.evaluate_champion(cfg, task, "r0001"),
-        "failure_mining": lambda: steps.mine_failures(cfg, task, values["baseline_eval"]),
-        "environment_synthesis": lambda: steps.synthesize_environments(cfg, task, values["failure_mining"]),
-        "registered_hypothesis": lambda: steps.register_hypothesis(cfg, task, values["environment_synthesis"], tracker),
-        "training_dataset_snapshot": lambda: steps.build_training_snapshot(cfg, task, values["environment_synthesis"]),
-        "lora_checkpoint": lambda: candidate.train_candidate(
+        "baseline_eval": lambda: evaluate_champion(cfg, task, "r0001"),
+        "failure_mining": lambda: mine_failures(cfg, task, values["baseline_eval"]),
+        "environment_synthesis": lambda: synthesize_environments(cfg, task, values["failure_mining"]),
+        "registered_hypothesis": lambda: register_hypothesis(cfg, task, values["environment_synthesis"], tracker),
+        "training_dataset_snapshot": lambda: build_training_snapshot(cfg, task, values["environment_synthesis"]),
+        "lora_checkpoint": lambda: train_candidate(
             cfg, task, values["registered_hypothesis"], values["training_dataset_snapshot"], tracker),
         "checkpoint_reproduces": lambda: rescore_matches(values["lora_checkpoint"].checkpoint, task.table("val")),
-        "independent_reeval": lambda: candidate.reevaluate(
+        "independent_reeval": lambda: reevaluate(
             cfg, task, values["lora_checkpoint"], values["training_dataset_snapshot"], tracker),
-        "promotion_decision": lambda: decide.decide_round(
+        "promotion_decision": lambda: decide_round(
             cfg, task, values["registered_hypothesis"], values["training_dataset_snapshot"],
-            values["lora_checkpoint"], values["independent_reeval"], setup.current_noise_floor(cfg, task), tracker),
+            values["lora_checkpoint"], values["independent_reeval"], current_noise_floor(cfg, task), tracker),
     }
     t0 = time.perf_counter()
     for name, call in calls.items():

@@ -28,7 +28,7 @@ OLD_PATTERNS = {
     "--override": r"""["']--override["']""",
     "recipe_overrides_json": r"recipe_overrides_json",
     "change.recipe_overrides": (r"""["']recipe_overrides["']\s+(not\s+)?in\s+change|change(\.get\(|\[)\s*["']"""
-                                r"""recipe_overrides|LEGACY_RECIPE_DIFF\s*=\s*["']recipe_overrides"""),
+                                r"""recipe_overrides|OLD_RECIPE_DIFF\s*=\s*["']recipe_overrides"""),
 }
 
 
@@ -84,14 +84,14 @@ def test_the_cli_spellings_are_the_commands_options() -> None:
 
 
 def test_the_config_spellings_are_loopconfig_and_its_environment() -> None:
-    from envloop_pipelines.core.decision_loop import candidate
+    from envloop_pipelines.core.ledger.hypothesis import RECIPE_DIFF
     from envloop_pipelines.core.loop.config import LoopConfig, loop_fields, settings_from_env
 
     field, env = _code(_table()["loop recipe override"]["config"])
     assert field.startswith("LoopConfig.") and field.split(".")[1] in {f.name for f in loop_fields()}
     assert LoopConfig.from_settings(settings_from_env({env: '{"max_steps": 3}'})).recipe_overrides == {"max_steps": 3}
     (change,) = _code(_table()["hypothesis recipe change"]["config"])
-    assert change == f"change.{candidate.RECIPE_DIFF}"
+    assert change == f"change.{RECIPE_DIFF}"
 
 
 def test_the_sdk_spellings_are_the_clients_signatures() -> None:

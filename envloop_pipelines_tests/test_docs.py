@@ -396,9 +396,9 @@ def test_hypothesis_examples(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     one is refused by ``envloop round start`` with the documented message, before anything runs."""
     from envloop_pipelines.cli import main
     from envloop_pipelines.cli import round as cli_round
-    from envloop_pipelines.core.decision_loop.candidate import recipe_diff
+    from envloop_pipelines.core.ledger.hypothesis import recipe_diff
     from envloop_pipelines.core.ledger.hypothesis import Gate
-    from envloop_pipelines.core.decision_loop.before_training import proposal_errors
+    from envloop_pipelines.core.decision_loop.registered_hypothesis import proposal_errors
     from envloop_pipelines.core.model.recipe import DEFAULT_RECIPE, load_recipe
 
     def no_loop(**_: Any) -> None:

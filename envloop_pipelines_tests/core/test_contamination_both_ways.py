@@ -176,8 +176,8 @@ def test_a_user_generator_reads_nothing_of_the_labels_and_its_rows_are_checked(t
     """``generator=module:attr`` runs in the sandbox. Before, it ran in the loop's process, as the owner of the
     0400 label files, and read them whole (shown here in-process)."""
     from envloop_pipelines.core.loop.config import LoopConfig
-    from envloop_pipelines.core.decision_loop.mining import FailureCluster
-    from envloop_pipelines.core.decision_loop.training_snapshot import checked_training_snapshot
+    from envloop_pipelines.core.decision_loop.failure_mining import FailureCluster
+    from envloop_pipelines.core.decision_loop.training_dataset_snapshot import checked_training_snapshot
     from envloop_pipelines.core.decision_loop.synthesis import SandboxedGenerator, SynthesisRequest, load_generator
 
     snap, _ = _contaminated_task(tmp_path)

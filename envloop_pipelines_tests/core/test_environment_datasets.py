@@ -234,7 +234,7 @@ def test_decision_environments_come_from_open_splits_with_their_labels(task_home
 
 
 def test_synthesized_rows_become_decision_environments(task_home: Path) -> None:
-    from envloop_pipelines.core.decision_loop.mining import FailureCluster
+    from envloop_pipelines.core.decision_loop.failure_mining import FailureCluster
     from envloop_pipelines.core.decision_loop.synthesis import SynthesisRequest, VariantGenerator
 
     train = open_task("tickets", home=task_home).table("train")
@@ -260,7 +260,7 @@ def test_the_synthesis_step_stores_its_rows_as_a_dataset(task_home: Path, tmp_pa
 
     from envloop_pipelines.core.loop.config import LoopConfig
     from envloop_pipelines.core.decision_loop.step_records import EnvironmentSynthesis, FailureMining
-    from envloop_pipelines.core.decision_loop.before_training import synthesize_environments
+    from envloop_pipelines.core.decision_loop.environment_synthesis import synthesize_environments
 
     home = tmp_path / "home"
     shutil.copytree(task_home, home)

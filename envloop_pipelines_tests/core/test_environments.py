@@ -140,7 +140,7 @@ def _predictions_key(env: DecisionEnvironment, answers: dict) -> str:
     """The holdout slot key of the predictions file ``env.evaluate(answers)`` writes."""
     import tempfile
 
-    from envloop_pipelines.core.verify.runner import holdout_read_key
+    from envloop_pipelines.core.ledger.reads import holdout_read_key
 
     with tempfile.TemporaryDirectory() as tmp:
         return holdout_read_key(env.write_answers(answers, Path(tmp) / "predictions.jsonl"))
@@ -151,7 +151,7 @@ def test_a_second_holdout_read_through_an_environment_is_refused(tmp_path: Path)
     from envloop_pipelines.core.ledger.event_log import EVENT_HOLDOUT_READ
     from envloop_pipelines.core.ledger.ledger import Ledger
     from envloop_pipelines.core.ledger.reads import HoldoutAlreadyReadError
-    from envloop_pipelines.core.release.publish import _open_holdout_slot
+    from envloop_pipelines.core.ledger.reads import open_holdout_slot
     from envloop_pipelines.core.verify.runner import HiddenSplitQueryError
 
     home = tmp_path / "home"  # a home of its own: this test spends its releases' holdout reads
@@ -169,10 +169,10 @@ def test_a_second_holdout_read_through_an_environment_is_refused(tmp_path: Path)
     assert ledger.holdout_result(1) is None
     # With the release step's slot open for exactly these predictions (the environment writes them
     # deterministically), the read is the release's one read.
-    _open_holdout_slot(ledger, 1, _predictions_key(env, dict(list(oracle.items())[:1])), by="release step")
+    open_holdout_slot(ledger, 1, _predictions_key(env, dict(list(oracle.items())[:1])), by="release step")
     failed = env.evaluate(dict(list(oracle.items())[:1]), holdout_slot=ledger, release=1)
     assert not failed.ok and ledger.holdout_result(1) is None  # a refused or failed read does not consume it
-    _open_holdout_slot(ledger, 1, _predictions_key(env, oracle), by="release step")
+    open_holdout_slot(ledger, 1, _predictions_key(env, oracle), by="release step")
     first = env.evaluate(oracle, release=1)  # the verifier opens the home's ledger itself
     assert first.ok and first.report.accuracy_all == 1.0 and first.report.items == ()
     assert ledger.holdout_result(1)["metrics"] == dict(first.report.metrics)

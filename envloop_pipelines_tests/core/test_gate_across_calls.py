@@ -20,7 +20,8 @@ from envloop_pipelines.core.ledger.reads import HoldoutAlreadyReadError
 from envloop_pipelines.core.loop.promotion import NoiseFloor, decide_promotion
 from envloop_pipelines.core.verify.labels import read_hidden_labels
 from envloop_pipelines.core.verify.protocol import write_predictions
-from envloop_pipelines.core.verify.runner import HiddenSplitQueryError, holdout_read_key, verify_task
+from envloop_pipelines.core.ledger.reads import holdout_read_key
+from envloop_pipelines.core.verify.runner import HiddenSplitQueryError, verify_task
 
 from .test_verifier_doors import LABEL_LOG, TASK, _home, label_reads, oracle
 
@@ -46,7 +47,7 @@ def test_no_public_method_opens_a_releases_holdout_slot(tmp_path: Path, caplog: 
 
 def test_a_deleted_holdout_json_does_not_give_the_release_its_read_back(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from envloop_pipelines.core.release.publish import _open_holdout_slot  # the release step's own
+    from envloop_pipelines.core.ledger.reads import open_holdout_slot  # the release step's own
 
     caplog.set_level(logging.INFO, logger=LABEL_LOG)
     home = _home(tmp_path)
@@ -54,7 +55,7 @@ def test_a_deleted_holdout_json_does_not_give_the_release_its_read_back(
     labels = read_hidden_labels(TASK, "holdout", home=home)
     path = write_predictions(tmp_path / "h.jsonl", oracle(labels))
     caplog.clear()
-    _open_holdout_slot(ledger, 1, holdout_read_key(path), by="release step")
+    open_holdout_slot(ledger, 1, holdout_read_key(path), by="release step")
     assert verify_task(TASK, "holdout", path, home=home, holdout_slot=ledger, release=1).ok
     assert label_reads(caplog) == 1
     marker = ledger.release_dir(1) / "holdout.json"
@@ -66,7 +67,7 @@ def test_a_deleted_holdout_json_does_not_give_the_release_its_read_back(
     for predictions in (path, other):
         with pytest.raises(HoldoutAlreadyReadError, match=r"release 1 already read the holdout \(the holdout_read "
                                                           r"event .* and its stored read .*holdout.json is gone"):
-            _open_holdout_slot(ledger, 1, holdout_read_key(predictions), by="release step")
+            open_holdout_slot(ledger, 1, holdout_read_key(predictions), by="release step")
     with pytest.raises(HoldoutAlreadyReadError, match="stored read .* is gone"):
         ledger.read_holdout_once(1, lambda: {"taken": True}, key=holdout_read_key(path))
     assert label_reads(caplog) == 1 and len(list(ledger.events(EVENT_HOLDOUT_SLOT))) == 1
@@ -114,7 +115,7 @@ def test_a_missing_or_nan_value_refuses_the_decision_naming_its_field(floor: Noi
 # --------------------------------------------------------------------------- no redraw on test
 
 def test_the_loop_draws_a_rounds_seeds_a_person_says_how_many() -> None:
-    from envloop_pipelines.core.decision_loop.before_training import proposal_errors
+    from envloop_pipelines.core.decision_loop.registered_hypothesis import proposal_errors
     from envloop_pipelines.core.ledger.hypothesis import draw_seeds
 
     # ebf721d: {"seeds": [3004]} registered the one seed of four previewed on test whose CI was above zero.

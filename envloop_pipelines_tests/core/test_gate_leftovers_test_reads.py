@@ -169,13 +169,15 @@ def test_the_loops_own_setup_and_round_read_test_within_their_budgets(tmp_path: 
     round's re-evaluation reads nothing new; one more file for the round is refused."""
     from envloop_pipelines.core.data.datasets import import_file
     from envloop_pipelines.core.data.snapshots import open_task
-    from envloop_pipelines.core.decision_loop.candidate import reevaluate, snapshot_rows, train_into_store
+    from envloop_pipelines.core.decision_loop.independent_reeval import reevaluate
+    from envloop_pipelines.core.decision_loop.training_dataset_snapshot import snapshot_rows
+    from envloop_pipelines.core.decision_loop.lora_checkpoint import train_into_store
     from envloop_pipelines.core.loop.config import LoopConfig
     from envloop_pipelines.core.decision_loop.step_records import TrainedCheckpoint
     from envloop_pipelines.core.release.tracked_runs import verify_predictions
     from envloop_pipelines.core.decision_loop.noise_floor import continuation_path, measure_noise_floor, setup_reader
-    from envloop_pipelines.core.decision_loop.before_training import paired_noise
-    from envloop_pipelines.core.decision_loop.training_snapshot import checked_training_snapshot
+    from envloop_pipelines.core.decision_loop.registered_hypothesis import paired_noise
+    from envloop_pipelines.core.decision_loop.training_dataset_snapshot import checked_training_snapshot
     from envloop_pipelines.core.ledger.store import RoundStore
     from envloop_pipelines.core.decision_loop.synthesis import SNAPSHOT_SCHEMA
     from envloop_pipelines.core.tracking import MlflowTracker

@@ -22,7 +22,7 @@ from envloop_pipelines.core.ledger.hypothesis import (
 )
 from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.loop.promotion import decide_promotion, noise_floor_from_arms
-from envloop_pipelines.core.decision_loop.before_training import proposal_errors
+from envloop_pipelines.core.decision_loop.registered_hypothesis import proposal_errors
 from envloop_pipelines_tests.core.measured_power import measured_power
 
 #: The audit's reproduction: accepted at every door before, and then a candidate 0.20 worse was promoted.

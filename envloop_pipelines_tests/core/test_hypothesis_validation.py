@@ -11,15 +11,17 @@ import pytest
 
 from envloop_pipelines.core.ledger.hypothesis import Gate, Hypothesis, HypothesisRefusedError
 from envloop_pipelines.core.ledger.ledger import Ledger
-from envloop_pipelines.core.decision_loop.before_training import proposal_errors
+from envloop_pipelines.core.decision_loop.registered_hypothesis import proposal_errors
 
 BAD = [
     ({"change": {"kind": "recipe", "recipe_diff": {"max_stepz": 3}}}, "change.recipe_diff",
-     "unknown recipe field(s) 'max_stepz' (allowed: "),
+     "unknown recipe field(s) ['max_stepz'] (did you mean 'max_steps' for 'max_stepz'?); allowed: "),
     ({"change": {"kind": "recipe", "recipe_diff": {"max_steps": -3}}}, "change.recipe_diff", "max_steps"),
     ({"change": {"kind": "recipe", "recipe_diff": {"seed": 3}}}, "change.recipe_diff.seed", "hypothesis's seeds"),
     ({"change": {"kind": "recipe", "recipe_diff": [1]}}, "change.recipe_diff", "must be an object"),
     ({"change": {"kind": "recipe"}}, "change.recipe_diff", "needs recipe_diff"),
+    ({"change": {"kind": "recipe", "recipe_overrides": {"max_steps": 3}}}, "change.recipe_overrides",
+     "a hypothesis's own recipe change is change.recipe_diff"),
     ({"predicted_delta": "big"}, "predicted_delta", 'must be a finite number, got "big"'),
     ({"predicted_delta": float("nan")}, "predicted_delta", "must be a finite number, got NaN"),
     ({"predicted_delta": True}, "predicted_delta", "must be a finite number, got true"),
@@ -76,12 +78,31 @@ def test_the_ledger_refuses_an_invalid_hypothesis_and_writes_nothing(tmp_path: P
     assert [p for p in ledger.root.rglob("*") if p.is_file()] == []
 
 
+def test_the_old_spelling_of_the_recipe_change_is_refused_everywhere(tmp_path: Path) -> None:
+    """Issue 46: ``change.recipe_overrides`` (the loop's override's name) is refused by the ledger's registration
+    too, and a hypothesis a ledger holds from before under that name is refused, not trained without its change."""
+    from envloop_pipelines.core.ledger.event_log import LedgerError
+    from envloop_pipelines.core.ledger.hypothesis import recipe_diff
+
+    ledger = Ledger("t", tmp_path)
+    old = Hypothesis(task="t", round="r0001", benchmark_version="t@abc",
+                     change={"kind": "recipe", "recipe_overrides": {"max_steps": 3}}, predicted_delta=0.01,
+                     gate=Gate(), seeds=(1,), recipe_hash="h")
+    with pytest.raises(HypothesisRefusedError, match=r"change\.recipe_overrides: .*change\.recipe_diff"):
+        ledger.register_hypothesis(old)
+    assert list(ledger.events()) == []
+    with pytest.raises(LedgerError, match=r"change\.recipe_overrides: .*register the hypothesis again"):
+        recipe_diff(old.change)
+    assert recipe_diff({"kind": "recipe", "recipe_diff": {"max_steps": 3}}) == {"max_steps": 3}
+    assert recipe_diff({"kind": "data"}) == {}
+
+
 def test_the_registration_step_refuses_before_writing_anything(tmp_path: Path) -> None:
-    """``steps.register_hypothesis`` (the launchpad's registration step): no ledger, file or MLflow run."""
+    """``register_hypothesis`` (the launchpad's registration step): no ledger, file or MLflow run."""
     from envloop_pipelines.core.loop.config import LoopConfig
     from envloop_pipelines.core.decision_loop.step_records import EnvironmentSynthesis
     from envloop_pipelines.core.data.snapshots import TaskSnapshot
-    from envloop_pipelines.core.decision_loop.before_training import register_hypothesis
+    from envloop_pipelines.core.decision_loop.registered_hypothesis import register_hypothesis
     from envloop_pipelines.core.tracking import MlflowTracker
 
     home = tmp_path / "home"

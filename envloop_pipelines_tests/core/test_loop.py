@@ -15,7 +15,7 @@ from envloop_pipelines.core.data.contamination import check_contamination
 from envloop_pipelines.core.ledger.event_log import LedgerError
 from envloop_pipelines.core.ledger.hypothesis import Gate, GateTooLooseError, Hypothesis, gate_errors
 from envloop_pipelines.core.ledger.ledger import Ledger
-from envloop_pipelines.core.decision_loop.mining import mine_failures, mine_failures_with_fallback
+from envloop_pipelines.core.decision_loop.failure_mining import cluster_failures, cluster_failures_with_fallback
 from envloop_pipelines.core.loop.promotion import (
     ArmIdentityError,
     check_arm_identity,
@@ -55,7 +55,7 @@ def test_mining_ranks_the_cluster_with_excess_errors_first() -> None:
     rows = question_rows(12)
     # Every "route" question (odd i) is wrong: route errors are in excess, refund has none.
     wrong = {i for i in range(12) if i % 2}
-    report = mine_failures(pa.Table.from_pylist(rows, schema=QUESTION_SCHEMA), predictions_for(rows, wrong),
+    report = cluster_failures(pa.Table.from_pylist(rows, schema=QUESTION_SCHEMA), predictions_for(rows, wrong),
                            threshold=0.8, group_by=("family", "transition"))
     assert report.n_errors == 6 and report.n_confident_errors == 6 and report.error_rate == 0.5
     top = report.clusters[0]
@@ -71,15 +71,15 @@ def test_mining_falls_back_to_coarser_groups_on_small_data() -> None:
         row["renderer"] = f"renderer{i}"  # every question alone in its finest cluster
     table = pa.Table.from_pylist(rows, schema=QUESTION_SCHEMA)
     preds = predictions_for(rows, {1, 3})
-    assert not mine_failures(table, preds, threshold=0.99, min_cluster_size=3).clusters
-    report = mine_failures_with_fallback(table, preds, threshold=0.99, min_cluster_size=3)
+    assert not cluster_failures(table, preds, threshold=0.99, min_cluster_size=3).clusters
+    report = cluster_failures_with_fallback(table, preds, threshold=0.99, min_cluster_size=3)
     assert report.clusters and set(report.clusters[0].key) == {"family", "type", "transition", "variant"}
 
 
 def test_variant_generator_preserves_labels() -> None:
     rows = question_rows(12)
     table = pa.Table.from_pylist(rows, schema=QUESTION_SCHEMA)
-    report = mine_failures(table, predictions_for(rows, {1, 3, 5}), threshold=0.5, group_by=("family",))
+    report = cluster_failures(table, predictions_for(rows, {1, 3, 5}), threshold=0.5, group_by=("family",))
     request = SynthesisRequest(round="r0001", clusters=report.clusters, n_examples=40, seed=1)
     out = VariantGenerator().synthesize(request, table)
     assert out.schema.equals(SNAPSHOT_SCHEMA) and out.num_rows == 40
@@ -108,7 +108,7 @@ def test_noul_negation_flips_the_label() -> None:
 
 
 def test_allocation_follows_excess_errors() -> None:
-    from envloop_pipelines.core.decision_loop.mining import FailureCluster
+    from envloop_pipelines.core.decision_loop.failure_mining import FailureCluster
 
     clusters = [FailureCluster({"family": "a"}, 10, 8, 2, 0.8, 6.0, ()), FailureCluster({"family": "b"}, 10, 3, 0, 0.3, 1.0, ())]
     counts = allocate(clusters, 90)
@@ -209,7 +209,7 @@ def test_seed_bound_refuses_a_null_candidate_that_clears_the_spread_over_a_low_c
                              {"delta": -0.5, "ci_low": -0.7, "ci_high": -0.3}, floor, {"ece": 0.03}, {"nll": 1.2})
     assert not other.promote and other.checks["seed_bound"] is None
     assert other.reasons == ("no noise floor on nll: the null arms measured family_macro_accuracy",)
-    from envloop_pipelines.core.decision_loop.before_training import proposal_errors
+    from envloop_pipelines.core.decision_loop.registered_hypothesis import proposal_errors
 
     assert proposal_errors({"gate": {"primary_metric": "nll", "direction": "decrease"}}) == [
         "gate.primary_metric: the noise floor's null arms measure family_macro_accuracy only, so a gate on 'nll' "
@@ -261,7 +261,7 @@ def test_snapshot_rows_overlapping_test_or_holdout_are_removed_base_rows_too(tmp
     from envloop_pipelines.core.data.datasets import import_file
     from envloop_pipelines.core.loop.config import LoopConfig
     from envloop_pipelines.core.decision_loop.step_records import EnvironmentSynthesis
-    from envloop_pipelines.core.decision_loop.before_training import build_training_snapshot
+    from envloop_pipelines.core.decision_loop.training_dataset_snapshot import build_training_snapshot
     from envloop_pipelines.core.decision_loop.synthesis import SNAPSHOT_SCHEMA
     from envloop_pipelines.core.storage import atomic_write_parquet
 
@@ -374,7 +374,7 @@ LOOSE_GATES = [
 @pytest.mark.parametrize("loose, message", LOOSE_GATES)
 def test_a_hypothesis_may_not_loosen_its_gate(tmp_path: Path, loose: dict, message: str) -> None:
     """Rule 2 at every door: a proposal's check, the ledger's registration, an amendment, the decision."""
-    from envloop_pipelines.core.decision_loop.before_training import proposal_errors
+    from envloop_pipelines.core.decision_loop.registered_hypothesis import proposal_errors
 
     assert any(message in e for e in proposal_errors({"gate": {"min_delta": 0.01, **loose}}))  # before any compute
     assert any(message in e for e in gate_errors(loose))
@@ -396,7 +396,7 @@ def test_a_hypothesis_may_not_loosen_its_gate(tmp_path: Path, loose: dict, messa
 
 
 def test_a_stricter_gate_and_guard_amendments_are_allowed(tmp_path: Path) -> None:
-    from envloop_pipelines.core.decision_loop.before_training import proposal_errors
+    from envloop_pipelines.core.decision_loop.registered_hypothesis import proposal_errors
 
     strict = {"floor_multiplier": 2.0, "min_delta": 0.02, "max_ece": 0.05, "family_drop_tolerance": 0.03}
     assert proposal_errors({"gate": strict}) == []

@@ -26,7 +26,7 @@ from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.loop.promotion import hypothesis_power, noise_floor_from_arms
 from envloop_pipelines.core.decision_loop.step_records import EnvironmentSynthesis, MeasuredNoiseFloor
 from envloop_pipelines.core.decision_loop.noise_floor import continuation_path, noise_floor_key
-from envloop_pipelines.core.decision_loop.before_training import paired_noise, register_hypothesis
+from envloop_pipelines.core.decision_loop.registered_hypothesis import paired_noise, register_hypothesis
 from envloop_pipelines.core.ledger.store import RoundStore
 from envloop_pipelines.core.storage import atomic_write_json, atomic_write_parquet
 from envloop_pipelines.core.tracking import KIND_HYPOTHESIS, TAG_KIND, TAG_ROUND, TAG_UNDERPOWERED, MlflowTracker

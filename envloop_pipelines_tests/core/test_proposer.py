@@ -177,7 +177,7 @@ def test_a_recipe_lever_trains_on_the_snapshots_base_rows_alone(tmp_path) -> Non
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from envloop_pipelines.core.decision_loop.candidate import candidate_rows
+    from envloop_pipelines.core.decision_loop.lora_checkpoint import candidate_rows
     from envloop_pipelines.core.decision_loop.step_records import TrainingSnapshot
 
     path = tmp_path / "snap.parquet"
@@ -193,7 +193,7 @@ def test_a_recipe_lever_trains_on_the_snapshots_base_rows_alone(tmp_path) -> Non
 
 
 def test_a_misspelled_switch_of_a_change_is_refused_naming_its_field() -> None:
-    from envloop_pipelines.core.decision_loop.before_training import proposal_errors
+    from envloop_pipelines.core.decision_loop.registered_hypothesis import proposal_errors
 
     good = {"change": {"kind": "recipe", "recipe_diff": {"max_steps": 80}, "init": "base", "data": "train"}}
     assert proposal_errors(good) == []

@@ -67,7 +67,7 @@ def test_hidden_splits_and_train_are_refused(setup: dict[str, Any]) -> None:
 
 
 def test_the_generator_aims_at_the_clusters_families_and_caps_the_rows(setup: dict[str, Any]) -> None:
-    from envloop_pipelines.core.decision_loop.mining import FailureCluster
+    from envloop_pipelines.core.decision_loop.failure_mining import FailureCluster
     from envloop_pipelines.core.decision_loop.synthesis import SNAPSHOT_SCHEMA, SynthesisRequest
 
     table, _ = verified_self_answers(setup["checkpoint"], open_task("pa", home=setup["home"]), split="dev", seed=5,

@@ -30,7 +30,7 @@ DECISION_LOOP = Path(envloop_pipelines.__file__).resolve().parent / "core" / "de
 #: The only functions of ``core/decision_loop`` that open the task, each once per call: ``task_benchmark``'s own
 #: (it opens the task, or generates the built-in one and opens that, and pins its version), and the
 #: self-answer generator, which is built by name from a generator's JSON arguments.
-OPENERS = {("noise_floor.py", "_open_or_generate"), ("self_answers.py", "SelfAnswerGenerator.synthesize")}
+OPENERS = {("task_benchmark.py", "_open_or_generate"), ("self_answers.py", "SelfAnswerGenerator.synthesize")}
 TASK = "tickets"
 
 
@@ -88,13 +88,12 @@ def opened(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 
 def test_a_round_step_given_the_snapshot_opens_no_task_and_reads_the_one_it_was_given(
         tmp_path: Path, opened: list[str]) -> None:
-    from envloop_pipelines.core.decision_loop.before_training import (
-        build_training_snapshot,
-        mine_failures,
-        paired_noise,
-        synthesize_environments,
-    )
-    from envloop_pipelines.core.decision_loop.noise_floor import current_noise_floor, ensure_task_benchmark
+    from envloop_pipelines.core.decision_loop.training_dataset_snapshot import build_training_snapshot
+    from envloop_pipelines.core.decision_loop.failure_mining import mine_failures
+    from envloop_pipelines.core.decision_loop.registered_hypothesis import paired_noise
+    from envloop_pipelines.core.decision_loop.environment_synthesis import synthesize_environments
+    from envloop_pipelines.core.decision_loop.noise_floor import current_noise_floor
+    from envloop_pipelines.core.decision_loop.task_benchmark import ensure_task_benchmark
     from envloop_pipelines.core.decision_loop.step_records import BaselineEval
     from envloop_pipelines.core.ledger.event_log import LedgerError
     from envloop_pipelines.core.loop.config import LoopConfig

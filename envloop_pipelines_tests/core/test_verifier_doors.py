@@ -23,11 +23,12 @@ from envloop_pipelines.core.environments.decision import DecisionEnvironment
 from envloop_pipelines.core.ledger.event_log import EVENT_HOLDOUT_READ, EVENT_TEST_READ
 from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.ledger.reads import HoldoutAlreadyReadError, HoldoutSlotError
-from envloop_pipelines.core.release.publish import _open_holdout_slot  # the release step's own (no public opener)
+from envloop_pipelines.core.ledger.reads import open_holdout_slot  # the release step's own (no public opener)
 from envloop_pipelines.core.sandbox import LocalSandbox, SandboxCall
 from envloop_pipelines.core.verify.labels import read_hidden_labels
 from envloop_pipelines.core.verify.protocol import hidden_split_decimals, write_predictions
-from envloop_pipelines.core.verify.runner import HiddenSplitQueryError, VerifierRunner, holdout_read_key, verify_task
+from envloop_pipelines.core.ledger.reads import holdout_read_key
+from envloop_pipelines.core.verify.runner import HiddenSplitQueryError, VerifierRunner, verify_task
 
 from .data.test_snapshots import dataset
 
@@ -102,10 +103,10 @@ def test_the_holdout_slot_is_the_task_homes_own_ledger_for_the_release_being_pub
     assert label_reads(caplog) == 0 and own.holdout_result(1) is None
     # An early slot for other predictions (only the release step opens one) does not block the real publish
     # either: it opens its own.
-    _open_holdout_slot(own, 1, "0" * 64 + ":-", by="an earlier attempt of the release step")
+    open_holdout_slot(own, 1, "0" * 64 + ":-", by="an earlier attempt of the release step")
     with pytest.raises(HiddenSplitQueryError, match="no holdout slot is open for these predictions"):
         verify_task(TASK, "holdout", path, home=home, release=1)
-    _open_holdout_slot(own, 1, holdout_read_key(path), by="release step")
+    open_holdout_slot(own, 1, holdout_read_key(path), by="release step")
     # So release 1, the loop's real publish, is not blocked: its read goes through, once.
     run = verify_task(TASK, "holdout", path, home=home, holdout_slot=own, release=1)
     assert run.ok and run.report.accuracy_all == 1.0 and label_reads(caplog) == 1
@@ -123,9 +124,9 @@ _CRASH_AFTER_READ = """
 import os, signal, sys
 from envloop_pipelines.core.verify.runner import verify_task
 from envloop_pipelines.core.ledger.ledger import Ledger
-from envloop_pipelines.core.release.publish import _open_holdout_slot
-from envloop_pipelines.core.verify.runner import holdout_read_key
-_open_holdout_slot(Ledger("tickets", sys.argv[2]), 1, holdout_read_key(sys.argv[1]), by="release step")
+from envloop_pipelines.core.ledger.reads import open_holdout_slot
+from envloop_pipelines.core.ledger.reads import holdout_read_key
+open_holdout_slot(Ledger("tickets", sys.argv[2]), 1, holdout_read_key(sys.argv[1]), by="release step")
 run = verify_task("tickets", "holdout", sys.argv[1], home=sys.argv[2], holdout_slot=Ledger("tickets", sys.argv[2]),
                   release=1)
 assert run.ok, run.error
@@ -159,7 +160,7 @@ def test_a_crash_between_the_holdout_read_and_the_card_finishes_from_the_stored_
     other = write_predictions(tmp_path / "other.jsonl", rows)
     with pytest.raises(HiddenSplitQueryError, match="no holdout slot is open for these predictions"):
         verify_task(TASK, "holdout", other, home=home, release=1)
-    _open_holdout_slot(ledger, 1, holdout_read_key(other), by="a second release step")  # even with a slot of its own
+    open_holdout_slot(ledger, 1, holdout_read_key(other), by="a second release step")  # even with a slot of its own
     with pytest.raises(HoldoutAlreadyReadError, match="for other predictions"):
         verify_task(TASK, "holdout", other, home=home, release=1)
     assert label_reads(caplog) == 0

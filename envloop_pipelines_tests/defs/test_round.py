@@ -17,7 +17,8 @@ import dagster as dg
 import pytest
 
 from envloop_pipelines.core.data.snapshots import open_task
-from envloop_pipelines.core.decision_loop import candidate, noise_floor as setup
+from envloop_pipelines.core.decision_loop.lora_checkpoint import train_candidate
+from envloop_pipelines.core.decision_loop.noise_floor import measure_noise_floor
 from envloop_pipelines.core.loop.config import round_key
 from envloop_pipelines.core.decision_loop.step_records import RegisteredHypothesis, RoundDecision, TrainingSnapshot
 from envloop_pipelines.core.ledger.store import RoundStore
@@ -106,7 +107,7 @@ def loop_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch_module: pytes
 
     import itertools
 
-    from envloop_pipelines.core.decision_loop import before_training
+    from envloop_pipelines.core.decision_loop import registered_hypothesis
 
     root = tmp_path_factory.mktemp("loop")
     home = root / "home"
@@ -115,7 +116,7 @@ def loop_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch_module: pytes
     # (round 2's promotion, its ECE of 0.0) were measured on the seeds it used before, the recipe's seed + 1000 +
     # the round's number (rounds 1 and 2 register in that order), so the draws are pinned to them here.
     seeds = itertools.count(1001)
-    monkeypatch_module.setattr(before_training, "draw_seeds",
+    monkeypatch_module.setattr(registered_hypothesis, "draw_seeds",
                                lambda count=1, used=(): tuple(next(seeds) for _ in range(count)))
     monkeypatch_module.delenv("MLFLOW_TRACKING_URI", raising=False)
     data = root / "tickets.jsonl"
@@ -332,9 +333,9 @@ def test_round_without_hypothesis_is_refused(loop_env: dict[str, Any]) -> None:
     from dataclasses import replace
 
     with pytest.raises(LedgerError, match="no registered hypothesis"):
-        candidate.train_candidate(env["config"], task, registered, replace(snapshot, round="r0099"), env["tracker"])
+        train_candidate(env["config"], task, registered, replace(snapshot, round="r0099"), env["tracker"])
     with pytest.raises(LedgerError, match="is not the one registered"):  # a hypothesis handed in must be the ledger's
-        candidate.train_candidate(env["config"], task, replace(registered, hash="0" * 64), snapshot, env["tracker"])
+        train_candidate(env["config"], task, replace(registered, hash="0" * 64), snapshot, env["tracker"])
     env["instance"].add_dynamic_partitions("rounds", ["r0098"])
     from envloop_pipelines.defs.rounds.assets import lora_checkpoint
 
@@ -450,6 +451,6 @@ def test_ledger_keeps_every_arm_and_hypothesis(loop_env: dict[str, Any]) -> None
 
 
 def test_noise_floor_is_cached(loop_env: dict[str, Any]) -> None:
-    result = setup.measure_noise_floor(loop_env["config"], open_task(TASK, home=loop_env["home"]), loop_env["tracker"])
+    result = measure_noise_floor(loop_env["config"], open_task(TASK, home=loop_env["home"]), loop_env["tracker"])
     assert result.cached is True and len(result.floor.values) == 2
     assert result.floor.floor == pytest.approx(max(result.floor.values) - min(result.floor.values))

@@ -43,7 +43,7 @@ def test_the_launchpads_registration_step_writes_nothing_for_an_unknown_recipe_k
     from envloop_pipelines.core.loop.config import LoopConfig
     from envloop_pipelines.core.decision_loop.step_records import EnvironmentSynthesis
     from envloop_pipelines.core.data.snapshots import open_task
-    from envloop_pipelines.core.decision_loop.before_training import register_hypothesis
+    from envloop_pipelines.core.decision_loop.registered_hypothesis import register_hypothesis
     from envloop_pipelines.core.tracking import MlflowTracker
 
     from click.testing import CliRunner
@@ -61,7 +61,7 @@ def test_the_launchpads_registration_step_writes_nothing_for_an_unknown_recipe_k
                                      path=str(tmp_path / "none.parquet"), sha256="0" * 64)
     proposal = {"change": {"kind": "recipe", "recipe_diff": {"max_stepz": 3}}, "predicted_delta": 0.02,
                 "rationale": "a typo"}
-    with pytest.raises(ValueError, match=r"change\.recipe_diff: unknown recipe field\(s\) 'max_stepz'"):
+    with pytest.raises(ValueError, match=r"change\.recipe_diff: unknown recipe field\(s\) \['max_stepz'\] \(did you mean 'max_steps'"):
         register_hypothesis(config, open_task("personal_agent", home=home), synthesis, tracker, proposal=proposal)
     assert sorted(p for p in home.rglob("*") if p.is_file()) == before  # no ledger event, no hypothesis file
     assert tracker.client.get_experiment_by_name("personal_agent") is None  # no MLflow run

@@ -36,7 +36,7 @@ def run(payload: dict[str, Any]) -> dict[str, Any]:
     import pyarrow as pa
 
     from envloop_pipelines.core.data.records import QUESTION_SCHEMA
-    from envloop_pipelines.core.decision_loop.mining import FailureCluster
+    from envloop_pipelines.core.decision_loop.failure_mining import FailureCluster
     from envloop_pipelines.core.decision_loop.synthesis import SNAPSHOT_SCHEMA, SynthesisRequest, resolve_generator
 
     spec = payload["spec"]

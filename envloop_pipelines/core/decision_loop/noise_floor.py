@@ -1,12 +1,10 @@
-"""The loop's unpartitioned steps: the task benchmark and the noise floor (which makes release 1).
+"""The asset ``noise_floor``: the seed-to-seed spread of the loop's recipe (which makes release 1).
 
 The floor is cached per (benchmark version, recipe hash, K) under the loop's
 ``noise/`` folder, so a second loop on the same benchmark and recipe reuses it.
 
-``task_benchmark`` (:func:`ensure_task_benchmark`) is the one step that opens the task here (generating
-the built-in benchmark on first use); its record pins the benchmark version, and every later step opens
-the task once with :func:`~envloop_pipelines.core.data.snapshots.open_pinned_task` and hands the snapshot
-to the functions it calls.
+It opens no task: ``task_benchmark`` (``core/decision_loop/task_benchmark.py``) pins the benchmark version and
+the step hands the snapshot it opened once to :func:`measure_noise_floor`.
 """
 
 from __future__ import annotations
@@ -17,21 +15,21 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from envloop_pipelines.core.data.snapshots import TaskSnapshot, open_task
+from envloop_pipelines.core.data.snapshots import TaskSnapshot
 from envloop_pipelines.core.release.card import benchmark_limitations
 from envloop_pipelines.core.loop.config import LoopConfig
 from envloop_pipelines.core.ledger.event_log import EVENT_CHECKPOINT_TRAINED, EVENT_NULL_ARM, LedgerError
 from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.loop.promotion import check_arm_identity, noise_floor_from_arms
 from envloop_pipelines.core.release.publish import publish_release, tfidf_baseline
-from envloop_pipelines.core.decision_loop.step_records import Benchmark, MeasuredNoiseFloor, TrainingSnapshot
+from envloop_pipelines.core.decision_loop.step_records import MeasuredNoiseFloor, TrainingSnapshot
 from envloop_pipelines.core.storage import envloop_home
 from envloop_pipelines.core.release.tracked_runs import verify_predictions, write_predictions
 from envloop_pipelines.core.sandbox import SandboxSettings
 from envloop_pipelines.core.ledger.store import RoundStore
-from envloop_pipelines.core.decision_loop.candidate import snapshot_rows, train_into_store
+from envloop_pipelines.core.decision_loop.lora_checkpoint import train_into_store
 from envloop_pipelines.core.decision_loop.synthesis import SNAPSHOT_SCHEMA
-from envloop_pipelines.core.decision_loop.training_snapshot import checked_training_snapshot
+from envloop_pipelines.core.decision_loop.training_dataset_snapshot import checked_training_snapshot, snapshot_rows
 from envloop_pipelines.core.storage import atomic_write_json, atomic_write_parquet, canonical_json, sha256_bytes
 from envloop_pipelines.core.tracking import (
     KIND_NOISE_FLOOR,
@@ -49,31 +47,6 @@ CONTINUATION_ARMS = 1
 #: Seeds of the continuation arms start here (the null arms use the recipe's seed, +1, +2, ...; candidates
 #: the recipe's seed + 1000 + the round's number).
 CONTINUATION_SEED_OFFSET = 5_000
-
-
-def ensure_task_benchmark(config: LoopConfig) -> Benchmark:
-    """The task's current snapshot, pinned as the loop's benchmark; the built-in benchmark is generated on first use."""
-    return _benchmark(config.task, _open_or_generate(config))
-
-
-def _open_or_generate(config: LoopConfig) -> TaskSnapshot:
-    try:
-        return open_task(config.task, home=envloop_home(config.home))
-    except FileNotFoundError:
-        if config.generator != "builtin_targeted":
-            raise
-    from envloop_pipelines.core.benchmark.builtin_task import generate_builtin_task
-
-    generate_builtin_task(task=config.task, n_users=config.builtin_users,
-                          records_per_user=config.builtin_records_per_user, hidden_users=config.builtin_hidden_users,
-                          home=envloop_home(config.home))
-    return open_task(config.task, home=envloop_home(config.home))
-
-
-def _benchmark(task: str, snapshot: TaskSnapshot) -> Benchmark:
-    summary = snapshot.summary()
-    return Benchmark(task=task, snapshot_id=snapshot.snapshot_id,
-                     benchmark_version=snapshot.benchmark_version, splits=summary["splits"])
 
 
 def noise_floor_key(benchmark_version: str, config: LoopConfig) -> str:
@@ -300,5 +273,5 @@ def current_noise_floor(config: LoopConfig, task: TaskSnapshot) -> MeasuredNoise
 
 
 __all__ = ["CONTINUATION_ARMS", "PRIMARY_METRIC", "continuation_path", "current_noise_floor",
-           "ensure_task_benchmark", "measure_continuation_arms", "measure_noise_floor", "noise_floor_key",
+           "measure_continuation_arms", "measure_noise_floor", "noise_floor_key",
            "setup_reader"]

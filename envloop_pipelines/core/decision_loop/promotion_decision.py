@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from envloop_pipelines.core.data.snapshots import TaskSnapshot, require_same_benchmark
-from envloop_pipelines.core.decision_loop.candidate import snapshot_rows
+from envloop_pipelines.core.decision_loop.training_dataset_snapshot import snapshot_rows
 from envloop_pipelines.core.release.card import benchmark_limitations
 from envloop_pipelines.core.ledger.event_log import (
     EVENT_CANDIDATE_REJECTED,
@@ -78,13 +78,11 @@ def decide_round(config: LoopConfig, task: TaskSnapshot, hypothesis: RegisteredH
         raise LedgerError(f"round {key}: no decision: {edited}")  # before anything is written
     delta = reeval.delta(gate.primary_metric)
     verdict = decide_promotion(gate, delta, noise_floor.floor, reeval.candidate, reeval.champion,
-                               config.guarded_families(task), paired=reeval.paired)
+                               config.guarded_families(task), paired=reeval.paired,
+                               answers_as_champion=ledger.candidate_answers_as_champion(key))
     scores = {"champion_score": reeval.champion.get(gate.primary_metric),
               "candidate_score": reeval.candidate.get(gate.primary_metric)}
-    unchanged = ledger.candidate_answers_as_champion(key)
-    reasons = (*verdict.reasons, "the candidate answers every test question exactly as the champion does (identical "
-                                 "predictions): the change moved nothing the test sees") if unchanged else verdict.reasons
-    verdict = PromotionDecision(verdict.promote and not unchanged, reasons,
+    verdict = PromotionDecision(verdict.promote, verdict.reasons,
                                 {**verdict.checks, **power_checks(registered, delta), **scores})
     decision = RoundDecision.of(key, verdict, delta=delta, noise_floor=noise_floor.floor.floor, hypothesis=registered,
                                 gate=gate)
@@ -188,7 +186,8 @@ def candidate_recipe_error(config: LoopConfig, registered: Any, candidate: Train
     the hypothesis's ``recipe_diff`` and the candidate's seed. A split run (the hypothesis registered under
     one recipe, the candidate trained or decided under other ``recipe_overrides``) is refused, naming both.
     """
-    from envloop_pipelines.core.decision_loop.candidate import loop_recipe_error, recipe_diff
+    from envloop_pipelines.core.decision_loop.lora_checkpoint import loop_recipe_error
+    from envloop_pipelines.core.ledger.hypothesis import recipe_diff
     from envloop_pipelines.core.model.checkpoint import read_recipe
     from envloop_pipelines.core.model.recipe import recipe_hash
 

@@ -3,7 +3,7 @@
 Every door reads it here: the CLI's ``--hypothesis FILE``, the SDK's ``hypothesis=`` (a mapping,
 JSON text or a file) and the round's first step (the launchpad's ``proposal_json``). Each turns
 :class:`ProposalError` into its own error (a bad option, :class:`~envloop_pipelines.sdk.RefusedError`,
-a refused run); the checks themselves are :func:`~envloop_pipelines.core.decision_loop.before_training.proposal_errors`.
+a refused run); the checks themselves are :func:`~envloop_pipelines.core.decision_loop.registered_hypothesis.proposal_errors`.
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ def parse_proposal(hypothesis: Mapping[str, Any] | str | os.PathLike[str] | None
 
     Raises:
         ProposalError: unreadable file, invalid JSON (with its line), not an object, or a proposal that
-            :func:`~envloop_pipelines.core.decision_loop.before_training.proposal_errors` refuses (every field named).
+            :func:`~envloop_pipelines.core.decision_loop.registered_hypothesis.proposal_errors` refuses (every field named).
     """
     if hypothesis is None or (isinstance(hypothesis, str) and not hypothesis.strip()):
         return None
-    from envloop_pipelines.core.decision_loop.before_training import proposal_errors
+    from envloop_pipelines.core.decision_loop.registered_hypothesis import proposal_errors
 
     label = source or "hypothesis"
     if isinstance(hypothesis, Mapping):

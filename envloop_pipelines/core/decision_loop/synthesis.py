@@ -32,7 +32,7 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 import pyarrow as pa
 
-from envloop_pipelines.core.decision_loop.mining import FailureCluster
+from envloop_pipelines.core.decision_loop.failure_mining import FailureCluster
 from envloop_pipelines.core.data.records import QUESTION_SCHEMA, questions_table, records_from_objects
 
 #: A synthesized or base training row: the question table plus where the row came from.

@@ -19,6 +19,14 @@ from typing import Any, Mapping
 from envloop_pipelines.core.ledger.event_log import LedgerError
 from envloop_pipelines.core.storage import canonical_json, sha256_bytes
 
+#: A hypothesis's own recipe change: ``change.recipe_diff``, its one spelling. ``recipe_overrides`` is the loop's
+#: override (``--recipe-override``); in a change it is refused, naming the field to use.
+RECIPE_DIFF = "recipe_diff"
+RECIPE_DIFF_FIELD = f"change.{RECIPE_DIFF}"
+OLD_RECIPE_DIFF = "recipe_overrides"
+_OLD_SPELLING = ("a hypothesis's own recipe change is change.recipe_diff (recipe_overrides is the loop's override, "
+                 "set with --recipe-override)")
+
 
 class HypothesisImmutableError(LedgerError):
     """A registered hypothesis would change."""
@@ -186,26 +194,33 @@ CHANGE_SWITCHES = {"init": "base", "data": "train"}
 
 
 def recipe_diff_errors(diff: Any) -> list[str]:
-    """What is wrong with a hypothesis's ``change.recipe_diff``: keys against the recipe's fields, values
-    validated on the default recipe (the loop's recipe validates them again when the candidate trains)."""
-    from envloop_pipelines.core.model.recipe import Recipe, recipe_from_dict, recipe_to_dict
+    """What is wrong with a hypothesis's ``change.recipe_diff``: checked by the loop's one recipe validator
+    (:func:`~envloop_pipelines.core.model.recipe.check_recipe_overrides`: keys against the recipe's fields with
+    a close-match hint, values on the default recipe); the candidate's seed is the hypothesis's seeds."""
+    from envloop_pipelines.core.model.recipe import RecipeError, check_recipe_overrides
 
     if not isinstance(diff, Mapping):
-        return [f"change.recipe_diff: must be an object of recipe fields, got {json.dumps(diff, default=str)}"]
-    allowed = sorted(f.name for f in fields(Recipe) if f.name != "seed")
+        return [f"{RECIPE_DIFF_FIELD}: must be an object of recipe fields, got {json.dumps(diff, default=str)}"]
     errors = []
     if "seed" in diff:
-        errors.append("change.recipe_diff.seed: the candidate's seed is the hypothesis's seeds, not a recipe change")
-    unknown = sorted(str(k) for k in diff if k not in allowed and k != "seed")
-    if unknown:
-        errors.append(f"change.recipe_diff: unknown recipe field(s) {', '.join(repr(k) for k in unknown)} "
-                      f"(allowed: {', '.join(allowed)})")
-    if not errors:
-        try:
-            recipe_from_dict({**recipe_to_dict(Recipe()), **diff})
-        except (TypeError, ValueError) as exc:
-            errors.append(f"change.recipe_diff: {exc}")
+        errors.append(f"{RECIPE_DIFF_FIELD}.seed: the candidate's seed is the hypothesis's seeds, not a recipe change")
+    try:
+        check_recipe_overrides({k: v for k, v in diff.items() if k != "seed"}, what="recipe field")
+    except (RecipeError, TypeError, ValueError) as exc:
+        errors.append(f"{RECIPE_DIFF_FIELD}: {exc}")
     return errors
+
+
+def recipe_diff(change: Mapping[str, Any]) -> dict[str, Any]:
+    """The recipe change a hypothesis tests (``change.recipe_diff``; a change without one changes no field).
+
+    Raises:
+        LedgerError: the change spells it ``recipe_overrides``, the loop's override (a hypothesis registered
+            before the one spelling): the round refuses it rather than train without the change.
+    """
+    if OLD_RECIPE_DIFF in change:
+        raise LedgerError(f"change.{OLD_RECIPE_DIFF}: {_OLD_SPELLING}; register the hypothesis again with it")
+    return dict(change.get(RECIPE_DIFF) or {})
 
 
 def hypothesis_errors(*, change: Any, predicted_delta: Any, seeds: Any, gate: Any,
@@ -227,10 +242,12 @@ def hypothesis_errors(*, change: Any, predicted_delta: Any, seeds: Any, gate: An
         kind = change.get("kind")
         if kind not in kinds and (require_kind or "kind" in change):
             errors.append(f"change.kind: must be one of {', '.join(kinds)}, got {json.dumps(kind, default=str)}")
-        if "recipe_diff" in change:
-            errors += recipe_diff_errors(change["recipe_diff"])
-        elif kind == "recipe" and "recipe_overrides" not in change:
-            errors.append("change.recipe_diff: a change of kind 'recipe' needs recipe_diff (an object of recipe fields)")
+        if OLD_RECIPE_DIFF in change:
+            errors.append(f"change.{OLD_RECIPE_DIFF}: {_OLD_SPELLING}")
+        if RECIPE_DIFF in change:
+            errors += recipe_diff_errors(change[RECIPE_DIFF])
+        elif kind == "recipe" and OLD_RECIPE_DIFF not in change:
+            errors.append(f"{RECIPE_DIFF_FIELD}: a change of kind 'recipe' needs recipe_diff (an object of recipe fields)")
         # What the candidate starts from and trains on (the proposer's levers write them; a person may too):
         # a misspelled value would silently train from the champion on every row.
         for name, allowed in CHANGE_SWITCHES.items():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import uuid
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,7 +28,7 @@ from envloop_pipelines.core.ledger.event_log import (
     EVENT_TEST_READ,
     LedgerError,
 )
-from envloop_pipelines.core.storage import atomic_write_bytes, canonical_json
+from envloop_pipelines.core.storage import atomic_write_bytes, canonical_json, sha256_file
 
 
 class HoldoutAlreadyReadError(LedgerError):
@@ -104,7 +105,7 @@ class HeldOutReads:
 
     def holdout_slot(self, release: int) -> dict[str, Any] | None:
         """The release's open holdout slot (the latest one the release step opened,
-        ``core/release/publish.py``'s ``_open_holdout_slot``), or None."""
+        :func:`open_holdout_slot`), or None."""
         slots = [e for e in self.events(EVENT_HOLDOUT_SLOT) if e.get("release") == release]
         return slots[-1] if slots else None
 
@@ -345,3 +346,29 @@ class HeldOutReads:
                     f"read on test before, by {event.get('reader', ADHOC_READER)!r} (test_read event "
                     f"{event.get('event_id')}, {event.get('predictions') or event.get('baseline')}, {at} UTC); "
                     f"predictions seen on test outside their round cannot become its candidate")
+
+
+def holdout_read_key(predictions: str | Path, baseline: str | Path | None = None) -> str:
+    """What a holdout read scores: the predictions' sha256 and the baseline's (the slot's key; a retry of the same read)."""
+    return f"{sha256_file(predictions)}:{'-' if baseline is None else sha256_file(baseline)}"
+
+
+def open_holdout_slot(ledger: Any, release: int, key: str, *, by: str) -> dict[str, Any]:
+    """Open the release's holdout slot for one read: the predictions (and baseline) that ``key`` names.
+
+    Only the release step opens a slot (``core/release/publish.py``'s ``holdout_metrics``, right before its
+    read): the ledger has no method that opens one (``Ledger.append`` refuses its event kind), so a person's
+    read of a release's holdout finds no slot for its predictions and is refused before any label is read
+    (issue 34: an early opener's own read wedged the round). Opening again before the read replaces the slot
+    (the latest open is the slot). The slot, its key and the read it admits (:meth:`HeldOutReads.read_holdout_once`)
+    are this module's.
+
+    Raises:
+        HoldoutAlreadyReadError / HoldoutSlotError: a published release, a release whose read the ledger
+            records (its stored read deleted or not), or not the release being published now.
+    """
+    ledger.require_publishable(release)
+    ledger.require_read_marker(release, ledger.release_dir(release) / "holdout.json")
+    return ledger._append(EVENT_HOLDOUT_SLOT, {"release": release, "read_key": key, "by": by},
+                          key=f"holdout_slot:{release}:{uuid.uuid4().hex}")
+

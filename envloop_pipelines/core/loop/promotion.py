@@ -165,7 +165,7 @@ def hypothesis_power(noise: Mapping[str, Any] | None, gate: Gate, predicted_delt
     to be promoted 80% of the time, clearing both the bar (:func:`gate_bar`, from ``floor`` and the
     champion's score) and its CI's lower end above zero. ``α`` is the verifier's CI level and ``se`` the
     standard error of a *candidate-vs-champion* paired delta on test (``noise["deltas"][metric]["se"]``,
-    :func:`~envloop_pipelines.core.decision_loop.before_training.paired_noise`: earlier rounds' candidates and continuation
+    :func:`~envloop_pipelines.core.decision_loop.registered_hypothesis.paired_noise`: earlier rounds' candidates and continuation
     arms trained from the control arm, never null arms, whose seeds may nearly agree). The hypothesis is
     ``underpowered`` when its predicted effect, in the gate's direction, is below the MDE. The flag
     informs; it changes no rule of the gate.
@@ -242,6 +242,11 @@ def champion_out_of_reach(task: str, home: Any, floor: NoiseFloor, gate: Gate | 
     return unreachable_bar(floor, float(score), gate) if isinstance(score, (int, float)) else None
 
 
+#: Why a candidate that answers every test question as its champion does is not promoted.
+IDENTICAL_PREDICTIONS = ("the candidate answers every test question exactly as the champion does (identical "
+                         "predictions): the change moved nothing the test sees")
+
+
 def decide_promotion(
     gate: Gate,
     delta: Mapping[str, float],
@@ -253,8 +258,9 @@ def decide_promotion(
     *,
     apply_seed_bound: bool = True,
     calibrated: bool = True,
+    answers_as_champion: bool = False,
 ) -> PromotionDecision:
-    """Apply the registered gate, the noise floor and the guards.
+    """Apply the registered gate, the noise floor and the guards: the promotion rule, all of it.
 
     Args:
         gate: the (possibly amended) gate registered with the hypothesis; a ``floor_multiplier``
@@ -276,6 +282,9 @@ def decide_promotion(
             candidate's own seeds says nothing about where the parent sits.
         calibrated: the candidate answers with probabilities, so its ECE is guarded and a missing or NaN
             ECE refuses the decision (:func:`missing_value_reasons`); the RL round's pass@1 passes ``False``.
+        answers_as_champion: the verifier found the candidate's test predictions identical to the champion's
+            (``Ledger.candidate_answers_as_champion``): the change moved nothing the test sees, so it is never
+            promoted, whatever the delta's noise says.
 
     The metric decides the direction, not the gate: a gate whose ``direction`` reverses its metric's
     own (one registered before every door refused it) is never promoted, and every guard is applied at
@@ -369,6 +378,8 @@ def decide_promotion(
                                f"point comparison, no paired CI)")
     checks["family_drops"] = drops
     checks["family_guards"] = family_checks
+    if answers_as_champion:
+        reasons.append(IDENTICAL_PREDICTIONS)
     return PromotionDecision(promote=not reasons, reasons=tuple(reasons) or ("cleared the gate, the floor and every guard",),
                              checks=checks)
 

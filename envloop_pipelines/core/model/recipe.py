@@ -371,8 +371,9 @@ def require_known_fields(data: Mapping[str, Any], cls: type[TrainerFields], what
                           f"allowed: {', '.join(allowed)}")
 
 
-def check_recipe_overrides(overrides: Any) -> dict[str, Any]:
-    """The loop's recipe overrides, checked where they enter (CLI, SDK, launchpad, environment variable).
+def check_recipe_overrides(overrides: Any, *, what: str = "recipe override") -> dict[str, Any]:
+    """A change to the recipe, checked where it enters: the loop's recipe overrides (CLI, SDK, launchpad,
+    environment variable) and a hypothesis's ``change.recipe_diff`` (``what="recipe field"``), one validator.
 
     Every key must be a field of :class:`Recipe` and every value one its field takes; checked against the
     field's own rule (on the default recipe, so without reading a recipe file), before any run starts. The
@@ -383,9 +384,9 @@ def check_recipe_overrides(overrides: Any) -> dict[str, Any]:
             (naming the field and what it takes).
     """
     if not isinstance(overrides, Mapping):
-        raise RecipeError(f"recipe overrides must be a mapping of recipe field -> value, got {overrides!r}")
+        raise RecipeError(f"{what}s must be a mapping of recipe field -> value, got {overrides!r}")
     values = dict(overrides)
-    require_known_fields(values, Recipe, "recipe override")
+    require_known_fields(values, Recipe, what)
     Recipe().replace(**values)
     return values
 

@@ -11,7 +11,6 @@ through the verifier); the RL loop's promotion calls it with its held-out pass@1
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,31 +81,11 @@ def tfidf_baseline(config: LoopConfig, snapshot: TaskSnapshot, train: Any = None
                          safety_fnr_target=config.safety_fnr_target).fit(rows, snapshot.table("val"))
 
 
-def _open_holdout_slot(ledger: Ledger, release: int, key: str, *, by: str) -> dict[str, Any]:
-    """Open the release's holdout slot for one read: the predictions (and baseline) that ``key`` names.
-
-    Only the release step opens a slot (:func:`holdout_metrics`, right before its read): no public method
-    opens one (``Ledger.append`` refuses its event kind), so a person's read of a release's holdout finds no
-    slot for its predictions and is refused before any label is read (issue 34: an early opener's own read
-    wedged the round). Opening again before the read replaces the slot (the latest open is the slot).
-
-    Raises:
-        HoldoutAlreadyReadError / HoldoutSlotError: a published release, a release whose read the ledger
-            records (its stored read deleted or not), or not the release being published now.
-    """
-    from envloop_pipelines.core.ledger.event_log import EVENT_HOLDOUT_SLOT
-
-    ledger.require_publishable(release)
-    ledger.require_read_marker(release, ledger.release_dir(release) / "holdout.json")
-    return ledger._append(EVENT_HOLDOUT_SLOT, {"release": release, "read_key": key, "by": by},
-                          key=f"holdout_slot:{release}:{uuid.uuid4().hex}")
-
-
 def holdout_metrics(config: LoopConfig, checkpoint: Path, snapshot: TaskSnapshot, out: Path, *, ledger: Ledger,
                     release: int, tfidf: Any = None, sandbox: SandboxSettings | None = None) -> HoldoutRead:
     """The checkpoint's holdout metrics from the verifier, as the release's one holdout read.
 
-    It opens the release's holdout slot for these predictions (:func:`_open_holdout_slot`) and the
+    It opens the release's holdout slot for these predictions (:func:`~envloop_pipelines.core.ledger.reads.open_holdout_slot`) and the
     verifier takes it (``Ledger.read_holdout_once``) around the run, so this is the read, and a second
     one for the release (or any read of other predictions) is refused. TF-IDF + LR's predictions
     are scored in the same run as its baseline, so the classical figure costs no second read. ``tfidf``:
@@ -128,10 +107,10 @@ def holdout_metrics(config: LoopConfig, checkpoint: Path, snapshot: TaskSnapshot
     else:
         preds = write_predictions(out, checkpoint, holdout)
         tfidf_preds = atomic_write_parquet(tfidf_out, tfidf.predict_table(holdout), overwrite=True)
-    from envloop_pipelines.core.verify.runner import holdout_read_key
+    from envloop_pipelines.core.ledger.reads import holdout_read_key, open_holdout_slot
 
     if ledger.holdout_result(release) is None:  # the slot is for this checkpoint's predictions and nothing else
-        _open_holdout_slot(ledger, release, holdout_read_key(preds, tfidf_preds), by=f"release step: {checkpoint.name}")
+        open_holdout_slot(ledger, release, holdout_read_key(preds, tfidf_preds), by=f"release step: {checkpoint.name}")
     run = verify_predictions(config, "holdout", preds, baseline=tfidf_preds, holdout_slot=ledger, release=release,
                              checkpoint=checkpoint, baseline_safety_thresholds=tfidf.calibration.safety_thresholds,
                              sandbox=sandbox)

@@ -50,6 +50,7 @@ from typing import Any, Literal, Mapping, Protocol, Sequence, runtime_checkable
 import pyarrow as pa
 
 from envloop_pipelines.core.data.splits import HIDDEN_SPLITS
+from envloop_pipelines.core.ledger.reads import holdout_read_key
 from envloop_pipelines.core.sandbox import (
     Sandbox,
     SandboxCall,
@@ -445,11 +446,6 @@ def _file_sha(path: str | Path | None) -> str | None:
     return None if path is None else sha256_file(path)
 
 
-def holdout_read_key(predictions: str | Path, baseline: str | Path | None = None) -> str:
-    """What a holdout read scores: the predictions' sha256 and the baseline's (the slot's key; a retry of the same read)."""
-    return f"{_file_sha(predictions)}:{_file_sha(baseline) or '-'}"
-
-
 def _stored_read(run: VerifierRun) -> dict[str, Any]:
     """What the ledger keeps of a holdout read: the aggregates the caller got, enough to give them again."""
     assert run.report is not None
@@ -470,5 +466,4 @@ def _from_stored_read(stored: Mapping[str, Any]) -> VerifierRun:
 
 
 __all__ = ["DEFAULT_WORKER_LIMITS", "WORKER_ENV", "HiddenSplitQueryError", "HoldoutSlot", "VerifierRun", "VerifierRunner",
-           "holdout_read_key",
            "verify_task"]

@@ -1,1 +1,1 @@
-"""The round as Dagster assets: the thin layer over ``core.decision_loop`` (noise_floor, before_training, candidate, promotion_decision)."""
+"""The round as Dagster assets: the thin layer over ``core.decision_loop`` (one module per asset, named after it)."""

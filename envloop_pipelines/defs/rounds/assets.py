@@ -12,7 +12,17 @@ from typing import NoReturn
 import dagster as dg
 import pyarrow.parquet as pq
 
-from envloop_pipelines.core.decision_loop import candidate, promotion_decision as decide, noise_floor as setup, before_training as steps
+# One core module per asset, named after it: the asset graph is the map of core/decision_loop/ (test_asset_modules).
+from envloop_pipelines.core.decision_loop.task_benchmark import ensure_task_benchmark
+from envloop_pipelines.core.decision_loop.noise_floor import measure_noise_floor
+from envloop_pipelines.core.decision_loop.baseline_eval import evaluate_champion
+from envloop_pipelines.core.decision_loop.failure_mining import mine_failures
+from envloop_pipelines.core.decision_loop.environment_synthesis import synthesize_environments
+from envloop_pipelines.core.decision_loop.registered_hypothesis import register_hypothesis
+from envloop_pipelines.core.decision_loop.training_dataset_snapshot import build_training_snapshot
+from envloop_pipelines.core.decision_loop.lora_checkpoint import train_candidate
+from envloop_pipelines.core.decision_loop.independent_reeval import reevaluate
+from envloop_pipelines.core.decision_loop.promotion_decision import decide_round
 from envloop_pipelines.core.decision_loop.step_records import (
     BaselineEval,
     Benchmark,
@@ -51,7 +61,7 @@ ROUND_GROUP = "round"
 def refuse_bad_proposal(context: dg.AssetExecutionContext, proposal_json: str) -> dict | None:
     """The person's hypothesis of this run (``registered_hypothesis``'s ``proposal_json``), checked.
 
-    A refusal (``steps.proposal_errors``, every problem named) tags the run so that it is not retried
+    A refusal (``proposal_errors``, every problem named) tags the run so that it is not retried
     and raises ``dg.Failure(allow_retries=False)`` with the reasons; called by the round's first step
     as well, so a refused round stops before anything of it is written (no file, ledger event or MLflow
     run), and its partition, used by no other run, is removed again.
@@ -167,7 +177,7 @@ VERIFIER_POD = {"dagster-k8s/config": {
 def task_benchmark(context: dg.AssetExecutionContext, loop: LoopResource) -> dg.Output[Benchmark]:
     """The task's versioned, group-disjoint splits (the built-in benchmark is generated on first use)."""
     claim_the_setup(context, loop)  # before any data is generated: a second setup beside a run of the loop is refused
-    bench = setup.ensure_task_benchmark(loop.config())
+    bench = ensure_task_benchmark(loop.config())
     rows = {s: {"groups": v["groups"], "records": v["records"], "questions": v["questions"]}
             for s, v in bench.splits.items()}
     return dg.Output(bench, metadata={
@@ -186,7 +196,7 @@ def noise_floor(context: dg.AssetExecutionContext, loop: LoopResource, mlflow: M
 
     claim_the_setup(context, loop)  # before any arm or holdout slot: this run's own claim, or a launch of this step alone
     cfg = loop.config()
-    result = setup.measure_noise_floor(cfg, loop.task_snapshot(task_benchmark), mlflow.tracker(),
+    result = measure_noise_floor(cfg, loop.task_snapshot(task_benchmark), mlflow.tracker(),
                                        run_tags=run_tags(context), sandbox=sandbox.settings())
     arms = {f"seed {a['seed']}": a["metrics"] for a in result.floor.arms}
     out_of_reach = champion_out_of_reach(cfg.task, cfg.home, result.floor)
@@ -215,7 +225,7 @@ def baseline_eval(context: dg.AssetExecutionContext, loop: LoopResource,
     refuse_bad_proposal(context, _run_proposal_json(context))  # before anything of the round is written
     claim_the_round(context, loop)
     task = loop.task_snapshot(task_benchmark)
-    result = steps.evaluate_champion(loop.config(), task, context.partition_key)
+    result = evaluate_champion(loop.config(), task, context.partition_key)
     preds = pq.read_table(result.predictions).to_pylist()
     dev = {(r["record_id"], r["question_id"]): r for r in task.table("dev").to_pylist()}
     hard = [(p, dev[(p["record_id"], p["question_id"])]) for p in preds
@@ -236,7 +246,7 @@ def baseline_eval(context: dg.AssetExecutionContext, loop: LoopResource,
 def failure_mining(loop: LoopResource, task_benchmark: Benchmark,
                    baseline_eval: BaselineEval) -> dg.Output[FailureMining]:
     """The champion's dev errors and confident errors, clustered and ranked by excess error."""
-    result = steps.mine_failures(loop.config(), loop.task_snapshot(task_benchmark), baseline_eval)
+    result = mine_failures(loop.config(), loop.task_snapshot(task_benchmark), baseline_eval)
     lines = ["| cluster | n | errors | confident | excess | examples |", "|---|---|---|---|---|---|"]
     lines += [f"| {c['name']} | {c['n']} | {c['errors']} | {c['confident_errors']} | {c['excess_errors']:.1f} | "
               f"{', '.join(c['example_ids'][:2])} |" for c in result.clusters[:10]]
@@ -254,7 +264,7 @@ def environment_synthesis(loop: LoopResource, sandbox: SandboxResource, task_ben
                           failure_mining: FailureMining) -> dg.Output[EnvironmentSynthesis]:
     """New training examples aimed at the top failure clusters, each with provenance to its cluster, also stored as
     an environment dataset."""
-    result = steps.synthesize_environments(loop.config(), loop.task_snapshot(task_benchmark), failure_mining,
+    result = synthesize_environments(loop.config(), loop.task_snapshot(task_benchmark), failure_mining,
                                            sandbox=sandbox.settings())
     return dg.Output(result, metadata={
         "generator": result.generator,
@@ -286,7 +296,7 @@ def registered_hypothesis(context: dg.AssetExecutionContext, config: HypothesisC
     proposal = refuse_bad_proposal(context, config.proposal_json)
     task = loop.task_snapshot(task_benchmark)
     try:
-        result = steps.register_hypothesis(loop.config(), task, environment_synthesis, mlflow.tracker(),
+        result = register_hypothesis(loop.config(), task, environment_synthesis, mlflow.tracker(),
                                            proposal=proposal, run_tags=run_tags(context), sandbox=sandbox.settings())
     except (GateTooLooseError, HypothesisRefusedError) as exc:  # refused at registration: the same next time
         refuse(context, str(exc))
@@ -307,7 +317,7 @@ def registered_hypothesis(context: dg.AssetExecutionContext, config: HypothesisC
 def training_dataset_snapshot(loop: LoopResource, task_benchmark: Benchmark,
                               environment_synthesis: EnvironmentSynthesis) -> dg.Output[TrainingSnapshot]:
     """Base train plus synthesized rows as content-addressed Parquet, with its contamination report."""
-    result = steps.build_training_snapshot(loop.config(), loop.task_snapshot(task_benchmark), environment_synthesis)
+    result = build_training_snapshot(loop.config(), loop.task_snapshot(task_benchmark), environment_synthesis)
     return dg.Output(result, metadata={
         "sha256": result.sha256,
         "path": dg.MetadataValue.path(result.path),
@@ -332,7 +342,7 @@ def lora_checkpoint(context: dg.AssetExecutionContext, loop: LoopResource, mlflo
                     task_benchmark: Benchmark, training_dataset_snapshot: TrainingSnapshot,
                     registered_hypothesis: RegisteredHypothesis) -> dg.Output[TrainedCheckpoint]:
     """LoRA SFT from the champion on the round's snapshot, calibrated on val; refuses without a registered hypothesis."""
-    result = candidate.train_candidate(loop.config(), loop.task_snapshot(task_benchmark), registered_hypothesis,
+    result = train_candidate(loop.config(), loop.task_snapshot(task_benchmark), registered_hypothesis,
                                        training_dataset_snapshot, mlflow.tracker(), run_tags=run_tags(context))
     return dg.Output(result, metadata={
         "checkpoint_sha256": result.checkpoint_sha256,
@@ -349,7 +359,7 @@ def independent_reeval(context: dg.AssetExecutionContext, loop: LoopResource, ml
                        sandbox: SandboxResource, task_benchmark: Benchmark, lora_checkpoint: TrainedCheckpoint,
                        training_dataset_snapshot: TrainingSnapshot) -> dg.Output[Reevaluation]:
     """Candidate and champion scored on the hidden test set by the sandboxed verifier, beside a TF-IDF baseline."""
-    result = candidate.reevaluate(loop.config(), loop.task_snapshot(task_benchmark), lora_checkpoint,
+    result = reevaluate(loop.config(), loop.task_snapshot(task_benchmark), lora_checkpoint,
                                   training_dataset_snapshot, mlflow.tracker(), run_tags=run_tags(context),
                                   sandbox=sandbox.settings())
     lines = ["| metric | delta | 95% CI |", "|---|---|---|"]
@@ -376,7 +386,7 @@ def promotion_decision(context: dg.AssetExecutionContext, loop: LoopResource, ml
     from envloop_pipelines.core.decision_loop.plots import metric_by_round
 
     cfg = loop.config()
-    result = decide.decide_round(cfg, loop.task_snapshot(task_benchmark), registered_hypothesis,
+    result = decide_round(cfg, loop.task_snapshot(task_benchmark), registered_hypothesis,
                                  training_dataset_snapshot, lora_checkpoint, independent_reeval, noise_floor,
                                  mlflow.tracker(), run_tags=run_tags(context), sandbox=sandbox.settings())
     close_round_runs(mlflow.tracker(), cfg.task, context.partition_key, RUN_FINISHED, parent_only=True)

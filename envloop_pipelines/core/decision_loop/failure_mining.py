@@ -1,4 +1,4 @@
-"""Failure mining: where the champion is wrong on dev, grouped and ranked.
+"""The asset ``failure_mining``: where the champion is wrong on dev, grouped and ranked.
 
 Every hard-labelled dev question gets the champion's answer; errors and
 *confident* errors (wrong with confidence at or above the automation
@@ -16,6 +16,11 @@ from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
+
+from envloop_pipelines.core.data.snapshots import TaskSnapshot
+from envloop_pipelines.core.decision_loop.step_records import BaselineEval, FailureMining
+from envloop_pipelines.core.loop.config import LoopConfig
 
 #: State length buckets in characters (short notes, a paragraph, a page, long).
 LENGTH_BUCKETS: tuple[tuple[int, str], ...] = ((400, "short"), (900, "medium"), (1600, "long"))
@@ -84,12 +89,12 @@ def length_bucket(n_chars: int) -> str:
     return "very_long"
 
 
-def mine_failures_with_fallback(questions: pa.Table, predictions: pa.Table, *, threshold: float,
+def cluster_failures_with_fallback(questions: pa.Table, predictions: pa.Table, *, threshold: float,
                                 min_cluster_size: int = 3, max_examples: int = 5) -> FailureReport:
-    """:func:`mine_failures` at the finest grouping that yields a cluster (see :data:`FALLBACK_GROUPINGS`)."""
+    """:func:`cluster_failures` at the finest grouping that yields a cluster (see :data:`FALLBACK_GROUPINGS`)."""
     report = None
     for grouping in FALLBACK_GROUPINGS:
-        report = mine_failures(questions, predictions, threshold=threshold, min_cluster_size=min_cluster_size,
+        report = cluster_failures(questions, predictions, threshold=threshold, min_cluster_size=min_cluster_size,
                                max_examples=max_examples, group_by=grouping)
         if report.clusters:
             break
@@ -97,7 +102,7 @@ def mine_failures_with_fallback(questions: pa.Table, predictions: pa.Table, *, t
     return report
 
 
-def mine_failures(
+def cluster_failures(
     questions: pa.Table,
     predictions: pa.Table,
     *,
@@ -195,3 +200,22 @@ def mine_failures(
         for fam, s in sorted(family_stats.items())
     }
     return FailureReport(n, n_err, n_conf, rate, float(threshold), tuple(clusters), by_family)
+
+
+def mine_failures(config: LoopConfig, task: TaskSnapshot, baseline: BaselineEval) -> FailureMining:
+    """Cluster the champion's dev errors, ranked by excess error."""
+    dev = task.table("dev")
+    report = cluster_failures_with_fallback(dev, pq.read_table(baseline.predictions),
+                                         threshold=baseline.automation_threshold)
+    return FailureMining.from_dict({"round": baseline.round, **report.to_dict()})
+
+
+def top_clusters(mined: FailureMining, k: int) -> tuple[FailureCluster, ...]:
+    """The ``k`` highest-ranked clusters as ``FailureCluster`` values."""
+    return tuple(FailureCluster(key=c["key"], n=c["n"], errors=c["errors"], confident_errors=c["confident_errors"],
+                                error_rate=c["error_rate"], excess_errors=c["excess_errors"],
+                                example_ids=tuple(c["example_ids"])) for c in mined.clusters[:k])
+
+
+__all__ = ["CLUSTER_KEYS", "FALLBACK_GROUPINGS", "FailureCluster", "FailureReport", "cluster_failures",
+           "cluster_failures_with_fallback", "length_bucket", "mine_failures", "top_clusters"]

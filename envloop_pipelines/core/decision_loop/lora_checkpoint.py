@@ -1,45 +1,33 @@
-"""The candidate of a round: trained from the champion (``lora_checkpoint``), then re-evaluated
-beside it on the hidden test set by the sandboxed verifier (``independent_reeval``).
+"""The asset ``lora_checkpoint``: the round's candidate, LoRA SFT from the champion on the round's snapshot.
+
+:func:`train_into_store` is the one way a checkpoint is trained into the task's store (the candidate, the noise
+floor's arms, the benches' pools): in a staging directory, published under its content hash.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from envloop_pipelines.core.data.snapshots import TaskSnapshot, require_same_benchmark
-from envloop_pipelines.core.loop.config import LoopConfig, round_number
-from envloop_pipelines.core.ledger.anchor import anchor_head, verify_ledger
+from envloop_pipelines.core.decision_loop.step_records import RegisteredHypothesis, TrainedCheckpoint, TrainingSnapshot
+from envloop_pipelines.core.decision_loop.training_dataset_snapshot import snapshot_rows
+from envloop_pipelines.core.ledger.anchor import verify_ledger
 from envloop_pipelines.core.ledger.event_log import EVENT_CHECKPOINT_TRAINED, LedgerError
+from envloop_pipelines.core.ledger.hypothesis import recipe_diff
 from envloop_pipelines.core.ledger.ledger import Ledger
-from envloop_pipelines.core.release.publish import champion, tfidf_baseline
-from envloop_pipelines.core.decision_loop.step_records import Reevaluation, RegisteredHypothesis, TrainedCheckpoint, TrainingSnapshot
-from envloop_pipelines.core.storage import envloop_home
-from envloop_pipelines.core.release.tracked_runs import child_run, flat_metrics, verify_predictions, write_predictions
-from envloop_pipelines.core.sandbox import SandboxSettings
 from envloop_pipelines.core.ledger.store import RoundStore
-from envloop_pipelines.core.storage import atomic_write_parquet, publish_dir, staging_dir
-from envloop_pipelines.core.tracking import (
-    KIND_HYPOTHESIS,
-    KIND_REEVAL,
-    KIND_TRAINING,
-    TAG_HYPOTHESIS,
-    TAG_KIND,
-    TAG_ROUND,
-    Tracker,
-)
-
-#: Hypothesis change keys: the round's own recipe change, and the name hypotheses registered before used for it.
-RECIPE_DIFF = "recipe_diff"
-LEGACY_RECIPE_DIFF = "recipe_overrides"
+from envloop_pipelines.core.loop.config import LoopConfig
+from envloop_pipelines.core.release.publish import champion
+from envloop_pipelines.core.release.tracked_runs import child_run, flat_metrics
+from envloop_pipelines.core.storage import publish_dir, staging_dir
+from envloop_pipelines.core.tracking import KIND_HYPOTHESIS, KIND_TRAINING, TAG_HYPOTHESIS, TAG_KIND, TAG_ROUND, Tracker
 
 
 def train_into_store(store: RoundStore, train: pa.Table, val: pa.Table, recipe: Any, *, data_hash: str,
@@ -66,17 +54,6 @@ def train_into_store(store: RoundStore, train: pa.Table, val: pa.Table, recipe: 
     shutil.rmtree(staged, ignore_errors=True)
     return final
 
-
-def snapshot_rows(snapshot: TrainingSnapshot, *, base_only: bool = False) -> pa.Table:
-    """The training rows of a round's snapshot (without their provenance column); ``base_only``: the task's
-    train rows alone, without the synthesized ones (a hypothesis whose change says ``"data": "train"``)."""
-    table = pq.read_table(snapshot.path)
-    if base_only:
-        kinds = [json.loads(p).get("kind") == "base" for p in table.column("provenance").to_pylist()]
-        table = table.filter(pa.array(kinds, pa.bool_()))
-    return table.drop_columns(["provenance"])
-
-
 def candidate_rows(snapshot: TrainingSnapshot, change: Mapping[str, Any]) -> tuple[pa.Table, str]:
     """The rows a round's candidate trains on and their hash: the whole snapshot, or for a change that says
     ``"data": "train"`` (the proposer's recipe levers: the round measures the recipe change, not it and new data
@@ -88,14 +65,6 @@ def candidate_rows(snapshot: TrainingSnapshot, change: Mapping[str, Any]) -> tup
 
     rows = snapshot_rows(snapshot, base_only=True)
     return rows, sha256_bytes(parquet_bytes(rows))
-
-
-def recipe_diff(change: Mapping[str, Any]) -> dict[str, Any]:
-    """The recipe change a hypothesis tests (read under its old name for hypotheses registered before)."""
-    if change.get("kind") == "recipe" and RECIPE_DIFF not in change:
-        return dict(change.get(LEGACY_RECIPE_DIFF) or {})
-    return dict(change.get(RECIPE_DIFF) or {})
-
 
 def loop_recipe_error(config: LoopConfig, registered: Any) -> str | None:
     """Why this run's loop recipe is not the one the round's hypothesis registered, or ``None`` (issue 34).
@@ -109,7 +78,6 @@ def loop_recipe_error(config: LoopConfig, registered: Any) -> str | None:
     return (f"recipe_hash: this run's loop recipe (recipe, recipe_overrides) hashes to {loop_hash[:16]}, not the recipe "
             f"the hypothesis registered (hypothesis.recipe_hash {str(registered.recipe_hash)[:16]}); a round runs under "
             f"one recipe from registration to card: run it with the registration's recipe_overrides")
-
 
 def train_candidate(config: LoopConfig, task: TaskSnapshot, hypothesis: RegisteredHypothesis,
                     snapshot: TrainingSnapshot, tracker: Tracker, *,
@@ -171,60 +139,4 @@ def train_candidate(config: LoopConfig, task: TaskSnapshot, hypothesis: Register
                              mlflow_url=run.url, hypothesis_hash=registered.hash)
 
 
-def reevaluate(config: LoopConfig, task: TaskSnapshot, candidate: TrainedCheckpoint, snapshot: TrainingSnapshot,
-               tracker: Tracker, *, run_tags: Mapping[str, str] | None = None,
-               sandbox: SandboxSettings | None = None) -> Reevaluation:
-    """Candidate vs champion on the hidden test set through the sandboxed verifier, with the TF-IDF baseline.
-
-    The round's reads of test (reader ``round:<key>``): the candidate's predictions paired with the
-    champion's, and the TF-IDF baseline's, three files, its whole budget
-    (:data:`~envloop_pipelines.core.ledger.reads.ROUND_TEST_READ_BUDGET`, one more per gate amendment, whose
-    fresh-seed candidate is a new file); a retry reads the same files again and is not counted twice.
-    ``task`` is the task's snapshot the step opened: its test inputs are answered, its train rows fit TF-IDF.
-    ``sandbox``: the deployment's sandbox, where the verifier runs (default: the local backend).
-    """
-    key = candidate.round
-    d = RoundStore(config.task, config.home).round_dir(key)
-    champ = champion(config)
-    test = task.table("test")
-    # Reused by (checkpoint, inputs): the champion answered this test split when it was a candidate.
-    cand_preds = write_predictions(d / "candidate_test_predictions.parquet", candidate.checkpoint, test,
-                                   home=envloop_home(config.home))
-    champ_preds = write_predictions(d / "champion_test_predictions.parquet", champ["checkpoint_dir"], test,
-                                    home=envloop_home(config.home))
-    reader = f"round:{key}"
-    run = verify_predictions(config, "test", cand_preds, baseline=champ_preds, seed=round_number(key),
-                             checkpoint=candidate.checkpoint, baseline_checkpoint=champ["checkpoint_dir"],
-                             reader=reader, sandbox=sandbox)
-    tfidf = tfidf_baseline(config, task, snapshot_rows(snapshot))
-    tfidf_preds = atomic_write_parquet(d / "tfidf_test_predictions.parquet", tfidf.predict_table(test), overwrite=True)
-    tfidf_run = verify_predictions(config, "test", tfidf_preds, safety_thresholds=tfidf.calibration.safety_thresholds,
-                                   reader=reader, sandbox=sandbox)
-    anchor_head(Ledger(config.task, config.home), tracker)  # the round's test reads, anchored in MLflow
-    mrun = child_run(tracker, config, key, KIND_REEVAL, run_tags)
-    result = Reevaluation(
-        round=key, benchmark_version=task.benchmark_version, candidate=dict(run.report.metrics),
-        champion=dict(run.baseline_report.metrics), tfidf_baseline=dict(tfidf_run.report.metrics),
-        paired=run.paired, complete=run.report.complete and run.baseline_report.complete,
-        verifier_pid=run.worker_pid,
-        verifier={"network_isolated": run.sandbox.network_isolated,
-                  "hidden_paths_masked": run.sandbox.hidden_paths_masked, "backend": run.sandbox.backend},
-        candidate_checkpoint_sha256=candidate.checkpoint_sha256, champion_checkpoint_sha256=champ["checkpoint_sha256"],
-        mlflow_run_id=mrun.run_id, mlflow_url=mrun.url)
-    tracker.log_metrics(mrun.run_id, {**flat_metrics(result.candidate, "candidate."),
-                                      **flat_metrics(result.champion, "champion."),
-                                      **flat_metrics(result.tfidf_baseline, "tfidf."),
-                                      **{f"delta.{k}": v["delta"] for k, v in result.deltas.items()
-                                         if v["delta"] is not None}})
-    # The step's record is the IO manager's to store (defs); MLflow gets its own copy.
-    with tempfile.TemporaryDirectory() as tmp:
-        record = Path(tmp) / f"{KIND_REEVAL}.json"
-        record.write_text(json.dumps(result.to_dict(), indent=2, sort_keys=True), encoding="utf-8")
-        tracker.log_artifact(mrun.run_id, record)
-    tracker.log_artifact(mrun.run_id, cand_preds, "predictions")
-    tracker.end_run(mrun.run_id)
-    return result
-
-
-__all__ = ["RECIPE_DIFF", "candidate_rows", "loop_recipe_error", "recipe_diff", "reevaluate", "snapshot_rows",
-           "train_candidate", "train_into_store"]
+__all__ = ["candidate_rows", "loop_recipe_error", "train_candidate", "train_into_store"]

@@ -1,12 +1,9 @@
-"""The round's steps before training, each a verb over the typed results of the steps before it.
+"""The asset ``registered_hypothesis``: the round's hypothesis, written to the ledger and MLflow before training.
 
-``evaluate_champion → mine_failures → synthesize_environments → register_hypothesis →
-build_training_snapshot``; training, re-evaluation and the decision follow in
-``candidate.py`` and ``promotion_decision.py``. Rows and predictions a step writes go to
-the round's folder; the step's value is returned, not written (the IO manager
-stores it). Each takes the task's snapshot the step opened once (``task``, pinned to the version
-``task_benchmark`` recorded: :func:`~envloop_pipelines.core.data.snapshots.open_pinned_task`) and
-never opens the task itself, so one step reads one snapshot, however often the task is re-imported.
+A person's proposal is checked at every door by :func:`proposal_errors`; without a change the loop proposes its
+own experiment (:func:`propose_change`, the levers of ``core/decision_loop/proposer.py``). The registration
+records the test's power (rule 2): the minimum detectable effect at the measured paired noise
+(:func:`paired_noise`) beside the predicted delta.
 """
 
 from __future__ import annotations
@@ -19,15 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from envloop_pipelines.core.data.snapshots import TaskSnapshot, require_same_benchmark
-from envloop_pipelines.core.loop.config import LoopConfig, round_number
-from envloop_pipelines.core.ledger.event_log import EVENT_ROUND_DECIDED, LedgerError
-from envloop_pipelines.core.ledger.hypothesis import Gate, Hypothesis, draw_seeds
-from envloop_pipelines.core.ledger.ledger import Ledger
-from envloop_pipelines.core.decision_loop.mining import FailureCluster, mine_failures_with_fallback
+from envloop_pipelines.core.data.snapshots import TaskSnapshot
 from envloop_pipelines.core.decision_loop.noise_floor import PRIMARY_METRIC, continuation_path, current_noise_floor, setup_reader
 from envloop_pipelines.core.decision_loop.proposer import (
     PRIORS,
@@ -39,27 +29,18 @@ from envloop_pipelines.core.decision_loop.proposer import (
     predict_levers,
     refuted_on,
 )
+from envloop_pipelines.core.decision_loop.step_records import EnvironmentSynthesis, Reevaluation, RegisteredHypothesis
 from envloop_pipelines.core.ledger.anchor import anchor_head, verify_ledger
+from envloop_pipelines.core.ledger.event_log import EVENT_ROUND_DECIDED, LedgerError
+from envloop_pipelines.core.ledger.hypothesis import Gate, Hypothesis, draw_seeds
+from envloop_pipelines.core.ledger.ledger import Ledger
+from envloop_pipelines.core.ledger.store import RoundStore
+from envloop_pipelines.core.loop.config import LoopConfig
 from envloop_pipelines.core.loop.promotion import hypothesis_power
 from envloop_pipelines.core.release.publish import champion
-from envloop_pipelines.core.decision_loop.step_records import (
-    BaselineEval,
-    EnvironmentSynthesis,
-    FailureMining,
-    Reevaluation,
-    RegisteredHypothesis,
-    TrainingSnapshot,
-)
-from envloop_pipelines.core.release.tracked_runs import child_run, verify_predictions, write_predictions
+from envloop_pipelines.core.release.tracked_runs import child_run, verify_predictions
 from envloop_pipelines.core.sandbox import SandboxSettings
-from envloop_pipelines.core.ledger.store import RoundStore
-from envloop_pipelines.core.decision_loop.synthesis import SNAPSHOT_SCHEMA, SynthesisRequest, load_generator
-from envloop_pipelines.core.decision_loop.training_snapshot import checked_training_snapshot
-from envloop_pipelines.core.storage import (
-    atomic_write_json,
-    atomic_write_parquet,
-    sha256_file,
-)
+from envloop_pipelines.core.storage import atomic_write_json
 from envloop_pipelines.core.tracking import (
     KIND_HYPOTHESIS,
     TAG_HYPOTHESIS,
@@ -71,89 +52,9 @@ from envloop_pipelines.core.tracking import (
 
 log = logging.getLogger(__name__)
 
+
 #: Keys a person's hypothesis proposal may set.
 PROPOSAL_KEYS = ("change", "predicted_delta", "gate", "seeds", "rationale")
-
-
-def evaluate_champion(config: LoopConfig, task: TaskSnapshot, key: str) -> BaselineEval:
-    """The champion on dev: per-question predictions and metrics."""
-    from envloop_pipelines.core.model.predict import score_table
-
-    champ = champion(config)
-    require_same_benchmark(champ["benchmark_version"], task.benchmark_version)
-    dev = task.table("dev")
-    preds = write_predictions(RoundStore(config.task, config.home).round_dir(key) / "dev_predictions.parquet",
-                              champ["checkpoint_dir"], dev)
-    calibration = json.loads((Path(champ["checkpoint_dir"]) / "calibration.json").read_text(encoding="utf-8"))
-    threshold = calibration.get("automation_threshold")
-    return BaselineEval(round=key, champion_release=champ["release"], checkpoint_sha256=champ["checkpoint_sha256"],
-                        checkpoint_dir=champ["checkpoint_dir"], benchmark_version=task.benchmark_version,
-                        metrics=score_table(dev, pq.read_table(preds), config.guarded_families(task)),
-                        predictions=str(preds), automation_threshold=float("inf") if threshold is None else threshold)
-
-
-def mine_failures(config: LoopConfig, task: TaskSnapshot, baseline: BaselineEval) -> FailureMining:
-    """Cluster the champion's dev errors, ranked by excess error."""
-    dev = task.table("dev")
-    report = mine_failures_with_fallback(dev, pq.read_table(baseline.predictions),
-                                         threshold=baseline.automation_threshold)
-    return FailureMining.from_dict({"round": baseline.round, **report.to_dict()})
-
-
-def top_clusters(mined: FailureMining, k: int) -> tuple[FailureCluster, ...]:
-    """The ``k`` highest-ranked clusters as ``FailureCluster`` values."""
-    return tuple(FailureCluster(key=c["key"], n=c["n"], errors=c["errors"], confident_errors=c["confident_errors"],
-                                error_rate=c["error_rate"], excess_errors=c["excess_errors"],
-                                example_ids=tuple(c["example_ids"])) for c in mined.clusters[:k])
-
-
-def synthesize_environments(config: LoopConfig, task: TaskSnapshot, mined: FailureMining, *,
-                            sandbox: SandboxSettings | None = None) -> EnvironmentSynthesis:
-    """New training rows aimed at the top clusters, each with provenance to its cluster.
-
-    ``sandbox``: the deployment's sandbox, where a user generator runs (default: the local backend).
-    """
-    key = mined.round
-    clusters = top_clusters(mined, config.top_clusters)
-    kwargs: dict[str, Any] = {}
-    if config.generator == "builtin_targeted":
-        from envloop_pipelines.core.benchmark import BenchmarkConfig
-
-        kwargs["benchmark_config"] = BenchmarkConfig(seed=int(task.manifest.extra.get("generator", {}).get("seed", 0)))
-    generator = load_generator(config.generator, home=config.home, sandbox=sandbox, **kwargs)  # a user's: in the sandbox
-    request = SynthesisRequest(round=key, clusters=clusters, n_examples=config.n_synthesized, seed=round_number(key))
-    table = generator.synthesize(request, task.table("train")) if clusters else SNAPSHOT_SCHEMA.empty_table()
-    path = atomic_write_parquet(RoundStore(config.task, config.home).round_dir(key) / "synthesized.parquet", table,
-                                overwrite=True)
-    per_cluster: dict[str, int] = {}
-    for p in table.column("provenance").to_pylist():
-        name = json.loads(p)["cluster"]
-        per_cluster[name] = per_cluster.get(name, 0) + 1
-    generator_name = getattr(generator, "name", config.generator)
-    digest = sha256_file(path)
-    return EnvironmentSynthesis(round=key, generator=generator_name, n_rows=table.num_rows,
-                                per_cluster=per_cluster, clusters=tuple(c.name for c in clusters), path=str(path),
-                                sha256=digest, environment_dataset=_store_synthesized(config, key, table, generator_name,
-                                                                                      digest))
-
-
-def _store_synthesized(config: LoopConfig, key: str, table: pa.Table, generator: str, digest: str) -> str | None:
-    """The synthesized rows as a decision-environment dataset ``<task>-<round>``; its ``name@version`` (None if empty).
-
-    The training rows stay the Parquet file above (the training snapshot reads that, so its hash does not move);
-    the dataset is the same questions as environments with ``rule`` verifiers, for agents and RL rounds.
-    """
-    from envloop_pipelines.core.environments.dataset import store_dataset
-    from envloop_pipelines.core.environments.generators import synthesis_dataset_name, synthesis_environments
-
-    specs = synthesis_environments(table, task=config.task, round_key=key)
-    if not specs:
-        return None
-    stored = store_dataset(synthesis_dataset_name(config.task, key), specs, home=config.home,
-                           source={"generator": "environment_synthesis", "task": config.task, "round": key,
-                                   "synthesis_generator": generator, "synthesis_sha256": digest})
-    return stored.ref
-
 
 def proposal_errors(proposal: Mapping[str, Any]) -> list[str]:
     """Everything wrong with a person's hypothesis proposal, checked before anything is registered or launched.
@@ -170,10 +71,6 @@ def proposal_errors(proposal: Mapping[str, Any]) -> list[str]:
     if not isinstance(proposal, Mapping):
         return ["hypothesis: must be a JSON object (change, predicted_delta, gate, seeds, rationale)"]
     errors = [f"unknown field {k!r} (allowed: {', '.join(PROPOSAL_KEYS)})" for k in proposal if k not in PROPOSAL_KEYS]
-    change = proposal.get("change")
-    if isinstance(change, Mapping) and "recipe_overrides" in change:
-        errors.append("change.recipe_overrides: a hypothesis's own recipe change is change.recipe_diff "
-                      "(recipe_overrides is the loop's override, set with --recipe-override)")
     # What is left out is derived (a valid placeholder here); what is given is checked as registered.
     errors += hypothesis_errors(change=proposal.get("change", {"kind": "data"}),
                                 predicted_delta=proposal.get("predicted_delta", 0.0),
@@ -185,7 +82,6 @@ def proposal_errors(proposal: Mapping[str, Any]) -> list[str]:
         errors += _unmeasured_metric(proposal["gate"])
     return errors
 
-
 def _unmeasured_metric(gate: Any) -> list[str]:
     """A gate on a metric the noise floor does not measure would be held to a floor in another metric's units."""
     metric = gate.get("primary_metric", PRIMARY_METRIC) if isinstance(gate, Mapping) else PRIMARY_METRIC
@@ -193,7 +89,6 @@ def _unmeasured_metric(gate: Any) -> list[str]:
         return []
     return [f"gate.primary_metric: the noise floor's null arms measure {PRIMARY_METRIC} only, so a gate on "
             f"{metric!r} would have no floor in its own units; got {metric!r}"]
-
 
 def paired_noise(config: LoopConfig, task: TaskSnapshot, *,
                  sandbox: SandboxSettings | None = None) -> dict[str, Any] | None:
@@ -274,10 +169,8 @@ def paired_noise(config: LoopConfig, task: TaskSnapshot, *,
             "source": "candidate-vs-champion paired se on test, root mean square over " + "; ".join(
                 p["source"] for p in pairs)}
 
-
 class UnmeasuredPowerError(LedgerError, ValueError):
     """A hypothesis whose minimum detectable effect cannot be measured; it is not registered."""
-
 
 def _measured_power(config: LoopConfig, task: TaskSnapshot, key: str, gate: Gate, predicted: float,
                     sandbox: SandboxSettings | None) -> dict[str, Any]:
@@ -300,7 +193,6 @@ def _measured_power(config: LoopConfig, task: TaskSnapshot, key: str, gate: Gate
                                    f"{power.get('why_unmeasured')} (noise floor {measured.floor.key}); materialize "
                                    f"noise_floor again: it trains the floor's continuation arm")
     return power
-
 
 def propose_change(config: LoopConfig, task: TaskSnapshot, key: str, gate: Gate, synthesis: EnvironmentSynthesis,
                    sandbox: SandboxSettings | None) -> Choice | None:
@@ -330,13 +222,11 @@ def propose_change(config: LoopConfig, task: TaskSnapshot, key: str, gate: Gate,
         chosen = choose([data], mde)
     return chosen
 
-
 def proposed_change(choice: Choice) -> dict[str, Any]:
     """The registered ``change`` of the proposer's choice: the lever's change and its prediction (range, seconds)."""
     p = choice.chosen
     return {**dict(p.change), "prediction": {"low": p.low, "high": p.high, "seconds": p.predicted_seconds,
                                              "basis": p.basis}}
-
 
 def register_hypothesis(config: LoopConfig, task: TaskSnapshot, synthesis: EnvironmentSynthesis, tracker: Tracker, *,
                         proposal: Mapping[str, Any] | None = None,
@@ -431,20 +321,4 @@ def register_hypothesis(config: LoopConfig, task: TaskSnapshot, synthesis: Envir
     return RegisteredHypothesis(hypothesis=hypothesis, hash=digest, mlflow_run_id=run.run_id, mlflow_url=run.url)
 
 
-def build_training_snapshot(config: LoopConfig, task: TaskSnapshot, synthesis: EnvironmentSynthesis) -> TrainingSnapshot:
-    """Base train + synthesized rows as content-addressed Parquet, checked for contamination.
-
-    Every row, base and synthesized, is checked against the test and holdout records (rule 7), both
-    ways: the row's 13-grams found in them, and each hidden record's distinctive 13-grams found in the
-    row (a hidden state inside a longer row), over the row's state and instructions. Under the
-    ``remove`` policy the rows that overlap are dropped, whichever part they come from: against the
-    powered (large) hidden splits of the built-in benchmark, a few base train states share half their
-    13-grams with some test or holdout state. Under ``refuse`` they stay, and the snapshot's report
-    blocks training. Rows are checked one by one, so the rows kept are exactly the clean ones.
-    """
-    return checked_training_snapshot(config, task, pq.read_table(synthesis.path).cast(SNAPSHOT_SCHEMA),
-                                     round=synthesis.round)
-
-
-__all__ = ["PROPOSAL_KEYS", "UnmeasuredPowerError", "build_training_snapshot", "evaluate_champion", "mine_failures", "paired_noise",
-           "register_hypothesis", "synthesize_environments", "top_clusters"]
+__all__ = ["paired_noise", "proposal_errors", "PROPOSAL_KEYS", "propose_change", "proposed_change", "register_hypothesis", "UnmeasuredPowerError"]
