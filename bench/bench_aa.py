@@ -15,7 +15,7 @@ checkpoints) is the least that can show a rate of at most 1 in 20. The demo reci
 fit (the default, ``--pool 24``).
 
 The default is what ``make run`` gates with: the demo's recipe overrides
-(``cli.round.DEMO_OVERRIDES``: 24 steps, 256 tokens, the hybrid readout) and
+(``cli.demo.DEMO_OVERRIDES``: 24 steps, 256 tokens, the hybrid readout) and
 its benchmark (``DEMO_BUILTIN_USERS`` = 240 users, test and holdout of
 ``DEMO_HIDDEN_USERS`` = 170 unseen users each, ~2,200 questions), with
 K = 3 null arms (the loop's default; ``--noise-arms``; the demo's floor has 2).
@@ -252,7 +252,7 @@ def null_rate(config: Any, pool: list[dict[str, Any]], replicates: list[Replicat
 
 def main() -> None:
     from envloop_pipelines.cli.options import add_recipe_override_argument, parse_recipe_overrides
-    from envloop_pipelines.cli.round import DEMO_BUILTIN_USERS, DEMO_HIDDEN_USERS, DEMO_OVERRIDES
+    from envloop_pipelines.cli.demo import DEMO_BUILTIN_USERS, DEMO_HIDDEN_USERS, DEMO_OVERRIDES
     from envloop_pipelines.core.data.snapshots import open_task
     from envloop_pipelines.core.decision_loop.task_benchmark import ensure_task_benchmark
     from envloop_pipelines.core.loop.config import LoopConfig

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from envloop_pipelines.core.benchmark import BenchmarkConfig
 from envloop_pipelines.core.benchmark.builtin_task import generate_builtin_task
-from envloop_pipelines.core.data.records import load_jsonl
+from envloop_pipelines.core.data.jsonl import load_jsonl
 from envloop_pipelines.core.progress import configure_command_line
 
 

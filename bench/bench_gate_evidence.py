@@ -269,7 +269,7 @@ def report(results: Path, plan: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    from envloop_pipelines.cli.round import DEMO_BUILTIN_USERS, DEMO_HIDDEN_USERS, DEMO_OVERRIDES
+    from envloop_pipelines.cli.demo import DEMO_BUILTIN_USERS, DEMO_HIDDEN_USERS, DEMO_OVERRIDES
     from envloop_pipelines.cli.options import parse_recipe_overrides
     from envloop_pipelines.core.data.snapshots import open_task
     from envloop_pipelines.core.decision_loop.task_benchmark import ensure_task_benchmark

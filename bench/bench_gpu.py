@@ -71,7 +71,8 @@ from envloop_pipelines.core.model.label_token import LabelTokenModel  # noqa: E4
 from envloop_pipelines.core.model.predict import DecisionModel, predictions_table  # noqa: E402
 from envloop_pipelines.core.model.readout import QuestionInput, as_questions, questions_from_table  # noqa: E402
 from envloop_pipelines.core.model.recipe import DEFAULT_RECIPE, load_recipe  # noqa: E402
-from envloop_pipelines.core.model.training import build_trainable_model, train_checkpoint, train_readout  # noqa: E402
+from envloop_pipelines.core.model.trainable_model import build_trainable_model  # noqa: E402
+from envloop_pipelines.core.model.training import train_checkpoint, train_readout  # noqa: E402
 from envloop_pipelines.core.progress import configure_command_line  # noqa: E402
 
 #: The bf16 matrix rate MFU is counted against: an 8192^3 bf16 product through PyTorch on the lent H200

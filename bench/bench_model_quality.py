@@ -55,7 +55,8 @@ from envloop_pipelines.core.model.checkpoint import METRICS_FILE  # noqa: E402
 from envloop_pipelines.core.model.predict import DecisionModel, predictions_table  # noqa: E402
 from envloop_pipelines.core.model.readout import questions_from_table  # noqa: E402
 from envloop_pipelines.core.model.recipe import DEFAULT_RECIPE, load_recipe  # noqa: E402
-from envloop_pipelines.core.model.training import build_trainable_model, train_checkpoint  # noqa: E402
+from envloop_pipelines.core.model.trainable_model import build_trainable_model  # noqa: E402
+from envloop_pipelines.core.model.training import train_checkpoint  # noqa: E402
 from envloop_pipelines.core.data.snapshots import open_task  # noqa: E402
 from envloop_pipelines.core.storage import atomic_write_parquet  # noqa: E402
 from envloop_pipelines.core.verify.runner import verify_task  # noqa: E402

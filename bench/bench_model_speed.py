@@ -26,8 +26,10 @@ from envloop_pipelines.core.benchmark import BenchmarkConfig, generate_benchmark
 from envloop_pipelines.core.model.decision_head import option_text  # noqa: E402
 from envloop_pipelines.core.model.readout import Encoded, QuestionInput, fit_state, tokenize_unique  # noqa: E402
 from envloop_pipelines.core.model.recipe import DEFAULT_RECIPE, load_recipe  # noqa: E402
-from envloop_pipelines.core.model.training import build_trainable_model, train_checkpoint  # noqa: E402
-from envloop_pipelines.core.data.records import records_from_objects, render_value  # noqa: E402
+from envloop_pipelines.core.model.trainable_model import build_trainable_model  # noqa: E402
+from envloop_pipelines.core.model.training import train_checkpoint  # noqa: E402
+from envloop_pipelines.core.data.json_text import render_value  # noqa: E402
+from envloop_pipelines.core.data.records import records_from_objects  # noqa: E402
 from envloop_pipelines.core.progress import configure_command_line  # noqa: E402
 
 OPTION_NAMES = ("calendar", "email", "bank", "travel", "shopping", "notes", "photos", "ask_user", "music", "maps",

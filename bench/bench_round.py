@@ -24,7 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import dagster as dg  # noqa: E402
 
 from envloop_pipelines.cli.options import add_recipe_override_argument, parse_recipe_overrides  # noqa: E402
-from envloop_pipelines.cli.round import DEMO_OVERRIDES  # noqa: E402
+from envloop_pipelines.cli.demo import DEMO_OVERRIDES  # noqa: E402
 from envloop_pipelines.core.data.snapshots import open_task  # noqa: E402
 from envloop_pipelines.core.decision_loop.baseline_eval import evaluate_champion  # noqa: E402
 from envloop_pipelines.core.decision_loop.environment_synthesis import synthesize_environments  # noqa: E402

@@ -40,7 +40,7 @@ from bench_model_quality import paired_line, score, wide_test_task  # noqa: E402
 from envloop_pipelines.cli.options import add_recipe_override_argument, parse_recipe_overrides  # noqa: E402
 from envloop_pipelines.core.baseline import TfidfBaseline  # noqa: E402
 from envloop_pipelines.core.benchmark.builtin_task import generate_builtin_task  # noqa: E402
-from envloop_pipelines.core.data.records import QUESTION_SCHEMA  # noqa: E402
+from envloop_pipelines.core.data.question_table import QUESTION_SCHEMA  # noqa: E402
 from envloop_pipelines.core.data.snapshots import open_task  # noqa: E402
 from envloop_pipelines.core.decision_loop.self_answers import verified_self_answers  # noqa: E402
 from envloop_pipelines.core.model.predict import predict_table  # noqa: E402

@@ -200,7 +200,7 @@ def test_decision_data_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 
 def _decode(f: Fence) -> Any:
-    from envloop_pipelines.core.data.records import decode_json
+    from envloop_pipelines.core.data.json_text import decode_json
 
     try:
         return decode_json(f.text)

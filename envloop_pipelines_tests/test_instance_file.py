@@ -30,12 +30,12 @@ def test_one_instance_file_at_the_top_level() -> None:
 
 
 def test_every_entry_point_resolves_the_same_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from envloop_pipelines.cli import round as cli_round
+    from envloop_pipelines.cli import ui as cli_ui
     from envloop_pipelines.sdk import instance
 
     assert instance.INSTANCE_FILE.resolve() == TOP.resolve()
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster"))
-    home = cli_round.dagster_home()  # what `envloop round`, `envloop demo` and `envloop ui` call
+    home = cli_ui.dagster_home()  # what `envloop round`, `envloop demo` and `envloop ui` call
     assert (home / "dagster.yaml").read_bytes() == TOP.read_bytes()
     assert instance.dagster_home() == home  # the SDK's LocalClient: the same home, the same file
     # Dagster's own CLI reads $DAGSTER_HOME/dagster.yaml: the instance it builds has the file's settings.

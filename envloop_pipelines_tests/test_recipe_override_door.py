@@ -116,3 +116,33 @@ def test_one_loader_for_both_recipe_kinds_refuses_a_misspelled_override_alike(sp
         load_recipe(spec, {"lr": -1}, kind=kind)
     with pytest.raises(FileNotFoundError, match="shipped: packaged:"):
         load_recipe("packaged:nope.yaml", kind=kind)
+
+
+def test_the_remote_doors_refuse_it_before_any_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 46: the remote ``Client`` takes the override as ``LocalClient`` does, and ``round start --remote`` passes
+    ``--recipe-override`` to it; both check it before any request. The URL is dead: a request would fail otherwise
+    (exit 1, ``not reachable``), not with the usage error naming the close match."""
+    from envloop_pipelines.cli import main
+    from envloop_pipelines.sdk.client import Client
+    from envloop_pipelines.sdk.errors import RefusedError
+
+    dead = "http://127.0.0.1:9"
+    with pytest.raises(RefusedError, match=NAMED):
+        Client(dead, loop_settings={"recipe_overrides": {"lrr": 1e-4}})
+    monkeypatch.setenv("ENVLOOP_HOME", str(tmp_path / "home"))
+    runner = CliRunner()
+    result = runner.invoke(main, ["round", "start", "--remote", dead, "--recipe-override", "lrr=0.0001"])
+    assert result.exit_code == 2, result.output
+    assert "--recipe-override" in result.output and "did you mean 'lr' for 'lrr'?" in result.output
+    assert "Traceback" not in result.output and "not reachable" not in result.output
+    # another loop option beside --remote is still refused (the deployment's settings apply), naming the exception
+    result = runner.invoke(main, ["round", "start", "--remote", dead, "--noise-arms", "3",
+                                  "--recipe-override", "max_steps=3"])
+    assert result.exit_code == 2 and "--noise-arms: a remote round runs with the deployment's loop settings" in (
+        result.output) and "only --recipe-override is given to its runs" in result.output, result.output
+    assert "--recipe-override" not in result.output.split("--noise-arms:")[0]
+    # a good override passes the door and the command goes on to the deployment: here a dead one, named
+    result = runner.invoke(main, ["round", "start", "--remote", dead, "--recipe-override", "max_steps=3"])
+    assert result.exit_code == 1 and "http://127.0.0.1:9" in result.output and "not reachable" in result.output, (
+        result.output)
+    assert _written(tmp_path / "home") == []

@@ -23,7 +23,6 @@ the sha256 of its normalised text, as in ``fetch_sms_spam.py``.
 
 from __future__ import annotations
 
-import csv
 import sys
 from pathlib import Path
 

@@ -21,14 +21,17 @@ def main(verbose: bool) -> None:
 
 
 def _register_subcommands() -> None:
-    from envloop_pipelines.cli import round as cli_round
     from envloop_pipelines.cli.data import data
+    from envloop_pipelines.cli.demo import demo
     from envloop_pipelines.cli.env import env, export_command, generate, import_command, list_command, show_command
     from envloop_pipelines.cli.env_audit import audit_command
     from envloop_pipelines.cli.env_eval import compare_command, eval_command, traces
+    from envloop_pipelines.cli.ledger import ledger, releases
     from envloop_pipelines.cli.model import evaluate, train
+    from envloop_pipelines.cli.round import round_group
     from envloop_pipelines.cli.sandbox import sandbox
     from envloop_pipelines.cli.serve import serve
+    from envloop_pipelines.cli.ui import ui
 
     main.add_command(data)
     main.add_command(env)
@@ -45,7 +48,8 @@ def _register_subcommands() -> None:
     main.add_command(serve)
     main.add_command(train)
     main.add_command(evaluate)
-    cli_round.register(main)
+    for command in (round_group, releases, ledger, ui, demo):
+        main.add_command(command)
 
 
 _register_subcommands()

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from envloop_pipelines.core.data.records import DataValidationError
+from envloop_pipelines.core.data.errors import DataValidationError
 
 
 def _echo_json(value: Any) -> None:

@@ -131,7 +131,7 @@ def export_command(dataset_ref: str, fmt: str, out: Path, include_heldout: bool,
 
     Held-out environments only with --include-heldout, and then never into the checkout or the EnvLoop home.
     """
-    from envloop_pipelines.core.environments.harbor import HeldoutExportError, export_harbor
+    from envloop_pipelines.core.environments.harbor_export import HoldoutExportError, export_harbor
 
     dataset = _open(dataset_ref, home)
     inside = _inside_shared(out, home)
@@ -140,7 +140,7 @@ def export_command(dataset_ref: str, fmt: str, out: Path, include_heldout: bool,
                                f"it (a checkout gets committed and shared)")
     try:
         done = export_harbor(dataset, out, include_heldout=include_heldout)
-    except (FileExistsError, HeldoutExportError) as exc:
+    except (FileExistsError, HoldoutExportError) as exc:
         raise click.ClickException(str(exc)) from None
     if inside:
         click.echo(f"note: {done.out} is inside {inside}; sandboxed agents do not see it (the checkout and the home "
@@ -182,7 +182,7 @@ def _inside_shared(out: Path, home: Path | None) -> str | None:
 @_home_option
 def import_command(path: Path, name: str | None, fmt: str, home: Path | None) -> None:
     """Import a Harbor task folder, or a folder of them, as an environment dataset (tests/ stay hidden)."""
-    from envloop_pipelines.core.environments.harbor import import_harbor
+    from envloop_pipelines.core.environments.harbor_import import import_harbor
 
     notes: list[str] = []
     try:

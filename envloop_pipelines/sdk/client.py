@@ -17,7 +17,9 @@ MLflow server expose, so the same client drives a local ``envloop ui`` (``http:/
 and ``sqlite:///.envloop/mlflow.db`` or a local ``mlflow server``) and a Kubernetes deployment;
 only the two URLs change. The loop's settings are the code location's (``ENVLOOP_<FIELD>`` on the
 server): :meth:`Client.loop_settings` asks the webserver for its ``loop`` resource's configured values
-(``sdk/loop_settings.py``). A loop of rounds is driven from the client (:meth:`Client.run_loop`): one
+(``sdk/loop_settings.py``); the one setting a client gives its own runs is the loop recipe override
+(``Client(loop_settings={"recipe_overrides": ...})``, checked before anything is launched, sent in the run config
+of the ``loop`` resource). A loop of rounds is driven from the client (:meth:`Client.run_loop`): one
 round at a time, stopping on the budget (rounds, patience, wall time), with no daemon needed. The
 ledger a client sees is the events the steps published (null arms, hypotheses, trained checkpoints,
 rejections, decisions, releases), not the events only the daemon's sensors write (``round_failed``; a
@@ -37,10 +39,8 @@ from typing import Any
 
 from envloop_pipelines.console import quiet_third_party
 from envloop_pipelines.core.decision_loop.proposals import ProposalError, parse_proposal
-from envloop_pipelines.core.decision_loop.step_records import RoundDecision
-from envloop_pipelines.core.ledger.event_log import EVENT_KINDS
 from envloop_pipelines.core.loop.budget import LoopBudget, NextRound, drive_loop, spent
-from envloop_pipelines.core.loop.config import round_key, round_number
+from envloop_pipelines.core.loop.config import round_number
 from envloop_pipelines.core.loop.round_claim import watch_or_cancel
 from envloop_pipelines.core.serve.settings import source_from_release_checkpoint
 from envloop_pipelines.core.services import PROBE_TIMEOUT_S, ServiceUnavailable, probe
@@ -50,9 +50,7 @@ from envloop_pipelines.names import (
     CLIENT_TAG,
     HYPOTHESIS_ASSET,
     LOOP_TAG,
-    NOISE_FLOOR,
     PARTITION_TAG,
-    PROMOTION_DECISION,
     REFUSED_BUSY,
     REFUSED_TAG,
     ROUND_JOB,
@@ -70,12 +68,11 @@ from envloop_pipelines.sdk.errors import (
     UnavailableError,
 )
 from envloop_pipelines.sdk.evaluate import evaluate
-from envloop_pipelines.sdk.loop_settings import reported_settings
+from envloop_pipelines.sdk.loop_settings import client_overrides, loop_run_config, reported_settings
 from envloop_pipelines.sdk.predict import Answerer
-from envloop_pipelines.sdk.recorded import ledger_events, promotion_warning, release_cards, round_decisions
+from envloop_pipelines.sdk.recorded import DeploymentRecords
 from envloop_pipelines.sdk.records import UNFINISHED, ReleaseInfo, RoundInfo, RoundRun, RunInfo
 from envloop_pipelines.sdk.releases import MlflowReleases
-from envloop_pipelines.sdk.webserver import DagsterWebserver
 
 
 def _hypothesis_json(hypothesis: Mapping[str, Any] | str | os.PathLike[str] | None) -> str | None:
@@ -87,7 +84,7 @@ def _hypothesis_json(hypothesis: Mapping[str, Any] | str | os.PathLike[str] | No
     return None if proposal is None else json.dumps(proposal, sort_keys=True)
 
 
-class Client(DagsterWebserver):
+class Client(DeploymentRecords):
     """Drive an EnvLoop deployment: its Dagster webserver and its MLflow tracking server.
 
     Args:
@@ -102,6 +99,18 @@ class Client(DagsterWebserver):
         headers: Extra HTTP headers for the webserver (an auth proxy's token, say).
         mlflow_setting: Where ``mlflow_uri`` came from, as errors name it (default ``mlflow_uri``, or
             ``MLFLOW_TRACKING_URI`` when it was read from there; the CLI says ``--mlflow``).
+        loop_settings: The loop settings this client's runs (its setup and its rounds) take: only
+            ``{"recipe_overrides": {...}}``, the loop recipe override, spelled as ``LocalClient``'s; the other
+            settings are the deployment's. Checked here, before anything is launched, as ``LocalClient`` checks
+            it (``check_recipe_overrides``: a misspelled field is refused naming a close match), and applied on top
+            of the deployment's own override, through the run config of the ``loop`` resource. The noise floor is
+            measured per recipe: give the setup and every round the same override (a round whose recipe is not
+            the floor's is refused: when it registers where no floor of its recipe was measured, else by its
+            decision, ``FloorRecipeError``).
+
+    Raises:
+        RefusedError: ``dagster_url`` is not an http(s) URL, or ``loop_settings`` is refused (naming the setting,
+            or the recipe field, a close match and the fields).
 
     Example::
 
@@ -115,12 +124,15 @@ class Client(DagsterWebserver):
     """
 
     def __init__(self, dagster_url: str, mlflow_uri: str | None = None, *, timeout_s: float = 60.0,
-                 headers: Mapping[str, str] | None = None, mlflow_setting: str | None = None) -> None:
+                 headers: Mapping[str, str] | None = None, mlflow_setting: str | None = None,
+                 loop_settings: Mapping[str, Any] | None = None) -> None:
+        self._overrides = client_overrides(loop_settings)  # first: a misspelled recipe field, before any request
         super().__init__(dagster_url, timeout_s=timeout_s, headers=headers)
         uri = mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI") or None
         self._releases = MlflowReleases(uri, mlflow_setting or ("mlflow_uri" if mlflow_uri else "MLFLOW_TRACKING_URI"),
                                         self.timeout_s)
         self._settings: dict[str, Any] | None = None
+        self._configured: list[dict[str, str]] = []  # the loop resource's configured values, as reported
         self._models_dir: str | None = None
         self._answers = Answerer(self.timeout_s)
 
@@ -143,6 +155,8 @@ class Client(DagsterWebserver):
         Each ``ENVLOOP_<FIELD>`` set when the code location loaded is a configured value; a setting left unset there
         is ``LoopConfig``'s default. Nothing is read on this machine: ``home`` is the deployment's (``None``: its
         default), and ``safety_families`` are the configured ones (a run adds those its task declares).
+        ``recipe_overrides`` is the one this client's runs take: the deployment's, with this client's
+        (``loop_settings``) on top.
 
         Raises:
             ClientError: the code location has no ``loop`` resource, or a setting of it is an environment variable
@@ -154,7 +168,17 @@ class Client(DagsterWebserver):
             if loop is None:
                 raise ClientError(f"the code location {self.location()[0]!r} has no 'loop' resource")
             self._settings = reported_settings(loop["configuredValues"])
-        return dict(self._settings)
+            self._configured = list(loop["configuredValues"])
+        if not self._overrides:
+            return dict(self._settings)
+        return {**self._settings, "recipe_overrides": {**self._settings["recipe_overrides"], **self._overrides}}
+
+    def _loop_run_config(self) -> dict[str, Any]:
+        """The run config of this client's runs' ``loop`` resource (``{}`` without an override: the deployment's)."""
+        if not self._overrides:
+            return {}
+        self.loop_settings()
+        return loop_run_config(self._configured, self._overrides)
 
     @property
     def task(self) -> str:
@@ -199,8 +223,8 @@ class Client(DagsterWebserver):
         """Run a failed or cancelled round again: Dagster's re-execution of its run from the failed step.
 
         The steps that succeeded are not run again (their stored values are read back); the retry has the
-        failed run's config (its hypothesis) and tags. ``run`` is a run id or a round key (its latest run
-        whose hypothesis was not refused).
+        failed run's config (its hypothesis, its loop recipe override) and tags. ``run`` is a run id or a round key
+        (its latest run whose hypothesis was not refused).
         Returns the retry's :class:`RoundRun`, or with ``wait`` the round once the retry has ended.
 
         Raises:
@@ -251,10 +275,6 @@ class Client(DagsterWebserver):
 
     # ------------------------------------------------------------------ setup and rounds
 
-    def is_set_up(self) -> bool:
-        """Whether the noise floor (and so release 1) has been materialized."""
-        return bool(self._materializations(NOISE_FLOOR, limit=1))
-
     def setup(self, *, wait: bool = True, progress: bool = True) -> RunInfo:
         """Launch ``setup_job`` (the task's benchmark and noise floor, release 1 on a fresh task).
 
@@ -271,7 +291,7 @@ class Client(DagsterWebserver):
         """
         self.probe()
         self.ensure_no_round_running()
-        run_id = self._launch(SETUP_JOB, tags={CLIENT_TAG: "sdk"})
+        run_id = self._launch(SETUP_JOB, run_config=self._loop_run_config(), tags={CLIENT_TAG: "sdk"})
         if not wait:
             return self.run(run_id)
         info = self.wait(run_id, progress=progress, desc="setup")
@@ -283,22 +303,6 @@ class Client(DagsterWebserver):
         if warning:
             warnings.warn(f"task {self.task}: {warning}", PromotionOutOfReach, stacklevel=2)
         return info
-
-    def promotion_warning(self) -> str | None:
-        """Why no candidate can be promoted with the measured noise floor (the bar is above what the metric can
-        still gain over the champion), or ``None`` when one can; :meth:`setup` warns with it."""
-        return promotion_warning(self._materializations(NOISE_FLOOR, limit=1))
-
-    def round_keys(self) -> list[str]:
-        """Every ``rounds`` partition, in order."""
-        result = self._ok(self._query(queries.PARTITION_KEYS, {"asset": {"path": [PROMOTION_DECISION]}})[
-            "assetNodeOrError"], "AssetNode")
-        return sorted(result["partitionKeys"] or [], key=round_number)
-
-    def next_round_key(self) -> str:
-        """The key after the last ``rounds`` partition (``r0001`` for the first)."""
-        keys = self.round_keys()
-        return round_key(round_number(keys[-1]) + 1 if keys else 1)
 
     def add_round(self, key: str | None = None) -> str:
         """Add a ``rounds`` partition (the next key by default) and return its key.
@@ -347,9 +351,9 @@ class Client(DagsterWebserver):
             raise ClientError(f"the task {self.task!r} has no noise floor yet: run Client.setup() "
                               f"(setup_job) before the first round")
         key = self.add_round(key)
-        run_config: dict[str, Any] = {}
+        run_config = self._loop_run_config()  # the loop's recipe override, as the setup's: the floor's recipe
         if proposal is not None:
-            run_config = {"ops": {HYPOTHESIS_ASSET: {"config": {"proposal_json": proposal}}}}
+            run_config["ops"] = {HYPOTHESIS_ASSET: {"config": {"proposal_json": proposal}}}
         run_id = self._launch(ROUND_JOB, run_config=run_config,
                               tags={PARTITION_TAG: key, CLIENT_TAG: "sdk", **dict(tags or {})})
         return RoundRun(key=key, run_id=run_id, launched_at=started)
@@ -424,56 +428,7 @@ class Client(DagsterWebserver):
         drive_loop(ask, run)
         return done
 
-    # ------------------------------------------------------------------ what the steps recorded
-
-    def decision(self, key: str) -> RoundDecision | None:
-        """The round's decision (``promotion_decision``), ``None`` until it is decided.
-
-        Raises:
-            NotFoundError: there is no round ``key``.
-        """
-        decided = round_decisions(self._materializations(PROMOTION_DECISION, partitions=[key], limit=1))
-        if key in decided:
-            return decided[key]
-        keys = self.round_keys()
-        if key not in keys:
-            raise NotFoundError(f"round: no round {key!r} at {self.dagster_url}; rounds: {', '.join(keys) or 'none'}")
-        return None
-
-    def round(self, key: str) -> RoundInfo:
-        """One round: its latest run and its decision.
-
-        Raises:
-            ClientError: there is no such round.
-        """
-        if key not in self.round_keys():
-            raise NotFoundError(f"round: no round {key!r} at {self.dagster_url}; rounds: {', '.join(self.round_keys()) or 'none'}")
-        runs = self.runs(ROUND_JOB, partition=key, limit=1)
-        return RoundInfo(key, runs[0] if runs else None, self.decision(key))
-
-    def rounds(self) -> list[RoundInfo]:
-        """Every round, oldest first, with its latest run and decision."""
-        decisions = round_decisions(self._materializations(PROMOTION_DECISION))
-        latest: dict[str, RunInfo] = {}
-        for run in self.runs(ROUND_JOB, limit=500):
-            if run.partition and run.partition not in latest:
-                latest[run.partition] = run
-        return [RoundInfo(k, latest.get(k), decisions.get(k)) for k in self.round_keys()]
-
-    def ledger(self, kind: str | None = None) -> list[dict[str, Any]]:
-        """The ledger events the steps published (null arms, hypotheses, checkpoints, decisions, releases), oldest first.
-
-        Raises:
-            RefusedError: ``kind`` is not a ledger event kind (the message lists them).
-        """
-        if kind is not None and kind not in EVENT_KINDS:
-            raise RefusedError(f"kind: {kind!r} is not a ledger event kind; allowed: {', '.join(EVENT_KINDS)}")
-        events = ledger_events(m for asset in (NOISE_FLOOR, PROMOTION_DECISION) for m in self._materializations(asset))
-        return [e for e in events if kind is None or e.get("kind") == kind]
-
-    def cards(self) -> dict[int, dict[str, Any]]:
-        """Release cards by release number, as the steps that published them recorded them."""
-        return release_cards(m for asset in (NOISE_FLOOR, PROMOTION_DECISION) for m in self._materializations(asset))
+    # ------------------------------------------------------------------ what the steps recorded (DeploymentRecords)
 
     def card(self, release: int | str = "champion") -> dict[str, Any]:
         """One release's card (``"champion"``: the current champion's).

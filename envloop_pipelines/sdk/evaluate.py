@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from envloop_pipelines.core.benchmark import SAFETY_FAMILIES
-from envloop_pipelines.core.data.records import questions_table
+from envloop_pipelines.core.data.question_table import questions_table
 from envloop_pipelines.core.data.snapshots import open_task
 from envloop_pipelines.core.data.tabular import load_records
 from envloop_pipelines.sdk.errors import ClientError

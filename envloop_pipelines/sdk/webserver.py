@@ -23,7 +23,7 @@ from gql.transport.exceptions import TransportConnectionFailed, TransportServerE
 from envloop_pipelines.core.progress import Progress, ensure_shown
 from envloop_pipelines.names import PARTITION_TAG, ROUND_JOB
 from envloop_pipelines.sdk import queries
-from envloop_pipelines.sdk.errors import ClientError, NotFoundError, RefusedError, UnavailableError
+from envloop_pipelines.sdk.errors import ClientError, RefusedError, UnavailableError
 from envloop_pipelines.sdk.records import RunError, RunInfo
 
 
@@ -89,16 +89,13 @@ class DagsterWebserver:
 
     @staticmethod
     def _ok(result: Mapping[str, Any], *allowed: str) -> Mapping[str, Any]:
-        """``result`` when its ``__typename`` is one of ``allowed``; else a ClientError with the server's message."""
+        """``result`` when its ``__typename`` is one of ``allowed``; else the SDK's error for that type
+        (:func:`queries.error_class <envloop_pipelines.sdk.queries.error_class>`) with the server's message."""
         kind = result.get("__typename")
         if kind in allowed:
             return result
         message = result.get("message") or result.get("errors") or result
-        error = (NotFoundError if str(kind).endswith("NotFoundError")
-                 else RefusedError if kind in ("RunConfigValidationInvalid", "DuplicateDynamicPartitionError",
-                                               "InvalidStepError", "InvalidOutputError", "RunConflict")
-                 else ClientError)
-        raise error(f"{kind}: {message}")
+        raise queries.error_class(kind)(f"{kind}: {message}")
 
     def location(self) -> tuple[str, str]:
         """``(code location, repository)`` holding ``round_job``, found once and kept."""

@@ -42,7 +42,8 @@ def build_checkpoint(out_dir: Path, *, max_length: int = 128, max_steps: int = 2
     from envloop_pipelines.core.model.readout import questions_from_table
     from envloop_pipelines.core.model.recipe import load_recipe, shipped_recipes
     from envloop_pipelines.core.model.training import train_checkpoint
-    from envloop_pipelines.core.data.records import questions_table, records_from_objects
+    from envloop_pipelines.core.data.question_table import questions_table
+    from envloop_pipelines.core.data.records import records_from_objects
 
     objects = benchmark_records(n_users=6, records_per_user=4, seed=seed)
     records = records_from_objects([(o, i) for i, o in enumerate(objects)], file="gen", token_budget=None)

@@ -40,7 +40,7 @@ class LabelProbe:
     def synthesize(self, request: Any, train: Any) -> Any:
         import pyarrow as pa
 
-        from envloop_pipelines.core.data.records import QUESTION_SCHEMA
+        from envloop_pipelines.core.data.question_table import QUESTION_SCHEMA
         from envloop_pipelines.core.decision_loop.synthesis import with_provenance
 
         got = read_labels(self.label_dir)

@@ -65,7 +65,7 @@ def test_the_card_and_the_release_chain_say_what_the_release_answers_on_its_own(
         capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 44: coverage at the error budget beside accuracy, in the card's header, the chain's table and the
     line before the champion's holdout line (the key's budget read, not assumed)."""
-    from envloop_pipelines.cli.round import echo_releases
+    from envloop_pipelines.cli.render import echo_releases
     from envloop_pipelines.core.release.card import answers_on_its_own, coverage_of
 
     card = _card(test={"family_macro_accuracy": 0.6, "coverage_at_5pct": 0.025},

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from envloop_pipelines.cli import main
 from envloop_pipelines.core.environments.audit import STRATEGIES, audit_task
-from envloop_pipelines.core.environments.harbor import read_task
+from envloop_pipelines.core.environments.harbor_import import read_task
 from envloop_pipelines.core.sandbox import probe_host
 from envloop_pipelines_tests.core.agents.test_verifier_world import MODULE_TEST_SH, UVX_TEST_SH
 from envloop_pipelines_tests.core.test_harbor_round_trip import _harbor, harbor_init

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from envloop_pipelines.cli.round import decision_lines
+from envloop_pipelines.cli.render import decision_lines
 from envloop_pipelines.core.metrics.paired import minimum_detectable_effect
 from envloop_pipelines.core.data.datasets import import_file
 from envloop_pipelines.core.loop.config import LoopConfig

@@ -73,11 +73,11 @@ def _rl_config(tmp_path: Path, **kw: Any) -> Any:
     return RlRoundConfig(task="shell-rl", recipe=str(recipe), home=str(tmp_path), **kw)
 
 
-@pytest.mark.parametrize("n_heldout, eval_attempts, predicted, underpowered", [
+@pytest.mark.parametrize("n_holdout, eval_attempts, predicted, underpowered", [
     (2, 2, 0.05, True),    # n = 4: se 0.354, MDE 0.99
     (50, 4, 0.2, False),   # n = 200: se 0.05, MDE 0.14
 ])
-def test_the_rl_round_registers_an_analytic_mde(tmp_path: Path, n_heldout: int, eval_attempts: int, predicted: float,
+def test_the_rl_round_registers_an_analytic_mde(tmp_path: Path, n_holdout: int, eval_attempts: int, predicted: float,
                                                 underpowered: bool) -> None:
     from envloop_pipelines.core.rl_loop.round_steps import register_rl_hypothesis
     from envloop_pipelines.core.tracking import KIND_HYPOTHESIS, TAG_KIND, TAG_ROUND, TAG_UNDERPOWERED, MlflowTracker
@@ -85,14 +85,14 @@ def test_the_rl_round_registers_an_analytic_mde(tmp_path: Path, n_heldout: int, 
     from .test_rl_round import dataset
 
     config = _rl_config(tmp_path, eval_attempts=eval_attempts, predicted_delta=predicted)
-    ds = dataset([0, 1], list(range(10, 10 + n_heldout)))
+    ds = dataset([0, 1], list(range(10, 10 + n_holdout)))
     tracker = MlflowTracker(home=tmp_path)
     hyp = register_rl_hypothesis(config, ds, "r0001", tracker, sampler={"kind": "test"}).hypothesis
-    n = n_heldout * eval_attempts
+    n = n_holdout * eval_attempts
     se = math.sqrt(2 * 0.25 / n)
     assert hyp.power["se"] == pytest.approx(se)
     assert hyp.power["mde"] == pytest.approx((Z975 + Z80) * se, rel=1e-5)
-    assert hyp.power["n_environments"] == n_heldout and hyp.power["attempts_per_environment"] == eval_attempts
+    assert hyp.power["n_environments"] == n_holdout and hyp.power["attempts_per_environment"] == eval_attempts
     assert hyp.underpowered is underpowered and hyp.power["confidence_level"] == 0.95
     event = next(Ledger("shell-rl", tmp_path).events(EVENT_HYPOTHESIS_REGISTERED))
     assert event["mde"] == pytest.approx(hyp.power["mde"]) and event["underpowered"] is underpowered

@@ -26,7 +26,7 @@ round_setup = test_rl_round.round_setup
 
 def test_an_amended_rl_round_refuses_a_candidate_on_a_used_seed(round_setup: dict[str, Any], tmp_path: Path) -> None:
     from envloop_pipelines.core.loop.promotion import noise_floor_from_arms
-    from envloop_pipelines.core.rl_loop.step_records import ArmScore, HeldoutComparison, RlRoundResult
+    from envloop_pipelines.core.rl_loop.step_records import ArmScore, HoldoutComparison, RlRoundResult
     from envloop_pipelines.core.rl_loop.run_round import candidate_seed, decided_rl_round
     from envloop_pipelines.core.rl_loop.round_steps import register_rl_hypothesis, train_policy
     from envloop_pipelines.core.tracking import MlflowTracker
@@ -38,7 +38,7 @@ def test_an_amended_rl_round_refuses_a_candidate_on_a_used_seed(round_setup: dic
     registered = register_rl_hypothesis(config, ds, "r0001", tracker, sampler={"kind": "test"})
     hyp = registered.hypothesis
     snap = build_sft_snapshot([attempt(ds.environments[0], 0, passed=True)], train_texts=texts(ds, "train"),
-                              heldout_texts=texts(ds, "heldout"), root=tmp_path / "snapshots")
+                              holdout_texts=texts(ds, "heldout"), root=tmp_path / "snapshots")
     recipe = config.load_recipe().replace(epochs=1)
     stale = train_policy(snap.rows(), recipe, tmp_path / "policies", snap.sha256)  # the hypothesis's seed
     assert candidate_seed({"path": stale.path}) == config.load_recipe().seed == hyp.seeds[0]
@@ -47,7 +47,7 @@ def test_an_amended_rl_round_refuses_a_candidate_on_a_used_seed(round_setup: dic
     fresh = ledger.candidate_seeds("r0001")
     assert fresh == tuple(amendment["seeds"]) and not set(fresh) & set(hyp.seeds)
 
-    comparison = HeldoutComparison(
+    comparison = HoldoutComparison(
         candidate=ArmScore(0.75, 0.5, 1.0, 2, 4), parent=ArmScore(0.0, 0.0, 0.0, 2, 4),
         delta={"delta": 0.75, "ci_low": 0.5, "ci_high": 1.0, "confidence_level": 0.95, "n_environments": 2},
         attempts_per_environment=2)

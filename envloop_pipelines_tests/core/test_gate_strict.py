@@ -40,7 +40,7 @@ def _files(root: Path) -> dict[str, bytes]:
 
 
 def test_an_upside_down_gate_is_refused_at_every_door(tmp_path: Path) -> None:
-    from envloop_pipelines.cli.round import _read_hypothesis
+    from envloop_pipelines.cli.clients import read_hypothesis as _read_hypothesis
     from envloop_pipelines.sdk.client import _hypothesis_json
     from envloop_pipelines.sdk.errors import RefusedError
 

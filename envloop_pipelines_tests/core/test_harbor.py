@@ -18,7 +18,8 @@ import pytest
 from envloop_pipelines.core.environments.dataset import open_dataset, store_dataset
 from envloop_pipelines.core.environments.episode import open_episode
 from envloop_pipelines.core.environments.generators import shell_environments
-from envloop_pipelines.core.environments.harbor import export_harbor, import_harbor, read_task
+from envloop_pipelines.core.environments.harbor_export import export_harbor
+from envloop_pipelines.core.environments.harbor_import import import_harbor, read_task
 from envloop_pipelines.core.environments.spec import EnvironmentSpec, SpecError
 from envloop_pipelines.testing.environments import decision_env
 

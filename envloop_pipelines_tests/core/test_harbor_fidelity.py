@@ -19,7 +19,7 @@ from envloop_pipelines.cli import main
 from envloop_pipelines.core.agents.client import AgentSpec
 from envloop_pipelines.core.agents.evaluate import evaluate_agent, failure_reason
 from envloop_pipelines.core.environments.episode import open_episode
-from envloop_pipelines.core.environments.harbor import import_harbor, read_task
+from envloop_pipelines.core.environments.harbor_import import import_harbor, read_task
 from envloop_pipelines.core.environments.spec import SpecError
 from envloop_pipelines.core.sandbox import probe_host
 

@@ -144,7 +144,7 @@ def test_harbor_init_import_eval_export_gives_the_task_back_byte_for_byte(tmp_pa
 @needs_isolation
 def test_test_output_names_tests_paths_as_harbor_shows_them(tmp_path: Path) -> None:
     from envloop_pipelines.core.environments.episode import open_episode
-    from envloop_pipelines.core.environments.harbor import read_task
+    from envloop_pipelines.core.environments.harbor_import import read_task
 
     from envloop_pipelines_tests.core.test_harbor_fidelity import harbor_task
 

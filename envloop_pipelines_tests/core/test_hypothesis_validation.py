@@ -44,7 +44,7 @@ BAD = [
 @pytest.mark.parametrize("proposal, field, message", BAD)
 def test_each_bad_field_is_refused_by_every_door_and_named(tmp_path: Path, proposal: dict, field: str,
                                                            message: str) -> None:
-    from envloop_pipelines.cli.round import _read_hypothesis
+    from envloop_pipelines.cli.clients import read_hypothesis as _read_hypothesis
     from envloop_pipelines.sdk.client import _hypothesis_json
     from envloop_pipelines.sdk.errors import RefusedError
 

@@ -69,7 +69,7 @@ def test_nested_dataclasses_round_trip_through_json() -> None:
 def _rl_records(tmp_path: Path) -> dict[str, Any]:
     from envloop_pipelines.core.rl_loop.step_records import (
         ArmScore,
-        HeldoutComparison,
+        HoldoutComparison,
         RlCandidate,
         RlHypothesis,
         RlNoiseFloor,
@@ -82,7 +82,7 @@ def _rl_records(tmp_path: Path) -> dict[str, Any]:
     hyp = Hypothesis(task="t", round="r0001", benchmark_version="shell@v1", change={"kind": "rl_from_verified_attempts",
                      "sampler": {"kind": "test"}}, predicted_delta=0.1, gate=Gate(primary_metric="pass_at_1"),
                      seeds=(7, 1007), recipe_hash="abc", created_at=1.0, power={"mde": 0.2})
-    comparison = HeldoutComparison(ArmScore(0.5, 0.25, 0.75, 2, 4), ArmScore(0.25, 0.0, 0.5, 2, 4),
+    comparison = HoldoutComparison(ArmScore(0.5, 0.25, 0.75, 2, 4), ArmScore(0.25, 0.0, 0.5, 2, 4),
                                    {"delta": 0.25, "ci_low": 0.0, "ci_high": 0.5}, 2)
     floor = noise_floor_from_arms("k", "pass_at_1", [{"pass_at_1": 0.5}, {"pass_at_1": 0.75}])
     return {

@@ -23,7 +23,7 @@ from envloop_pipelines.core.loop.promotion import (
     noise_floor_from_arms,
 )
 from envloop_pipelines.core.decision_loop.synthesis import SNAPSHOT_SCHEMA, SynthesisRequest, VariantGenerator, allocate, load_generator
-from envloop_pipelines.core.data.records import QUESTION_SCHEMA
+from envloop_pipelines.core.data.question_table import QUESTION_SCHEMA
 from envloop_pipelines_tests.core.measured_power import measured_power
 
 

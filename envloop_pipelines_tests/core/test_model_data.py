@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from envloop_pipelines.core.data.records import QUESTION_SCHEMA, Record, records_from_objects, questions_table
+from envloop_pipelines.core.data.question_table import QUESTION_SCHEMA, questions_table
+from envloop_pipelines.core.data.records import Record, records_from_objects
 
 COLORS = ("red", "green", "blue")
 

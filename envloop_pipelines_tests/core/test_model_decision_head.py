@@ -17,7 +17,7 @@ from envloop_pipelines.core.model.predict import DecisionModel
 from envloop_pipelines.core.model.readout import InputTooLongError, as_questions
 from envloop_pipelines.core.model.readouts import build_readout_model
 from envloop_pipelines.core.model.recipe import Recipe
-from envloop_pipelines.core.data.records import questions_table
+from envloop_pipelines.core.data.question_table import questions_table
 from envloop_pipelines_tests.core.test_model_data import limit_threads_under_xdist, make_records, make_table, many_option_record
 
 limit_threads_under_xdist()

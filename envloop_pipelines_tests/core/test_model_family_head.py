@@ -11,14 +11,15 @@ import pyarrow as pa
 import pytest
 import torch
 
-from envloop_pipelines.core.data.records import questions_table
+from envloop_pipelines.core.data.question_table import questions_table
 from envloop_pipelines.core.model import features
 from envloop_pipelines.core.model.checkpoint import read_predictions
 from envloop_pipelines.core.model.decision_head import FAMILY_SLOTS, DecisionHead, family_slot
 from envloop_pipelines.core.model.predict import DecisionModel, predictions_from_table
 from envloop_pipelines.core.model.readout import as_questions
 from envloop_pipelines.core.model.recipe import Recipe, RecipeError, recipe_hash, recipe_to_dict
-from envloop_pipelines.core.model.training import IncompatibleInitError, build_trainable_model, train_checkpoint
+from envloop_pipelines.core.model.trainable_model import IncompatibleInitError, build_trainable_model
+from envloop_pipelines.core.model.training import train_checkpoint
 from envloop_pipelines_tests.core.test_model_data import limit_threads_under_xdist, make_records, make_table
 
 limit_threads_under_xdist()

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from envloop_pipelines.core.data.records import questions_table
+from envloop_pipelines.core.data.question_table import questions_table
 from envloop_pipelines.core.model import features
 from envloop_pipelines.core.model.calibration import fit_calibration
 from envloop_pipelines.core.model.checkpoint import load_checkpoint, read_predictions

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from envloop_pipelines.core.baseline import TfidfBaseline
-from envloop_pipelines.core.data.records import questions_table
+from envloop_pipelines.core.data.question_table import questions_table
 from envloop_pipelines.core.model import features
 from envloop_pipelines.core.model.checkpoint import CheckpointIntegrityError, load_checkpoint, read_predictions
 from envloop_pipelines.core.model.lexical import LEXICAL_JSON, LexicalModel, fit_lexical_weight, lexical_text

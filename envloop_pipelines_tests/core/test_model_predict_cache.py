@@ -7,7 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from envloop_pipelines.core.data.records import questions_table
+from envloop_pipelines.core.data.question_table import questions_table
 from envloop_pipelines.core.model import predict
 from envloop_pipelines.core.model.checkpoint import CheckpointIntegrityError, HEAD_FILE
 from envloop_pipelines.core.model.predict import DecisionModel, predict_table, prediction_cache_key

@@ -21,6 +21,7 @@ from envloop_pipelines.core.metrics import point
 from envloop_pipelines.core.model.calibration import Calibration, fit_calibration
 from envloop_pipelines.core.model.checkpoint import (
     CheckpointIntegrityError,
+    CheckpointParts,
     checkpoint_hash,
     load_checkpoint,
     read_predictions,
@@ -31,15 +32,11 @@ from envloop_pipelines.core.model.checkpoint import (
 from envloop_pipelines.core.model.predict import DecisionModel, evaluate_checkpoint, predictions_from_table
 from envloop_pipelines.core.model.readout import as_questions
 from envloop_pipelines.core.model.recipe import Recipe, RecipeError, recipe_hash
-from envloop_pipelines.core.model.training import (
-    IncompatibleInitError,
-    _Collator,
-    _fit_head_first,
-    _QuestionDataset,
-    build_trainable_model,
-    train_checkpoint,
-)
-from envloop_pipelines.core.data.records import Record, questions_table
+from envloop_pipelines.core.model.trainable_model import IncompatibleInitError, build_trainable_model
+from envloop_pipelines.core.model.training import _fit_head_first, train_checkpoint
+from envloop_pipelines.core.model.training_data import _Collator, _QuestionDataset
+from envloop_pipelines.core.data.question_table import questions_table
+from envloop_pipelines.core.data.records import Record
 from envloop_pipelines.core.tokens import packaged_model_dir
 from envloop_pipelines_tests.core.test_model_data import limit_threads_under_xdist, make_records, make_table
 
@@ -248,10 +245,10 @@ def test_checkpoints_are_never_overwritten(ckpt: Path, val_table: pa.Table) -> N
         train_checkpoint(val_table, val_table, RECIPE, ckpt, data_hash="x")
     loaded = load_checkpoint(ckpt)
     with pytest.raises(FileExistsError, match="never overwritten"):
-        write_checkpoint(
-            ckpt, model=loaded.model, recipe=loaded.recipe, calibration=loaded.calibration, data={}, metrics={},
+        write_checkpoint(ckpt, CheckpointParts(
+            model=loaded.model, recipe=loaded.recipe, calibration=loaded.calibration, data={}, metrics={},
             provenance={}, predictions=read_predictions(ckpt),
-        )
+        ))
     assert checkpoint_hash(ckpt) == before
 
 
@@ -372,7 +369,7 @@ def test_encoder_dropout_sets_the_base_models_dropout_and_keeps_old_hashes() -> 
 def test_weights_left_in_bf16_are_rebuilt_as_the_checkpoint_loads_them() -> None:
     from peft import get_peft_model_state_dict
 
-    from envloop_pipelines.core.model.training import _as_loaded
+    from envloop_pipelines.core.model.trainable_model import _as_loaded
 
     model, _ = build_trainable_model(RECIPE)
     model = model.to(torch.bfloat16)  # what DeepSpeed's bf16 mode does to the whole module

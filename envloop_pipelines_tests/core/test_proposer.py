@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from envloop_pipelines.cli.round import calibration_lines
+from envloop_pipelines.cli.render import calibration_lines
 from envloop_pipelines.core.decision_loop.proposer import (
     BUDGET_CURVE,
     Diagnostics,

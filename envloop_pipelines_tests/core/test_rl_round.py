@@ -77,7 +77,7 @@ def test_the_snapshot_keeps_verified_attempts_with_their_provenance(tmp_path: Pa
     train = [e for e in ds.environments if e.split == "train"]
     attempts = [attempt(train[0], 0, passed=True), attempt(train[0], 1, passed=False), attempt(train[1], 0, passed=True),
                 attempt(train[2], 0, passed=False)]
-    snap = build_sft_snapshot(attempts, train_texts=texts(ds, "train"), heldout_texts=texts(ds, "heldout"), root=tmp_path)
+    snap = build_sft_snapshot(attempts, train_texts=texts(ds, "train"), holdout_texts=texts(ds, "heldout"), root=tmp_path)
     assert (snap.n_attempts, snap.n_passed, snap.n_rows, snap.n_removed) == (4, 2, 2, 0)
     rows = read_sft_rows(snap.path)
     assert [r["id"] for r in rows] == [f"{train[0].id}#0", f"{train[1].id}#0"]
@@ -87,7 +87,7 @@ def test_the_snapshot_keeps_verified_attempts_with_their_provenance(tmp_path: Pa
                                      "split": "train", "seed": a.seed, "attempt": a.attempt, "sampling_seed": a.sampling_seed,
                                      "agent": dict(a.agent), "transcript_sha256": a.transcript_sha256()}
     # Content-addressed: the same attempts in another order give the same snapshot; the folder is its rows' hash.
-    again = build_sft_snapshot(list(reversed(attempts)), train_texts=texts(ds, "train"), heldout_texts=texts(ds, "heldout"),
+    again = build_sft_snapshot(list(reversed(attempts)), train_texts=texts(ds, "train"), holdout_texts=texts(ds, "heldout"),
                                root=tmp_path)
     assert again.sha256 == snap.sha256 == Path(snap.path).name
     manifest = json.loads((Path(snap.path) / "manifest.json").read_text())
@@ -103,7 +103,7 @@ def test_rows_that_touch_the_held_out_environments_are_removed_or_refused(tmp_pa
                            verifier=held.verifier, seed=held.seed, split="train")
     attempts = [attempt(train[0], 0, passed=True), attempt(held, 0, passed=True), attempt(twin, 0, passed=True)]
     train_texts = {**texts(ds, "train"), twin.id: environment_text(twin)}
-    snap = build_sft_snapshot(attempts, train_texts=train_texts, heldout_texts=texts(ds, "heldout"), root=tmp_path)
+    snap = build_sft_snapshot(attempts, train_texts=train_texts, holdout_texts=texts(ds, "heldout"), root=tmp_path)
     assert (snap.n_passed, snap.n_rows, snap.n_removed) == (3, 1, 2)
     assert [r["id"] for r in snap.rows()] == [f"{train[0].id}#0"]
     flagged = {f["id"]: f for f in snap.contamination["flagged"]}
@@ -111,7 +111,7 @@ def test_rows_that_touch_the_held_out_environments_are_removed_or_refused(tmp_pa
     assert "the environment is held out" in flagged[f"{held.id}#0"]["reasons"]
     assert flagged["shell/twin#0"]["test"] == "exact" and flagged["shell/twin#0"]["reasons"][0]["matches"] == held.id
     with pytest.raises(ContaminatedSnapshotError, match="2 of 3 SFT rows overlap"):
-        build_sft_snapshot(attempts, train_texts=train_texts, heldout_texts=texts(ds, "heldout"), root=tmp_path / "r",
+        build_sft_snapshot(attempts, train_texts=train_texts, holdout_texts=texts(ds, "heldout"), root=tmp_path / "r",
                            policy="refuse")
 
 
@@ -119,7 +119,7 @@ def test_a_tampered_snapshot_is_refused(tmp_path: Path) -> None:
     ds = dataset([0], [10])
     train = ds.environments[0]
     snap = build_sft_snapshot([attempt(train, 0, passed=True)], train_texts=texts(ds, "train"),
-                              heldout_texts=texts(ds, "heldout"), root=tmp_path)
+                              holdout_texts=texts(ds, "heldout"), root=tmp_path)
     rows_file = Path(snap.path) / "rows.jsonl"
     rows_file.chmod(0o644)
     rows_file.write_text(rows_file.read_text().replace("Done.", "Done!"))
@@ -150,6 +150,35 @@ def round_lm(path: Path, ds: EnvDataset) -> Path:
                           {"role": "tool", "tool_call_id": "call_0", "content": "exit_code: 0\nstdout:\n\nstderr:\n"},
                           {"role": "assistant", "content": "Done."}], "tools": [BASH_TOOL]} for e in ds.environments]
     return tiny_chat_lm(path, corpus(rows))
+
+
+def snapshot_loss_fell(policy_path: str, snapshot_path: str) -> tuple[float, float]:
+    """The mean loss on the snapshot's rows of the base model and of the trained policy; asserts it fell.
+
+    The trainer's per-step losses are each one shuffled batch before its update, and the transcripts hold
+    real sandbox output (``ls -la``: uids, times), so a first-versus-last step comparison moves with the
+    content; the whole snapshot scored before and after training does not."""
+    import torch
+
+    from envloop_pipelines.core.model.causal_sft import encode_chat, load_tokenizer, read_policy_checkpoint
+    from envloop_pipelines.core.model.policy import load_policy
+
+    policy = read_policy_checkpoint(policy_path)
+    rows = read_sft_rows(snapshot_path)
+    tokenizer = load_tokenizer(policy.base_model)
+
+    def mean_loss(model: Any) -> float:
+        total = 0.0
+        for row in rows:
+            enc = encode_chat(tokenizer, row["messages"], row["tools"], max_length=1536)
+            with torch.no_grad():
+                total += float(model(input_ids=torch.tensor([enc.input_ids]), labels=torch.tensor([enc.labels])).loss)
+        return total / len(rows)
+
+    base = mean_loss(load_policy(policy.base_model, device="cpu"))
+    tuned = mean_loss(load_policy(policy.base_model, policy.adapter_dir, device="cpu"))
+    assert rows and tuned < base, (base, tuned)
+    return base, tuned
 
 
 @pytest.fixture(scope="module")
@@ -218,7 +247,7 @@ def test_an_rl_round_runs_end_to_end_and_the_gate_rejects_a_policy_that_passes_n
         assert row["provenance"]["transcript_sha256"] == sha256_bytes(canonical_json(source["messages"]))
 
     # Training happened: the candidate's loss fell on the verified transcripts.
-    assert result.candidate["last_loss"] < result.candidate["first_loss"]
+    snapshot_loss_fell(result.candidate["path"], snap["path"])
     # Re-evaluation: aggregates only; a random 32-wide LM solves no shell task, trained or not.
     comp = result.comparison
     assert comp["candidate"]["pass_at_1"] == 0.0 and comp["parent"]["pass_at_1"] == 0.0
@@ -316,7 +345,7 @@ def test_a_round_that_clears_the_gate_publishes_a_release_the_next_round_samples
 
     from envloop_pipelines.core.ledger.reads import HoldoutAlreadyReadError
     from envloop_pipelines.core.loop.promotion import noise_floor_from_arms
-    from envloop_pipelines.core.rl_loop.step_records import ArmScore, HeldoutComparison, RlRoundResult
+    from envloop_pipelines.core.rl_loop.step_records import ArmScore, HoldoutComparison, RlRoundResult
     from envloop_pipelines.core.rl_loop.round_steps import current_policy, register_rl_hypothesis, train_policy
     from envloop_pipelines.core.tracking import KIND_RELEASE, TAG_KIND, MlflowTracker
 
@@ -325,13 +354,13 @@ def test_a_round_that_clears_the_gate_publishes_a_release_the_next_round_samples
     tracker = MlflowTracker(home=tmp_path)
     train_env = ds.environments[0]
     snap = build_sft_snapshot([attempt(train_env, 0, passed=True)], train_texts=texts(ds, "train"),
-                              heldout_texts=texts(ds, "heldout"), root=tmp_path / "snapshots")
+                              holdout_texts=texts(ds, "heldout"), root=tmp_path / "snapshots")
     policy = train_policy(snap.rows(), config.load_recipe().replace(epochs=1), tmp_path / "policies", snap.sha256)
     assert current_policy(config) is None  # no release yet: rounds sample with the base model
 
     def decide(key: str, gain: float, low: float) -> RlRoundResult:
         hyp = register_rl_hypothesis(config, ds, key, tracker, sampler={"kind": "test"})
-        comparison = HeldoutComparison(
+        comparison = HoldoutComparison(
             candidate=ArmScore(gain, max(0.0, gain - 0.25), min(1.0, gain + 0.25), 2, 4), parent=ArmScore(0.0, 0.0, 0.0, 2, 4),
             delta={"delta": gain, "ci_low": low, "ci_high": gain + 0.25, "confidence_level": 0.95, "n_environments": 2},
             attempts_per_environment=2)
@@ -387,17 +416,17 @@ def _promoting_round(round_setup: dict[str, Any], tmp_path: Path, task: str) -> 
 
     from envloop_pipelines.core.loop.promotion import noise_floor_from_arms
     from envloop_pipelines.core.rl_loop.round_steps import register_rl_hypothesis, train_policy
-    from envloop_pipelines.core.rl_loop.step_records import ArmScore, HeldoutComparison
+    from envloop_pipelines.core.rl_loop.step_records import ArmScore, HoldoutComparison
     from envloop_pipelines.core.tracking import MlflowTracker
 
     ds = round_setup["dataset"]
     config = replace(round_setup["config"], task=task, home=str(tmp_path))
     tracker = MlflowTracker(home=tmp_path)
     snap = build_sft_snapshot([attempt(ds.environments[0], 0, passed=True)], train_texts=texts(ds, "train"),
-                              heldout_texts=texts(ds, "heldout"), root=tmp_path / "snapshots")
+                              holdout_texts=texts(ds, "heldout"), root=tmp_path / "snapshots")
     policy = train_policy(snap.rows(), config.load_recipe().replace(epochs=1), tmp_path / "policies", snap.sha256)
     hyp = register_rl_hypothesis(config, ds, "r0001", tracker, sampler={"kind": "test"})
-    comparison = HeldoutComparison(
+    comparison = HoldoutComparison(
         candidate=ArmScore(0.75, 0.5, 1.0, 2, 4), parent=ArmScore(0.0, 0.0, 0.0, 2, 4),
         delta={"delta": 0.75, "ci_low": 0.5, "ci_high": 1.0, "confidence_level": 0.95, "n_environments": 2},
         attempts_per_environment=2)
@@ -504,7 +533,7 @@ def test_a_decided_round_lives_in_the_ledger_not_at_the_io_managers_path(round_s
     hyp = register_rl_hypothesis(config, ds, "r0001", tracker, sampler={"kind": "test"})
     # The sampler passed nothing: steps 4 to 6 are skipped and the round is decided as a rejection (no model runs).
     failed = [attempt(e, 0, passed=False) for e in ds.environments if e.split == "train"]
-    snap = build_sft_snapshot(failed, train_texts=texts(ds, "train"), heldout_texts=texts(ds, "heldout"),
+    snap = build_sft_snapshot(failed, train_texts=texts(ds, "train"), holdout_texts=texts(ds, "heldout"),
                               root=tmp_path / "snapshots")
     snapshot = RlSnapshot(round="r0001", **snap.to_dict())
     candidate = train_rl_candidate(config, hyp, snapshot, tracker)

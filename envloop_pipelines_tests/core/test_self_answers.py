@@ -9,7 +9,6 @@ option. The test reads the dev labels itself (as the verifier does) to check exa
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np

@@ -433,7 +433,7 @@ class LeakyGenerator:
             row["record_id"] += f"~leak{k}"
         import pyarrow as pa
 
-        from envloop_pipelines.core.data.records import QUESTION_SCHEMA
+        from envloop_pipelines.core.data.question_table import QUESTION_SCHEMA
 
         return with_provenance(pa.Table.from_pylist(rows, schema=QUESTION_SCHEMA), json.dumps({"cluster": "leak"}))
 

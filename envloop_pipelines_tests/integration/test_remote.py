@@ -218,7 +218,7 @@ def test_the_cli_goes_through_the_sdk_with_remote(deployment: Deployment) -> Non
     key = deployment.client().round_keys()[-1]
     assert key not in before
     decision = deployment.client().decision(key)
-    from envloop_pipelines.cli.round import decision_lines
+    from envloop_pipelines.cli.render import decision_lines
 
     assert decision_lines(key, decision)[0].removesuffix(")") in started.stdout
     assert "release chain of personal_agent:" in started.stdout

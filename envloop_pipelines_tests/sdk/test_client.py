@@ -174,3 +174,98 @@ def test_a_release_answers_as_the_same_model_id_locally_and_remotely(tmp_path: P
     monkeypatch.setattr(client, "fetch_checkpoint", lambda release, dest: ckpt)
     source = client._release_source("champion", tmp_path)
     assert (source.model_id, source.release, source.task) == ("envloop-personal_agent-r0001", 1, "personal_agent")
+
+
+# --------------------------------------------------------------------------- the error answers (queries.ERRORS)
+
+#: Each GraphQL error type the documents ask for and the SDK error it raised before the table (issue 46): the
+#: ``...NotFoundError`` types, the five refusals of bad input, and the rest a ClientError.
+ERROR_CLASSES = {
+    "PythonError": "ClientError", "UnauthorizedError": "ClientError", "InvalidSubsetError": "ClientError",
+    "ConflictingExecutionParamsError": "ClientError", "NoModeProvidedError": "ClientError",
+    "InvalidPipelineRunsFilterError": "ClientError", "TerminateRunFailure": "ClientError",
+    "RunConfigValidationInvalid": "RefusedError", "RunConflict": "RefusedError", "InvalidStepError": "RefusedError",
+    "InvalidOutputError": "RefusedError", "DuplicateDynamicPartitionError": "RefusedError",
+    "PipelineNotFoundError": "NotFoundError", "PresetNotFoundError": "NotFoundError",
+    "RunNotFoundError": "NotFoundError", "RepositoryNotFoundError": "NotFoundError",
+    "AssetNotFoundError": "NotFoundError",
+}
+
+
+def _branches(document: str) -> set[str]:
+    """The type conditions of the inline fragments directly under the document's one field."""
+    from graphql import parse
+
+    (operation,) = parse(document).definitions
+    (field,) = operation.selection_set.selections
+    return {s.type_condition.name.value for s in field.selection_set.selections if hasattr(s, "type_condition")}
+
+
+def test_every_error_type_a_document_asks_for_is_spelled_once_in_the_table() -> None:
+    asked = set().union(*(_branches(d) for d in queries.ALL.values()))
+    success = {"RepositoryConnection", "Repository", "Pipeline", "AssetNode", "AddDynamicPartitionSuccess",
+               "LaunchRunSuccess", "Run", "Runs", "EventConnection", "TerminateRunSuccess", "Asset"}
+    assert asked - success == set(queries.ERRORS) == set(ERROR_CLASSES)
+    assert {name: cls.__name__ for name, (_, cls) in queries.ERRORS.items()} == ERROR_CLASSES
+    # each error branch is written once, by the table: no document's source spells one out
+    import inspect
+
+    assert "... on PythonError" not in inspect.getsource(queries)
+
+
+def test_each_mutation_asks_for_every_error_its_union_answers() -> None:
+    from dagster_graphql.schema import create_schema
+
+    schema = create_schema().graphql_schema
+    for name, field in (("ADD_PARTITION", "addDynamicPartition"), ("LAUNCH_RUN", "launchRun"),
+                        ("TERMINATE_RUN", "terminateRun"), ("REEXECUTE_RUN", "launchRunReexecution")):
+        union = schema.mutation_type.fields[field].type
+        union = getattr(union, "of_type", union)
+        assert _branches(queries.ALL[name]) == {t.name for t in union.types}, name
+
+
+@pytest.mark.parametrize("kind, answer, message", [
+    ("RunConflict", {"message": "a run of this key exists"}, "RunConflict: a run of this key exists"),
+    ("RunConfigValidationInvalid", {"errors": [{"message": "bad", "path": ["ops"]}]},
+     "RunConfigValidationInvalid: [{'message': 'bad', 'path': ['ops']}]"),
+    ("InvalidStepError", {"invalidStepKey": "nope"},
+     "InvalidStepError: {'__typename': 'InvalidStepError', 'invalidStepKey': 'nope'}"),
+    ("RunNotFoundError", {"message": "no run x"}, "RunNotFoundError: no run x"),
+    ("PythonError", {"message": "boom"}, "PythonError: boom"),
+    ("UnauthorizedError", {"message": "no"}, "UnauthorizedError: no"),
+    ("SomeNewNotFoundError", {"message": "gone"}, "SomeNewNotFoundError: gone"),  # a type not in the table
+    ("SomeNewError", {"message": "odd"}, "SomeNewError: odd"),
+])
+def test_an_error_answer_raises_its_sdk_error_with_the_servers_message(kind: str, answer: dict, message: str) -> None:
+    from envloop_pipelines.sdk import errors
+    from envloop_pipelines.sdk.webserver import DagsterWebserver
+
+    expected = ERROR_CLASSES.get(kind) or ("NotFoundError" if kind.endswith("NotFoundError") else "ClientError")
+    with pytest.raises(ClientError) as raised:
+        DagsterWebserver._ok({"__typename": kind, **answer}, "LaunchRunSuccess")
+    assert type(raised.value) is getattr(errors, expected) and str(raised.value) == message
+    assert DagsterWebserver._ok({"__typename": "LaunchRunSuccess", "run": {}}, "LaunchRunSuccess")["run"] == {}
+
+
+# --------------------------------------------------------------------------- the loop recipe override (issue 46)
+
+NAMED = r"unknown recipe override\(s\) \['lrr'\] \(did you mean 'lr' for 'lrr'\?\); allowed: base_model, .*max_steps"
+
+
+def test_a_remote_override_is_checked_when_the_client_is_built_before_any_request() -> None:
+    """A dead URL: any request would raise UnavailableError; the refusal comes first, from the one validator."""
+    from envloop_pipelines.sdk.errors import RefusedError
+
+    dead = "http://127.0.0.1:9"
+    with pytest.raises(RefusedError, match=NAMED):
+        Client(dead, loop_settings={"recipe_overrides": {"lrr": 1e-4}})
+    with pytest.raises(RefusedError, match=r"recipe field 'lr': must be a number in \(0.0, 1.0\], got 'fast'"):
+        Client(dead, loop_settings={"recipe_overrides": {"lr": "fast"}})
+    with pytest.raises(RefusedError, match="recipe_overrides must be a mapping of recipe fields"):  # one spelling
+        Client(dead, loop_settings={"recipe_overrides": json.dumps({"max_steps": 2})})
+    with pytest.raises(RefusedError, match=r"loop_settings: \['noise_arms'\]: a remote round runs with the "
+                                           r"deployment's loop settings .*only recipe_overrides"):
+        Client(dead, loop_settings={"noise_arms": 3, "recipe_overrides": {"max_steps": 2}})
+    client = Client(dead, loop_settings={"recipe_overrides": {"max_steps": 3}})  # built: nothing asked yet
+    assert client._overrides == {"max_steps": 3}
+    assert Client(dead, loop_settings={})._loop_run_config() == {}  # no override: the deployment's own runs

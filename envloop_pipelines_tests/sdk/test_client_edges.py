@@ -149,7 +149,7 @@ def test_a_rounds_mlflow_runs_are_closed_with_its_status(tmp_path: Path) -> None
 
 UI = """
 import sys
-from envloop_pipelines.cli.round import run_process_group
+from envloop_pipelines.cli.ui import run_process_group
 sys.exit(run_process_group(["bash", "-c", "sleep 300 & echo $! > {pids}; sleep 300 & echo $! >> {pids}; wait"], grace_s=5))
 """
 

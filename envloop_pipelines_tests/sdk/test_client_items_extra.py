@@ -27,7 +27,7 @@ ISSUE = [
 @pytest.mark.parametrize("proposal, field", ISSUE)
 def test_the_sdk_and_the_cli_refuse_the_issues_hypotheses_naming_the_field(tmp_path: Path, proposal: dict,
                                                                             field: str) -> None:
-    from envloop_pipelines.cli.round import _read_hypothesis
+    from envloop_pipelines.cli.clients import read_hypothesis as _read_hypothesis
     from envloop_pipelines.sdk.client import _hypothesis_json
 
     with pytest.raises(ClientError, match=rf"{field.replace('.', '[.]')}:"):  # Client.start_round's check

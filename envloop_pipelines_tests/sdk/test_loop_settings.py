@@ -53,6 +53,49 @@ def test_a_setting_bound_to_an_environment_variable_is_refused_naming_it() -> No
         reported_settings([{"key": "task", "value": "LOOP_TASK", "type": "ENV_VAR"}])
 
 
+def test_a_clients_override_is_the_deployments_loop_with_it_on_top(no_loop_config_here: None) -> None:
+    """Issue 46: the run config a remote client gives its runs' ``loop`` resource. Dagster gives a run whose config
+    names the resource none of its configured values, so they are given again; an unset one stays unset (the run
+    reads ``ENVLOOP_<FIELD>``); the client's recipe fields win over the deployment's, the rest of its stay."""
+    from envloop_pipelines.sdk.errors import RefusedError
+    from envloop_pipelines.sdk.loop_settings import loop_run_config
+
+    configured = [_value("task", "tickets"), _value("noise_arms", 4), _value("top_clusters", None),
+                  _value("recipe_overrides", {"max_steps": 2, "max_length": 128}), _value("not_a_setting", 1)]
+    assert loop_run_config(configured, {"max_steps": 3, "lexical": True}) == {"resources": {"loop": {"config": {
+        "task": "tickets", "noise_arms": 4, "recipe_overrides": {"max_steps": 3, "max_length": 128, "lexical": True}}}}}
+    assert loop_run_config(configured, {}) == {}  # no override: the run is the deployment's, no config at all
+    assert loop_run_config([_value("task", "tickets")], {"max_steps": 3}) == {
+        "resources": {"loop": {"config": {"task": "tickets", "recipe_overrides": {"max_steps": 3}}}}}
+    with pytest.raises(ClientError, match=r"'task': the deployment reads it from \$LOOP_TASK"):
+        loop_run_config([{"key": "task", "value": "LOOP_TASK", "type": "ENV_VAR"}], {"max_steps": 3})
+    with pytest.raises(RefusedError, match=r"the deployment's recipe_overrides with this client's: .*'lrr'"):
+        loop_run_config([_value("recipe_overrides", {"lrr": 1})], {"max_steps": 3})
+
+
+def test_the_run_config_is_one_the_code_locations_jobs_take(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The config :func:`loop_run_config` builds from the configured values of the code location's own ``loop``
+    resource passes the config schema of ``setup_job`` and ``round_job`` as Dagster loads them."""
+    import dagster as dg
+
+    from envloop_pipelines.resources.loop import deployment_loop_resource
+    from envloop_pipelines.sdk.loop_settings import loop_run_config
+
+    environ = {**DEPLOYMENT_ENV, "ENVLOOP_SAFETY_FAMILIES": "needs_approval", "ENVLOOP_BUILTIN_USERS": "30"}
+    for key, value in environ.items():
+        monkeypatch.setenv(key, value)
+    from envloop_pipelines.definitions import defs
+
+    loaded = defs()
+    values = deployment_loop_resource(environ).model_dump()
+    configured = [_value(k, v) for k, v in values.items() if k in {f.name for f in loop_fields()}]
+    config = loop_run_config(configured, {"max_steps": 3})
+    assert config["resources"]["loop"]["config"]["recipe_overrides"] == {"max_steps": 3}
+    assert config["resources"]["loop"]["config"]["safety_families"] == ["needs_approval"]
+    for job in ("setup_job", "round_job"):
+        assert dg.validate_run_config(loaded.resolve_job_def(job), config) is not None, job
+
+
 @pytest.fixture(scope="module")
 def webserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """A real ``dagster-webserver`` loading the code location with :data:`DEPLOYMENT_ENV` and a home of its own."""

@@ -11,7 +11,7 @@ import json
 import math
 import signal
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import httpx
 import numpy as np
@@ -48,7 +48,8 @@ def test_a_safety_answer_defers_below_its_threshold_whatever_its_confidence() ->
 @pytest.fixture(scope="module")
 def safety_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real checkpoint (2 steps) calibrated with needs_approval declared: ~70 val questions, ~15 of the family."""
-    from envloop_pipelines.core.data.records import questions_table, records_from_objects
+    from envloop_pipelines.core.data.question_table import questions_table
+    from envloop_pipelines.core.data.records import records_from_objects
     from envloop_pipelines.core.model.readout import questions_from_table
     from envloop_pipelines.core.model.recipe import load_recipe, shipped_recipes
     from envloop_pipelines.core.model.training import train_checkpoint

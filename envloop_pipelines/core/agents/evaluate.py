@@ -32,17 +32,16 @@ from envloop_pipelines.core.agents.attempts import ATTEMPTS_FILE, Attempt, attem
 from envloop_pipelines.core.agents.client import AgentSpec
 from envloop_pipelines.core.agents.runner import AttemptLimits, run_attempt
 from envloop_pipelines.core.agents.stats import PassAtK, default_ks, pass_at_k_summary
+from envloop_pipelines.core.environments.spec import HOLDOUT_SPLIT
 from envloop_pipelines.core.storage import atomic_write_json, canonical_json, envloop_home, sha256_bytes
 
 log = logging.getLogger(__name__)
 
-#: The split whose environments a loop holds out: only aggregates leave an evaluation on it (rule 4).
-HELDOUT_SPLIT = "heldout"
 EVALS_DIR = "agent_evals"
 SUMMARY_FILE = "summary.json"
 
 
-class HeldoutAttemptsError(PermissionError):
+class HoldoutAttemptsError(PermissionError):
     """Attempts on held-out environments were asked for one by one (only aggregates leave them)."""
 
 
@@ -258,14 +257,14 @@ def run_attempts(
     are refused: only :func:`evaluate_agent`'s aggregates leave them.
 
     Raises:
-        HeldoutAttemptsError: the selection holds a held-out environment.
+        HoldoutAttemptsError: the selection holds a held-out environment.
         ValueError: unknown environments, an empty selection, bad counts.
     """
     _check_counts(attempts, workers)
     envs = _environments(dataset, split, environment_ids)
-    held = [e.id for e in envs if e.split == HELDOUT_SPLIT]
+    held = [e.id for e in envs if e.split == HOLDOUT_SPLIT]
     if held:
-        raise HeldoutAttemptsError(
+        raise HoldoutAttemptsError(
             f"{len(held)} environment(s) of {dataset.name}@{dataset.version} are held out ({held[:3]}...): attempts on "
             f"them never leave the evaluation one by one; evaluate_agent reports their aggregates")
     return _run(dataset, envs, agent, attempts, limits, workers, sandbox, work_root, home)
@@ -399,7 +398,7 @@ def evaluate_agent(
     """
     _check_counts(attempts, workers)
     envs = _environments(dataset, split, environment_ids)
-    aggregate_only = any(e.split == HELDOUT_SPLIT for e in envs)
+    aggregate_only = any(e.split == HOLDOUT_SPLIT for e in envs)
     t0 = time.monotonic()
     done = _run(dataset, envs, agent, attempts, limits, workers, sandbox, work_root, home)
     elapsed = time.monotonic() - t0
@@ -528,6 +527,6 @@ def track_evaluation(result: AgentEvaluation, tracker: Any) -> Any:
     return run
 
 
-__all__ = ["AgentEvaluation", "Cost", "EVALS_DIR", "EnvironmentRow", "HELDOUT_SPLIT", "HeldoutAttemptsError", "failure_reason",
+__all__ = ["AgentEvaluation", "Cost", "EVALS_DIR", "EnvironmentRow", "HoldoutAttemptsError", "failure_reason",
            "SUMMARY_FILE", "evaluate_agent", "evaluation_run_id", "experiment_name", "load_environments", "pass_counts", "replay", "run_attempts", "store_evaluation", "stored_evaluations",
            "track_evaluation"]

@@ -1,23 +1,24 @@
 """Decision records: the data contract of ``docs/decision-data.md``.
 
 A record is one *state* (a ticket, a conversation, an agent action) carrying
-one or more typed *questions* (noul / choice / score), each with a label. The
-loaders here turn JSONL (and CSV/Parquet through a column mapping) into typed
-records, reporting **every** error of a file at once with its file, line and
-field; the flattened per-question table is what training and metrics read.
+one or more typed *questions* (noul / choice / score), each with a label. This
+module holds the record values and their validation: one decoded object into a
+typed :class:`Record`, then the checks over a whole file (duplicate ids, token
+budget, declared splits), reporting **every** error at once with its file, line
+and field (:mod:`~envloop_pipelines.core.data.errors`). Reading JSONL files is
+:mod:`~envloop_pipelines.core.data.jsonl`, CSV/Parquet through a column mapping
+:mod:`~envloop_pipelines.core.data.tabular`; the flattened per-question table
+that training and metrics read is :mod:`~envloop_pipelines.core.data.question_table`.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
-import pyarrow as pa
-
+from envloop_pipelines.core.data.errors import DataValidationError, FieldError
+from envloop_pipelines.core.data.json_text import render_value
 from envloop_pipelines.core.data.splits import SPLITS
 from envloop_pipelines.core.progress import track
 
@@ -31,35 +32,6 @@ MIN_SCORE_LEVELS, MAX_SCORE_LEVELS = 2, 10
 DEFAULT_TOKEN_BUDGET = 32_768
 DEFAULT_GROUP_KEY = "user_id"
 _SOFT_LABEL_TOLERANCE = 1e-4
-
-
-# --------------------------------------------------------------------------- errors
-
-
-@dataclass(frozen=True)
-class FieldError:
-    """One problem in an input file, located by file, line (or row) and field."""
-
-    file: str
-    line: int | None
-    field: str
-    message: str
-
-    def __str__(self) -> str:
-        where = f"{self.file}:{self.line}" if self.line is not None else self.file
-        return f"{where}: {self.field}: {self.message}"
-
-
-class DataValidationError(ValueError):
-    """Raised with every error of a file at once; nothing was imported."""
-
-    def __init__(self, errors: Sequence[FieldError], max_shown: int = 50) -> None:
-        self.errors: tuple[FieldError, ...] = tuple(errors)
-        shown = "\n".join(f"  {e}" for e in self.errors[:max_shown])
-        more = len(self.errors) - max_shown
-        tail = f"\n  ... and {more} more" if more > 0 else ""
-        files = sorted({e.file for e in self.errors})
-        super().__init__(f"{len(self.errors)} error(s) in {', '.join(files)}:\n{shown}{tail}")
 
 
 # --------------------------------------------------------------------------- values
@@ -118,48 +90,6 @@ class LoadReport:
     records: tuple[Record, ...]
     source: str
     n_lines: int
-
-
-# --------------------------------------------------------------------------- JSON decoding
-
-
-class JsonObject(dict):
-    """A decoded JSON object that remembers keys given more than once.
-
-    ``json.loads`` keeps the last of duplicate keys silently; duplicate option
-    keys must be an error, so the decoder records them here.
-    """
-
-    duplicate_keys: tuple[str, ...] = ()
-
-
-def _object_pairs(pairs: list[tuple[str, Any]]) -> JsonObject:
-    obj = JsonObject(pairs)
-    if len(obj) != len(pairs):
-        counts = Counter(k for k, _ in pairs)
-        obj.duplicate_keys = tuple(sorted(k for k, n in counts.items() if n > 1))
-    return obj
-
-
-def decode_json(text: str) -> Any:
-    """``json.loads`` that records duplicate object keys (see :class:`JsonObject`)."""
-    return json.loads(text, object_pairs_hook=_object_pairs)
-
-
-# --------------------------------------------------------------------------- text rendering
-
-
-def render_value(value: Any) -> str:
-    """Text for a state, instruction or criterion that may be a string, object or array.
-
-    Objects and arrays become canonical JSON (keys kept in the user's order), so
-    the model sees exactly the structure the user sent.
-    """
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
 
 
 # --------------------------------------------------------------------------- parsing
@@ -491,121 +421,7 @@ def records_from_objects(
     return tuple(r for r, _ in pairs)
 
 
-def utf8_errors(raw: bytes, file: str, max_errors: int = 50) -> list[FieldError]:
-    """Every byte of ``raw`` that is not UTF-8, by line and column (the first ``max_errors``, then a count)."""
-    errors: list[FieldError] = []
-    bad = 0
-    for number, line in enumerate(raw.split(b"\n"), start=1):
-        start = 0
-        while True:
-            try:
-                line[start:].decode("utf-8")
-                break
-            except UnicodeDecodeError as exc:
-                at = start + exc.start
-                bad += 1
-                if len(errors) < max_errors:
-                    errors.append(FieldError(file, number, "<encoding>",
-                                             f"not UTF-8: byte 0x{line[at]:02x} at column {at + 1}"))
-                start = start + max(exc.end, exc.start + 1)
-    if bad > len(errors):
-        errors.append(FieldError(file, None, "<encoding>", f"{bad - len(errors)} more bytes that are not UTF-8 "
-                                                           f"({bad} in all)"))
-    return errors
-
-
-def load_jsonl(
-    path: str | Path,
-    *,
-    group_key: str = DEFAULT_GROUP_KEY,
-    require_group: bool = False,
-    require_labels: bool = True,
-    token_budget: int | None = DEFAULT_TOKEN_BUDGET,
-    count_tokens: Callable[[list[str]], list[int]] | None = None,
-) -> LoadReport:
-    """Load and validate a JSONL file of decision records.
-
-    Raises:
-        DataValidationError: with every error in the file (file, line, field).
-        FileNotFoundError: when the file does not exist.
-    """
-    path = Path(path)
-    file = str(path)
-    raw = path.read_bytes()
-    errors: list[FieldError] = []
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise DataValidationError(utf8_errors(raw, file)) from None
-    if text.startswith("\ufeff"):
-        text = text[1:]
-    objects: list[tuple[Any, int | None]] = []
-    lines = text.split("\n")
-    for number, line_text in enumerate(lines, start=1):
-        if not line_text.strip():
-            continue
-        try:
-            objects.append((decode_json(line_text), number))
-        except json.JSONDecodeError as exc:
-            errors.append(FieldError(file, number, "<json>", f"invalid JSON: {exc.msg} at column {exc.colno}"))
-    if not objects and not errors:
-        raise DataValidationError([FieldError(file, None, "<file>", "empty file: no records")])
-    records = records_from_objects(
-        objects, file=file, group_key=group_key, require_group=require_group, require_labels=require_labels,
-        token_budget=token_budget, count_tokens=count_tokens, errors=errors,
-    )
-    return LoadReport(records=records, source=file, n_lines=len(lines))
-
-
-# --------------------------------------------------------------------------- the flattened table
-
-#: One row per question. Training and metrics read this; hidden splits drop the label columns.
-QUESTION_SCHEMA = pa.schema(
-    [
-        pa.field("record_id", pa.string(), nullable=False),
-        pa.field("question_id", pa.string(), nullable=False),
-        pa.field("family", pa.string(), nullable=False),
-        pa.field("type", pa.string(), nullable=False),
-        pa.field("group", pa.string()),
-        pa.field("state_text", pa.string(), nullable=False),
-        pa.field("instructions_text", pa.string(), nullable=False),
-        pa.field("option_keys", pa.list_(pa.string()), nullable=False),
-        pa.field("option_texts", pa.list_(pa.string()), nullable=False),
-        pa.field("variant", pa.string()),
-        pa.field("renderer", pa.string()),
-        pa.field("label", pa.int32()),
-        pa.field("soft_label", pa.list_(pa.float64())),
-    ]
-)
-LABEL_COLUMNS: tuple[str, ...] = ("label", "soft_label")
-INPUT_SCHEMA = pa.schema([f for f in QUESTION_SCHEMA if f.name not in LABEL_COLUMNS])
-
-
-def questions_table(records: Iterable[Record]) -> pa.Table:
-    """Flatten records into one row per question (:data:`QUESTION_SCHEMA`)."""
-    columns: dict[str, list[Any]] = {f.name: [] for f in QUESTION_SCHEMA}
-    for record in records:
-        state_text = render_value(record.state)
-        for q in record.questions:
-            columns["record_id"].append(record.id)
-            columns["question_id"].append(q.id)
-            columns["family"].append(q.family)
-            columns["type"].append(q.type)
-            columns["group"].append(record.group)
-            columns["state_text"].append(state_text)
-            columns["instructions_text"].append(render_value(q.instructions))
-            columns["option_keys"].append(list(q.option_keys))
-            columns["option_texts"].append(list(q.option_texts))
-            columns["variant"].append(_meta_str(record.meta, "variant"))
-            columns["renderer"].append(_meta_str(record.meta, "renderer"))
-            columns["label"].append(q.label)
-            columns["soft_label"].append(None if q.soft_label is None else list(q.soft_label))
-    return pa.table(columns, schema=QUESTION_SCHEMA)
-
-
-def _meta_str(meta: Mapping[str, Any], key: str) -> str | None:
-    value = meta.get(key)
-    return None if value is None else str(value)
+# --------------------------------------------------------------------------- the JSONL shape
 
 
 def record_to_json(record: Record) -> dict[str, Any]:

@@ -28,16 +28,9 @@ from typing import Any, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from envloop_pipelines.core.data.records import (
-    DEFAULT_GROUP_KEY,
-    INPUT_SCHEMA,
-    LABEL_COLUMNS,
-    DataValidationError,
-    FieldError,
-    Record,
-    declared_splits,
-    questions_table,
-)
+from envloop_pipelines.core.data.errors import DataValidationError, FieldError
+from envloop_pipelines.core.data.question_table import INPUT_SCHEMA, LABEL_COLUMNS, questions_table
+from envloop_pipelines.core.data.records import DEFAULT_GROUP_KEY, Record, declared_splits
 from envloop_pipelines.core.data.splits import HIDDEN_SPLITS, OPEN_SPLITS, SPLITS, SplitFractions, assign_splits
 from envloop_pipelines.core.storage import (
     atomic_write_bytes,

@@ -31,12 +31,11 @@ from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
 
+from envloop_pipelines.core.data.errors import DataValidationError, FieldError
 from envloop_pipelines.core.data.records import (
     DEFAULT_GROUP_KEY,
     DEFAULT_TOKEN_BUDGET,
     QUESTION_TYPES,
-    DataValidationError,
-    FieldError,
     LoadReport,
     records_from_objects,
 )
@@ -281,7 +280,7 @@ def load_records(
     token_budget: int | None = DEFAULT_TOKEN_BUDGET,
 ) -> LoadReport:
     """Load decision records from JSONL, or CSV/Parquet with a column mapping."""
-    from envloop_pipelines.core.data.records import load_jsonl
+    from envloop_pipelines.core.data.jsonl import load_jsonl
 
     suffix = Path(path).suffix.lower()
     if suffix in (".jsonl", ".json", ".ndjson"):

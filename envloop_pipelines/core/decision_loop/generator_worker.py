@@ -35,7 +35,7 @@ def _answer(body: dict[str, Any]) -> None:
 def run(payload: dict[str, Any]) -> dict[str, Any]:
     import pyarrow as pa
 
-    from envloop_pipelines.core.data.records import QUESTION_SCHEMA
+    from envloop_pipelines.core.data.question_table import QUESTION_SCHEMA
     from envloop_pipelines.core.decision_loop.failure_mining import FailureCluster
     from envloop_pipelines.core.decision_loop.synthesis import SNAPSHOT_SCHEMA, SynthesisRequest, resolve_generator
 

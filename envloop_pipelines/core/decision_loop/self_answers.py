@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from envloop_pipelines.core.data.records import INPUT_SCHEMA, QUESTION_SCHEMA
+from envloop_pipelines.core.data.question_table import INPUT_SCHEMA, QUESTION_SCHEMA
 from envloop_pipelines.core.data.snapshots import TaskSnapshot, open_task
 from envloop_pipelines.core.data.splits import HIDDEN_SPLITS
 

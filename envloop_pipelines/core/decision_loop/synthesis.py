@@ -33,7 +33,8 @@ import numpy as np
 import pyarrow as pa
 
 from envloop_pipelines.core.decision_loop.failure_mining import FailureCluster
-from envloop_pipelines.core.data.records import QUESTION_SCHEMA, questions_table, records_from_objects
+from envloop_pipelines.core.data.question_table import QUESTION_SCHEMA, questions_table
+from envloop_pipelines.core.data.records import records_from_objects
 
 #: A synthesized or base training row: the question table plus where the row came from.
 SNAPSHOT_SCHEMA = QUESTION_SCHEMA.append(pa.field("provenance", pa.string(), nullable=False))

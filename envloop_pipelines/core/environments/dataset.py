@@ -19,7 +19,7 @@ one rename (:func:`~envloop_pipelines.core.storage.publish_dir`), so a reader
 sees a whole version or none.
 
 The ``environments`` folder is masked from every agent command
-(:mod:`.episode`), and the ``verifier/`` part is owner-only besides, so the
+(:mod:`.terminal_episode`), and the ``verifier/`` part is owner-only besides, so the
 fresh uid an agent's command runs as could not open it even unmasked.
 """
 

@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 from envloop_pipelines.core.data.splits import HIDDEN_SPLITS, OPEN_SPLITS
 from envloop_pipelines.core.environments.dataset import EnvironmentDataset, store_dataset
 from envloop_pipelines.core.environments.shell import SHELL_FAMILIES, shell_spec
-from envloop_pipelines.core.environments.spec import EnvironmentSpec, VerifierSpec
+from envloop_pipelines.core.environments.spec import HOLDOUT_SPLIT, TRAIN_SPLIT, EnvironmentSpec, VerifierSpec
 
 #: The generators :func:`generate_dataset` (and ``envloop env generate``) knows.
 GENERATORS: tuple[str, ...] = ("shell", "decision")
@@ -66,7 +66,7 @@ def shell_environments(n: int, *, heldout: int = 0, seed: int = 0,
         out.append(EnvironmentSpec(
             id=f"shell/{seed + i:04d}", kind="terminal", instruction=s.prompt, files=dict(s.files),
             verifier=VerifierSpec("terminal", dict(s.check_params)), seed=seed + i,
-            split="heldout" if i in held else "train", solution=s.solution,
+            split=HOLDOUT_SPLIT if i in held else TRAIN_SPLIT, solution=s.solution,
             meta={"generator": "shell", "family": s.family}))
     return out
 
@@ -119,7 +119,7 @@ def decision_environments_from_table(table: pa.Table, *, heldout: int = 0, seed:
             id=_env_id(row["record_id"], row["question_id"], taken), kind="decision",
             instruction=row["instructions_text"],
             question={k: (list(row[k]) if k in ("option_keys", "option_texts") else row[k]) for k in _QUESTION_KEYS},
-            verifier=VerifierSpec("rule", {"label": label}), seed=i, split="heldout" if i in held else "train",
+            verifier=VerifierSpec("rule", {"label": label}), seed=i, split=HOLDOUT_SPLIT if i in held else TRAIN_SPLIT,
             solution=_solution(row),
             meta={**dict(meta or {}), "family": row["family"], **(dict(row_meta(row)) if row_meta else {})}))
     return out

@@ -29,8 +29,15 @@ from envloop_pipelines.core.storage import canonical_json, sha256_bytes
 EnvironmentKind = Literal["terminal", "decision"]
 KINDS: tuple[str, ...] = ("terminal", "decision")
 VERIFIER_KINDS: tuple[str, ...] = ("terminal", "tests", "rule")
+#: The split a loop trains on and samples its training attempts from.
+TRAIN_SPLIT = "train"
+#: The split a loop holds out: only aggregates leave an evaluation that touches it (rule 4). The constant has the
+#: project's name for the concept (holdout); its value stays the token ``heldout`` that is stored: every stored
+#: environment carries it (hashed into its dataset's version), exports write it into ``task.toml``, and the
+#: CLI's ``--split`` takes it.
+HOLDOUT_SPLIT = "heldout"
 #: Environment splits: a loop trains and samples on ``train`` and holds ``heldout`` out.
-ENV_SPLITS: tuple[str, ...] = ("train", "heldout")
+ENV_SPLITS: tuple[str, ...] = (TRAIN_SPLIT, HOLDOUT_SPLIT)
 #: Per bash command: a shell, coreutils and a small Python fit in 512 MiB of address space; 16 processes
 #: stop a fork bomb; 8 MiB per file stops a disk filler early (files of a task are a few KiB).
 DEFAULT_COMMAND_LIMITS = SandboxLimits(cpu_s=10.0, mem_mb=512, wall_s=30.0, fsize_mb=8, nofile=64, nproc=16)
@@ -149,7 +156,7 @@ class EnvironmentSpec:
     question: Mapping[str, Any] | None = None
     limits: SandboxLimits = DEFAULT_COMMAND_LIMITS
     seed: int = 0
-    split: str = "train"
+    split: str = TRAIN_SPLIT
     solution: Any = None
     meta: Mapping[str, Any] = field(default_factory=dict)
 
@@ -199,7 +206,7 @@ class EnvironmentSpec:
             verifier=VerifierSpec.from_dict(raw["verifier"], env_where),
             files=_text_files(env_where, "files", raw.get("files") or {}),
             question=raw.get("question"), limits=_limits(env_where, "limits", raw.get("limits"), DEFAULT_COMMAND_LIMITS),
-            seed=raw.get("seed", 0), split=raw.get("split", "train"), solution=raw.get("solution"),
+            seed=raw.get("seed", 0), split=raw.get("split", TRAIN_SPLIT), solution=raw.get("solution"),
             meta=raw.get("meta") or {},
         )
 
@@ -250,6 +257,6 @@ def check_spec(spec: EnvironmentSpec, where: str) -> None:
 
 
 __all__ = [
-    "DEFAULT_COMMAND_LIMITS", "DEFAULT_VERIFY_LIMITS", "ENV_SPLITS", "EnvironmentKind", "EnvironmentSpec", "KINDS",
-    "SpecError", "VERIFIER_KINDS", "VerifierSpec", "check_spec",
+    "DEFAULT_COMMAND_LIMITS", "DEFAULT_VERIFY_LIMITS", "ENV_SPLITS", "HOLDOUT_SPLIT", "EnvironmentKind", "EnvironmentSpec",
+    "KINDS", "SpecError", "TRAIN_SPLIT", "VERIFIER_KINDS", "VerifierSpec", "check_spec",
 ]

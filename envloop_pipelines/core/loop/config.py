@@ -1,6 +1,6 @@
 """The loop's settings: one frozen value, the only place they are declared.
 
-The Dagster resource (``resources/loop.py``), the CLI options (``cli/round.py``)
+The Dagster resource (``resources/loop.py``), the CLI options (``cli/options.py``)
 and the environment variables of a code location (``ENVLOOP_<FIELD>``) are all
 derived from the fields of :class:`LoopConfig`, so a setting has one name and
 one default everywhere.

@@ -16,6 +16,9 @@ Layout::
       lexical.safetensors  classes and fusion weight (JSON), idf and classifier weights (arrays)
       manifest.json        sha256 of every file above
 
+What goes into the files above the manifest is one value, :class:`CheckpointParts` (one field
+per part); :func:`write_checkpoint` writes it and adds the manifest.
+
 A checkpoint is written to a temporary sibling directory and renamed into
 place, so a reader never sees half of one; an existing directory is never
 overwritten. :func:`load_checkpoint` verifies the manifest first (and the base
@@ -257,25 +260,59 @@ def save_adapter(model: ReadoutModel, recipe: Recipe, adapter_dir: str | Path) -
     return adapter_dir
 
 
-def write_checkpoint(
-    out_dir: str | Path,
-    *,
-    model: ReadoutModel,
-    recipe: Recipe,
-    calibration: Calibration,
-    data: Mapping[str, Any],
-    metrics: Mapping[str, Any],
-    provenance: Mapping[str, Any],
-    predictions: pa.Table,
-    lexical: LexicalModel | None = None,
-) -> Path:
+@dataclass(frozen=True)
+class CheckpointParts:
+    """The parts of a checkpoint, one field each, as :func:`write_checkpoint` writes them (the layout above).
+
+    Attributes:
+        model: The trained readout: its LoRA to ``adapter/`` (:func:`save_adapter`), its own tensors to
+            :data:`HEAD_FILE`.
+        recipe: To :data:`RECIPE_FILE`.
+        calibration: To :data:`CALIBRATION_FILE`.
+        data: To :data:`DATA_FILE`: the data snapshot hash(es) given by the caller.
+        metrics: To :data:`METRICS_FILE` (JSON: no NaN).
+        provenance: To :data:`PROVENANCE_FILE`.
+        predictions: To :data:`PREDICTIONS_FILE`.
+        lexical: The hybrid readout's lexical part, to ``lexical.json`` and ``lexical.safetensors``; None
+            without one (no file).
+    """
+
+    model: ReadoutModel
+    recipe: Recipe
+    calibration: Calibration
+    data: Mapping[str, Any]
+    metrics: Mapping[str, Any]
+    provenance: Mapping[str, Any]
+    predictions: pa.Table
+    lexical: LexicalModel | None = None
+
+
+def _write_parts(root: Path, parts: CheckpointParts) -> None:
+    """Each part of ``parts`` to its file(s) under ``root``."""
+    from safetensors.torch import save_file
+
+    save_adapter(parts.model, parts.recipe, root / ADAPTER_DIR)
+    save_file(parts.model.head_state_dict(), str(root / HEAD_FILE), metadata={"readout": parts.recipe.readout})
+    (root / CALIBRATION_FILE).write_bytes(_json_bytes(parts.calibration.to_dict()))
+    (root / RECIPE_FILE).write_text(dump_recipe(parts.recipe), encoding="utf-8")
+    (root / DATA_FILE).write_bytes(_json_bytes(dict(parts.data)))
+    (root / METRICS_FILE).write_bytes(_json_bytes(dict(parts.metrics)))
+    (root / PROVENANCE_FILE).write_bytes(_json_bytes(dict(parts.provenance)))
+    pq.write_table(parts.predictions, root / PREDICTIONS_FILE)
+    if parts.lexical is not None:
+        parts.lexical.save(root)
+
+
+def write_checkpoint(out_dir: str | Path, parts: CheckpointParts) -> Path:
     """Write a checkpoint directory atomically (temp sibling + rename); never overwrite.
+
+    Args:
+        out_dir: The checkpoint directory to create.
+        parts: What goes into it; the manifest is added.
 
     Raises:
         FileExistsError: when ``out_dir`` exists (checked before and right before the rename).
     """
-    from safetensors.torch import save_file
-
     out_dir = Path(out_dir)
     if out_dir.exists():
         raise FileExistsError(f"checkpoint directory {out_dir} already exists; checkpoints are never overwritten")
@@ -283,16 +320,7 @@ def write_checkpoint(
     tmp = out_dir.parent / f".{out_dir.name}.partial-{uuid.uuid4().hex[:12]}"
     tmp.mkdir()
     try:
-        save_adapter(model, recipe, tmp / ADAPTER_DIR)
-        save_file(model.head_state_dict(), str(tmp / HEAD_FILE), metadata={"readout": recipe.readout})
-        (tmp / CALIBRATION_FILE).write_bytes(_json_bytes(calibration.to_dict()))
-        (tmp / RECIPE_FILE).write_text(dump_recipe(recipe), encoding="utf-8")
-        (tmp / DATA_FILE).write_bytes(_json_bytes(dict(data)))
-        (tmp / METRICS_FILE).write_bytes(_json_bytes(dict(metrics)))
-        (tmp / PROVENANCE_FILE).write_bytes(_json_bytes(dict(provenance)))
-        pq.write_table(predictions, tmp / PREDICTIONS_FILE)
-        if lexical is not None:
-            lexical.save(tmp)
+        _write_parts(tmp, parts)
         files = _manifest_of(tmp)
         manifest = {"format": FORMAT, "checkpoint_hash": identity_of(files), "files": files}
         (tmp / MANIFEST).write_bytes(_json_bytes(manifest))
@@ -427,6 +455,7 @@ def load_checkpoint(ckpt_dir: str | Path, *, trainable: bool = False, verify_bas
 
 __all__ = [
     "CheckpointIntegrityError",
+    "CheckpointParts",
     "LoadedCheckpoint",
     "VOLATILE_FILES",
     "build_provenance",

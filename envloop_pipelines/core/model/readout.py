@@ -32,7 +32,8 @@ import pyarrow as pa
 import torch
 from torch import nn
 
-from envloop_pipelines.core.data.records import QUESTION_TYPES, Record, questions_table
+from envloop_pipelines.core.data.question_table import questions_table
+from envloop_pipelines.core.data.records import QUESTION_TYPES, Record
 
 if TYPE_CHECKING:
     from envloop_pipelines.core.model.recipe import Recipe

@@ -4,7 +4,13 @@ Training runs on ``transformers.Trainer`` with a custom loss (soft
 cross-entropy over each question's options), a custom collator (questions have
 ragged option counts), and its optimizer split into two learning rates (``lr``
 for LoRA, ``head_lr`` for the decision head). The Trainer brings the schedule,
-gradient accumulation and clipping, bf16 and DeepSpeed on a GPU.
+gradient accumulation and clipping, bf16 and DeepSpeed on a GPU. The Trainer
+subclass is in ``readout_trainer.py``, its dataset, collator and sampler in
+``training_data.py``, the model it starts from in ``trainable_model.py``, the
+run made ready before the first step in ``training_setup.py``, the fit on val
+after training in ``val_calibration.py`` (and ``lexical_fit.py``), the
+checkpoint's parts and their writing in ``checkpoint.py``; this module holds the
+Trainer's arguments, the head warm-up and the sequence of steps.
 
 Determinism: ``transformers.set_seed(recipe.seed)`` before the model is built
 (LoRA and head initialisation), a sampler with its own seeded generator (the
@@ -29,205 +35,34 @@ checkpoint (atomically), and the other ranks return as soon as training ends
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
 import os
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import torch
-from torch.utils.data import Dataset, RandomSampler
+from torch.utils.data import Dataset
 
-from envloop_pipelines.core.model.calibration import DEFAULT_SAFETY_FNR_TARGET, fit_calibration
-from envloop_pipelines.core.model.lexical import LexicalModel, fit_lexical_weight, fuse, head_share
-from envloop_pipelines.core.model.checkpoint import (
-    build_provenance,
-    load_checkpoint,
-    write_checkpoint,
-)
-from envloop_pipelines.core.model.predict import (
-    DecisionModel,
-    QuestionPrediction,
-    evaluate_checkpoint,
-    json_safe,
-    predictions_table,
-    score_predictions,
-)
-from envloop_pipelines.core.model.readout import (
-    Encoded,
-    QuestionInput,
-    ReadoutModel,
-    as_questions,
-    soft_cross_entropy,
-)
-from envloop_pipelines.core.model.readouts import build_readout_model
+from envloop_pipelines.core.model.calibration import DEFAULT_SAFETY_FNR_TARGET
+from envloop_pipelines.core.model.checkpoint import CheckpointParts, build_provenance, write_checkpoint
+from envloop_pipelines.core.model.predict import json_safe, predictions_table, score_predictions
+from envloop_pipelines.core.model.readout import QuestionInput, ReadoutModel
+from envloop_pipelines.core.model.readout_trainer import TrainerRun, _epoch_losses, _loss_quarters, _trainer_class
 from envloop_pipelines.core.model.recipe import Recipe, TrainerFields, resolve_deepspeed
-from envloop_pipelines.core.data.records import Record
+from envloop_pipelines.core.model.trainable_model import _as_loaded
+from envloop_pipelines.core.model.training_data import _Collator, _QuestionDataset, _targets
+from envloop_pipelines.core.model.training_setup import PreparedRun, TableLike, labelled_questions, prepare_run
+from envloop_pipelines.core.model.val_calibration import ValCalibration, calibrate_on_val
 
 log = logging.getLogger(__name__)
 
-TableLike = pa.Table | Sequence[Record] | Sequence[QuestionInput]
 
-
-class IncompatibleInitError(ValueError):
-    """``init_from`` names a checkpoint whose readout, base model or LoRA shape differs from the recipe's."""
-
-
-# --------------------------------------------------------------------------- data
-
-
-class _QuestionDataset(Dataset):
-    """Encoded questions with their targets, in a fixed order."""
-
-    def __init__(self, encoded: Sequence[Encoded], targets: Sequence[np.ndarray]) -> None:
-        self.encoded = list(encoded)
-        self.targets = list(targets)
-
-    def __len__(self) -> int:
-        return len(self.encoded)
-
-    def __getitem__(self, i: int) -> tuple[Encoded, np.ndarray]:
-        return self.encoded[i], self.targets[i]
-
-
-class _Collator:
-    """The readout's collate plus padded targets (ragged options → one tensor)."""
-
-    def __init__(self, model: ReadoutModel) -> None:
-        self.model = model
-
-    def __call__(self, items: Sequence[tuple[Encoded, np.ndarray]]) -> dict[str, torch.Tensor]:
-        batch = self.model.collate([e for e, _ in items])
-        k = batch["option_mask"].shape[1]
-        targets = torch.zeros((len(items), k), dtype=torch.float32)
-        for i, (_, t) in enumerate(items):
-            targets[i, : len(t)] = torch.as_tensor(t, dtype=torch.float32)
-        batch["targets"] = targets
-        return batch
-
-
-def _targets(questions: Sequence[QuestionInput], split: str) -> list[np.ndarray]:
-    out, missing = [], []
-    for q in questions:
-        t = q.target()
-        if t is None:
-            missing.append(q.key)
-        else:
-            out.append(t)
-    if missing:
-        shown = ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else "")
-        raise ValueError(f"{split}: {len(missing)} question(s) have neither label nor soft_label: {shown}")
-    return out
-
-
-class LengthGroupedSampler(torch.utils.data.Sampler):
-    """A seeded order whose consecutive ``batch_size`` runs hold questions of similar length.
-
-    Each epoch: shuffle, cut into chunks of 50 batches, sort each chunk by length, cut into
-    batches, shuffle the full batches and put the one short batch last (the DataLoader batches
-    consecutive indices, so a short batch in the middle would shift every batch after it).
-    Every question is seen once per epoch, as with a random order; padding falls with the spread
-    of lengths inside a batch.
-    """
-
-    def __init__(self, lengths: Sequence[int], batch_size: int, generator: torch.Generator) -> None:
-        self.lengths = list(lengths)
-        self.batch_size = batch_size
-        self.generator = generator
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def __iter__(self) -> Iterator[int]:
-        order = torch.randperm(len(self.lengths), generator=self.generator).tolist()
-        chunk = 50 * self.batch_size
-        batches: list[list[int]] = []
-        for start in range(0, len(order), chunk):
-            part = sorted(order[start:start + chunk], key=lambda i: -self.lengths[i])
-            batches += [part[i:i + self.batch_size] for i in range(0, len(part), self.batch_size)]
-        full = [b for b in batches if len(b) == self.batch_size]
-        short = [i for b in batches if len(b) < self.batch_size for i in b]
-        shuffled = [full[i] for i in torch.randperm(len(full), generator=self.generator).tolist()]
-        return iter([i for b in shuffled for i in b] + short)
-
-
-# --------------------------------------------------------------------------- trainer
-
-
-def _trainer_class() -> type:
-    """The Trainer subclass (built lazily: importing ``transformers.Trainer`` is slow)."""
-    from transformers import Trainer, TrainerCallback
-
-    class _EpochLossCallback(TrainerCallback):
-        def __init__(self, owner: Any) -> None:
-            self.owner = owner
-            self._t0 = 0.0
-
-        def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self.owner.epoch_index += 1
-
-        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self._t0 = time.perf_counter()
-
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self.owner.step_seconds.append(time.perf_counter() - self._t0)
-
-    class ReadoutTrainer(Trainer):
-        """Soft cross-entropy over each question's options; two learning rates; a seeded data order."""
-
-        # compute_loss returns a per-micro-batch mean: let the Trainer divide by grad_accum.
-        loss_is_scaled_for_ga = False
-
-        def __init__(self, *args: Any, recipe: Recipe, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.recipe = recipe
-            self.epoch_index = -1
-            self.loss_log: list[tuple[int, float, int]] = []  # (epoch, loss, questions)
-            self.step_seconds: list[float] = []
-            self.add_callback(_EpochLossCallback(self))
-
-        def compute_loss(self, model: Any, inputs: dict[str, torch.Tensor], return_outputs: bool = False,
-                         num_items_in_batch: Any = None) -> Any:
-            targets = inputs.pop("targets")
-            logits = model(**inputs)
-            loss = soft_cross_entropy(logits, inputs["option_mask"], targets)
-            if model.training:
-                self.loss_log.append((max(self.epoch_index, 0), float(loss.detach()), int(targets.shape[0])))
-            return (loss, logits) if return_outputs else loss
-
-        def create_optimizer(self, model: Any = None) -> torch.optim.Optimizer:
-            if self.optimizer is None:
-                opt_model = self.model if model is None else model
-                groups: dict[tuple[float, float], list[torch.nn.Parameter]] = {}
-                for name, p in opt_model.named_parameters():
-                    if not p.requires_grad:
-                        continue
-                    lr = self.recipe.head_lr if name.startswith("head.") else self.recipe.lr
-                    decay = 0.0 if (p.ndim < 2) else self.recipe.weight_decay  # no decay on biases
-                    groups.setdefault((lr, decay), []).append(p)
-                self.optimizer = torch.optim.AdamW(
-                    [{"params": ps, "lr": lr, "weight_decay": wd} for (lr, wd), ps in groups.items()],
-                    lr=self.recipe.lr,
-                    betas=(0.9, 0.999),
-                    eps=1e-8,
-                )
-            return self.optimizer
-
-        def _get_train_sampler(self, train_dataset: Any = None) -> torch.utils.data.Sampler:
-            ds = train_dataset if train_dataset is not None else self.train_dataset
-            generator = torch.Generator().manual_seed(self.recipe.seed)
-            if self.recipe.length_grouped:
-                return LengthGroupedSampler([len(e) for e in ds.encoded], self.recipe.batch_size, generator)
-            return RandomSampler(ds, generator=generator)
-
-    return ReadoutTrainer
+# --------------------------------------------------------------------------- the Trainer's arguments
 
 
 @contextlib.contextmanager
@@ -336,118 +171,7 @@ def trainer_arguments(recipe: TrainerFields, output_dir: str, *, label_names: Se
     )
 
 
-# --------------------------------------------------------------------------- model building
-
-
-def _check_init_compatible(recipe: Recipe, saved: Recipe, ckpt_dir: Path) -> None:
-    problems = []
-    for name in ("readout", "base_model"):
-        if getattr(recipe, name) != getattr(saved, name):
-            problems.append(f"{name}: recipe {getattr(recipe, name)!r} vs checkpoint {getattr(saved, name)!r}")
-    for name in ("r", "target_modules"):
-        if getattr(recipe.lora, name) != getattr(saved.lora, name):
-            problems.append(f"lora.{name}: recipe {getattr(recipe.lora, name)!r} vs checkpoint {getattr(saved.lora, name)!r}")
-    if recipe.readout == "decision_head":
-        for name in ("head_hidden", "state_attention", "family_head"):
-            if getattr(recipe, name) != getattr(saved, name):
-                problems.append(f"{name}: recipe {getattr(recipe, name)!r} vs checkpoint {getattr(saved, name)!r}")
-    if problems:
-        raise IncompatibleInitError(f"init_from {ckpt_dir}: cannot continue training: " + "; ".join(problems))
-
-
-def build_trainable_model(recipe: Recipe, *, init_from: str | Path | None = None) -> tuple[ReadoutModel, str | None]:
-    """The model to train: fresh LoRA and head (seeded), or a checkpoint's adapter and head.
-
-    Returns:
-        The model (train mode, LoRA and head trainable) and the init checkpoint's hash (or None).
-
-    Raises:
-        IncompatibleInitError: the checkpoint's readout, base model, LoRA rank/targets or head width differ.
-        CheckpointIntegrityError: the checkpoint fails verification.
-    """
-    from transformers import set_seed
-
-    set_seed(recipe.seed)
-    if init_from is None:
-        model = build_readout_model(recipe, trainable=True)
-        init_hash = None
-    else:
-        from envloop_pipelines.core.model.checkpoint import read_recipe
-
-        init_from = Path(init_from)
-        _check_init_compatible(recipe, read_recipe(init_from), init_from)
-        ckpt = load_checkpoint(init_from, trainable=True)
-        model, init_hash = ckpt.model, ckpt.checkpoint_hash
-        if recipe.lora.dropout != ckpt.recipe.lora.dropout or recipe.lora.alpha != ckpt.recipe.lora.alpha:
-            log.info("init_from: LoRA alpha/dropout come from the checkpoint's adapter (%s), not the recipe", init_from)
-    model.train()
-    return model, init_hash
-
-
-def _as_loaded(model: ReadoutModel, recipe: Recipe) -> ReadoutModel:
-    """The trained model as :func:`load_checkpoint` will rebuild it, in eval mode.
-
-    Usually the trained model itself. When training changed the dtype of its
-    weights (DeepSpeed with bf16 casts the whole module, base included), a fresh
-    fp32 base gets the trained adapter and head instead, so that the
-    end-of-training predictions are exactly what the checkpoint reproduces.
-    """
-    if all(p.dtype == torch.float32 for p in model.parameters()):
-        model.eval()
-        for p in model.parameters():
-            p.requires_grad_(False)
-        return model
-    from peft import get_peft_model_state_dict, set_peft_model_state_dict
-
-    adapter = {k: v.detach().float().cpu() for k, v in get_peft_model_state_dict(model.encoder).items()}
-    head = {k: (v.float() if v.is_floating_point() else v) for k, v in model.head_state_dict().items()}
-    device = next(model.parameters()).device
-    log.info("rebuilding the trained model in fp32 on a fresh base (training left %s weights)", {str(p.dtype) for p in model.parameters()})
-    fresh = build_readout_model(recipe, trainable=False)
-    set_peft_model_state_dict(fresh.encoder, adapter)
-    fresh.load_head_state_dict(head)
-    return fresh.to(device).eval()
-
-
-# --------------------------------------------------------------------------- the public entry point
-
-
-def _epoch_losses(loss_log: Sequence[tuple[int, float, int]]) -> list[dict[str, float]]:
-    by_epoch: dict[int, list[tuple[float, int]]] = {}
-    for epoch, loss, n in loss_log:
-        by_epoch.setdefault(epoch, []).append((loss, n))
-    return [
-        {"epoch": e + 1, "mean_loss": float(sum(l * n for l, n in rows) / sum(n for _, n in rows)), "micro_batches": len(rows)}
-        for e, rows in sorted(by_epoch.items())
-    ]
-
-
-def _loss_quarters(loss_log: Sequence[tuple[int, float, int]]) -> list[float] | None:
-    """The mean training loss over each quarter of the micro-batches, in order: whether the loss was still
-    falling when training stopped (the proposer's under-training signal; the per-epoch means cannot say
-    it for a run shorter than an epoch). ``None`` below four micro-batches."""
-    if len(loss_log) < 4:
-        return None
-    quarters = np.array_split(np.arange(len(loss_log)), 4)
-    return [float(sum(loss_log[i][1] * loss_log[i][2] for i in q) / sum(loss_log[i][2] for i in q)) for q in quarters]
-
-
-@dataclass
-class TrainerRun:
-    """What one ``Trainer.train()`` left behind, read before the trainer is dropped.
-
-    ``step_seconds`` holds each optimizer step's wall time (its ``grad_accum`` micro-batches, clipping and the
-    optimizer's update); ``loss_log`` each micro-batch's ``(epoch, loss, questions)``.
-    """
-
-    model: ReadoutModel
-    steps: int
-    seconds: float
-    loss_log: list[tuple[int, float, int]]
-    step_seconds: list[float]
-    main_process: bool
-    world_size: int
-    used_deepspeed: bool
+# --------------------------------------------------------------------------- one run of the Trainer
 
 
 def _run_trainer(model: ReadoutModel, recipe: Recipe, dataset: Dataset, collator: _Collator) -> TrainerRun:
@@ -496,6 +220,9 @@ def train_readout(model: ReadoutModel, questions: Sequence[QuestionInput], recip
         return _run_trainer(model, recipe, _QuestionDataset(encoded, _targets(questions, "train")), _Collator(model))
 
 
+# --------------------------------------------------------------------------- the head warm-up
+
+
 def _fit_head_first(model: ReadoutModel, recipe: Recipe, dataset: Dataset, collator: _Collator) -> dict[str, Any]:
     """Fit the fresh head alone on the frozen encoder for ``recipe.head_warmup_epochs`` (linear probing).
 
@@ -523,55 +250,86 @@ def _fit_head_first(model: ReadoutModel, recipe: Recipe, dataset: Dataset, colla
             "last_epoch_loss": epochs[-1]["mean_loss"] if epochs else None}
 
 
-def _feature_pass(model: ReadoutModel, encoded: Sequence[Encoded]) -> dict[str, Any] | None:
-    """With ``frozen_layers``: run the frozen layers once per distinct training input (or find them cached).
-
-    Done before the first step so that step times measure training alone; what it found and
-    computed is recorded in ``metrics.json`` (``train.feature_pass``).
-    """
-    cache = getattr(model, "feature_cache", None)
-    if not getattr(model, "frozen_layers", 0) or cache is None:
+def _warm_up_head(prepared: PreparedRun, recipe: Recipe, init_from: str | Path | None) -> dict[str, Any] | None:
+    """The head warm-up (:func:`_fit_head_first`) when the recipe asks for one and the head is fresh."""
+    if recipe.head_warmup_epochs and init_from is not None:
+        log.info("head_warmup_epochs=%d skipped: the head comes fitted from %s", recipe.head_warmup_epochs, init_from)
         return None
-    before, started = cache.stats(), time.perf_counter()
-    for e in encoded:
-        model.lower_features(e)
-    after = cache.stats()
-    return {"seconds": round(time.perf_counter() - started, 3), "computed": after["misses"] - before["misses"],
-            "reused_from_memory": after["hits"] - before["hits"],
-            "reused_from_disk": after["disk_hits"] - before["disk_hits"]}
+    if recipe.head_warmup_epochs:
+        return _fit_head_first(prepared.model, recipe, prepared.dataset, prepared.collator)
+    return None
 
 
-def _family_slots(questions: Sequence[QuestionInput]) -> dict[str, int]:
-    """With ``family_head``: each training family's parameter slot (recorded in ``metrics.json``).
-
-    Two families on one slot share their per-family parameters (the hash is fixed, so they always
-    will): said in a warning, since each then reads a mix of both families' parameters.
-    """
-    from envloop_pipelines.core.model.decision_head import family_slot
-
-    slots = {f: family_slot(f) for f in sorted({q.family for q in questions})}
-    by_slot: dict[int, list[str]] = {}
-    for family, slot in slots.items():
-        by_slot.setdefault(slot, []).append(family)
-    for slot, names in by_slot.items():
-        if len(names) > 1:
-            log.warning("family_head: families %s share parameter slot %d", names, slot)
-    return slots
+# --------------------------------------------------------------------------- after the last step
 
 
-def _fit_lexical(recipe: Recipe, train_q: Sequence[QuestionInput], val_q: Sequence[QuestionInput],
-                 val_raw: Sequence[QuestionPrediction]) -> tuple[LexicalModel, dict[str, Any]]:
-    """The hybrid readout's lexical part: fitted on train, its fusion weight chosen on val (calibrated NLL)."""
-    t0 = time.perf_counter()
-    lexical = LexicalModel(seed=recipe.seed).fit(train_q)
-    weight, tried = fit_lexical_weight([p.logits for p in val_raw], lexical.log_probs(val_q), val_q,
-                                       error_budget=recipe.error_budget)
-    lexical.weight = weight
-    share = head_share([p.logits for p in val_raw], lexical.log_probs(val_q), weight)
-    log.info("lexical readout: weight %g on val (calibrated val NLL by weight: %s); the head's share %s", weight,
-             tried, "n/a" if share is None else f"{share:.2f}")
-    return lexical, {"weight": weight, "val_nll_by_weight": tried, "head_share": share,
-                     "seconds": time.perf_counter() - t0, "families": len(lexical.families)}
+def _metrics(recipe: Recipe, prepared: PreparedRun, run: TrainerRun, fit: ValCalibration,
+             head_warmup: dict[str, Any] | None, *, train_q: Sequence[QuestionInput], val_q: Sequence[QuestionInput],
+             eval_q: Sequence[QuestionInput], eval_split: str, t_start: float) -> dict[str, Any]:
+    """What ``metrics.json`` holds: the training run, val before and after calibration, the eval split."""
+    epochs = _epoch_losses(run.loss_log)
+    return {
+        "train": {
+            "n_questions": len(train_q),
+            "n_truncated": int(prepared.n_truncated),
+            "n_state_tokens_dropped": int(sum(e.n_state_tokens_dropped for e in prepared.encoded)),
+            "epochs": epochs,
+            "first_epoch_loss": epochs[0]["mean_loss"] if epochs else None,
+            "last_epoch_loss": epochs[-1]["mean_loss"] if epochs else None,
+            "loss_quarters": _loss_quarters(run.loss_log),
+            "steps": run.steps,
+            "seconds": run.seconds,
+            "seconds_per_step": float(np.mean(run.step_seconds)) if run.step_seconds else None,
+            "questions_per_second": sum(n for _, _, n in run.loss_log) / run.seconds if run.seconds > 0 else None,
+            "head_warmup": head_warmup,
+            "feature_pass": prepared.feature_pass,
+            "lexical": fit.lexical_fit,
+            "family_slots": prepared.family_slots,
+            "trainable_parameters": int(prepared.n_trainable),
+            "total_parameters": int(prepared.n_total),
+        },
+        "val": {
+            "uncalibrated": score_predictions(fit.val_raw, val_q, error_budget=recipe.error_budget, raw=True),
+            "calibrated": score_predictions(fit.val_calibrated, val_q, error_budget=recipe.error_budget),
+        },
+        "calibration": fit.calibration.to_dict(),
+        "eval": score_predictions(fit.eval_predictions, eval_q, error_budget=recipe.error_budget),
+        "eval_split": eval_split,
+        "wall_seconds": time.perf_counter() - t_start,
+    }
+
+
+def _checkpoint_parts(recipe: Recipe, model: ReadoutModel, prepared: PreparedRun, run: TrainerRun, fit: ValCalibration,
+                      metrics: dict[str, Any], *, data_hash: str, eval_split: str, n_train: int, n_val: int,
+                      n_eval: int) -> CheckpointParts:
+    """The checkpoint's parts: the trained model, its calibration, the metrics, provenance and data."""
+    provenance = build_provenance(recipe, data_hash, init_from_hash=prepared.init_hash,
+                                  extra={"world_size": run.world_size,
+                                         "deepspeed": recipe.deepspeed if run.used_deepspeed else None})
+    data = {"data_hash": data_hash, "eval_split": eval_split, "n_train": n_train, "n_val": n_val, "n_eval": n_eval}
+    return CheckpointParts(
+        model=model,
+        recipe=recipe,
+        calibration=fit.calibration,
+        data=data,
+        metrics=json_safe(metrics),
+        provenance=provenance,
+        predictions=predictions_table(fit.eval_predictions),
+        lexical=fit.lexical,
+    )
+
+
+def _log_summary(recipe: Recipe, run: TrainerRun, metrics: dict[str, Any]) -> None:
+    """One line: steps, seconds, the loss from first to last epoch, the val NLL before and after calibration."""
+    log.info(
+        "trained %s: %d steps in %.1fs, loss %.4f → %.4f; val nll %.4f → %.4f after calibration",
+        recipe.readout, run.steps, run.seconds, metrics["train"]["first_epoch_loss"] or math.nan,
+        metrics["train"]["last_epoch_loss"] or math.nan,
+        metrics["val"]["uncalibrated"].get("nll") or math.nan, metrics["val"]["calibrated"].get("nll") or math.nan,
+    )
+
+
+# --------------------------------------------------------------------------- the public entry point
 
 
 def train_checkpoint(
@@ -612,33 +370,13 @@ def train_checkpoint(
         raise FileExistsError(f"checkpoint directory {out_dir} already exists; checkpoints are never overwritten")
     if not isinstance(data_hash, str) or not data_hash:
         raise ValueError("data_hash must be a non-empty string (the data snapshot hash)")
-    train_q, val_q = as_questions(train_table), as_questions(val_table)
-    eval_q = val_q if eval_table is None else as_questions(eval_table)
-    if not train_q:
-        raise ValueError("train: no questions to train on")
-    if not val_q:
-        raise ValueError("val: no questions to calibrate on")
-    train_targets = _targets(train_q, "train")
-    _targets(val_q, "val")
+    train_q, val_q, eval_q, train_targets = labelled_questions(train_table, val_table, eval_table)
 
     t_start = time.perf_counter()
     with _deterministic():
-        model, init_hash = build_trainable_model(recipe, init_from=init_from)
-        encoded = model.encode_many(train_q)
-        n_trunc = sum(e.truncated for e in encoded)
-        if n_trunc:
-            log.warning("train: %d of %d questions had their state truncated to max_length=%d", n_trunc, len(encoded), recipe.max_length)
-        feature_pass = _feature_pass(model, encoded)
-        family_slots = _family_slots(train_q) if recipe.family_head else None
-        n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        n_total = sum(p.numel() for p in model.parameters())
-        dataset, collator = _QuestionDataset(encoded, train_targets), _Collator(model)
-        head_warmup: dict[str, Any] | None = None
-        if recipe.head_warmup_epochs and init_from is not None:
-            log.info("head_warmup_epochs=%d skipped: the head comes fitted from %s", recipe.head_warmup_epochs, init_from)
-        elif recipe.head_warmup_epochs:
-            head_warmup = _fit_head_first(model, recipe, dataset, collator)
-        run = _run_trainer(model, recipe, dataset, collator)
+        prepared = prepare_run(recipe, train_q, train_targets, init_from)
+        head_warmup = _warm_up_head(prepared, recipe, init_from)
+        run = _run_trainer(prepared.model, recipe, prepared.dataset, prepared.collator)
     if not run.main_process:
         # Several processes trained together (DeepSpeed/DDP): rank 0 alone calibrates and writes. The
         # directory does not exist yet here (rank 0 renames it into place when done): callers check
@@ -646,90 +384,19 @@ def train_checkpoint(
         log.info("not the main process: leaving calibration and the checkpoint %s to rank 0", out_dir)
         return out_dir
     model = _as_loaded(run.model, recipe)
-
-    # Calibration on val: raw logits → per-type temperature and automation threshold.
-    dm = DecisionModel(model, None, batch_size=recipe.eval_batch_size, precision=recipe.inference_precision)
-    val_raw = dm.predict(val_q)
-    lexical, lexical_fit = _fit_lexical(recipe, train_q, val_q, val_raw) if recipe.lexical else (None, None)
-    if lexical is not None:
-        dm.lexical = lexical
-        val_raw = [dataclasses.replace(p, logits=z) for p, z in
-                   zip(val_raw, fuse([p.logits for p in val_raw], lexical.log_probs(val_q), lexical.weight or 0.0))]
-    calibration = fit_calibration(
-        [p.logits for p in val_raw],
-        [q.label if q.label is not None else -1 for q in val_q],
-        [q.type for q in val_q],
-        soft_labels=[None if q.soft_label is None else np.asarray(q.soft_label) for q in val_q],
-        error_budget=recipe.error_budget,
-        families=[q.family for q in val_q],
-        safety_families=tuple(safety_families),
-        safety_fnr_target=safety_fnr_target,
-    )
-    dm.calibration = calibration
-    val_cal = dm.recalibrate(val_raw)
-    eval_preds: list[QuestionPrediction] = val_cal if eval_table is None else dm.predict(eval_q)
-
-    epochs = _epoch_losses(run.loss_log)
-    n_steps = run.steps
-    metrics: dict[str, Any] = {
-        "train": {
-            "n_questions": len(train_q),
-            "n_truncated": int(n_trunc),
-            "n_state_tokens_dropped": int(sum(e.n_state_tokens_dropped for e in encoded)),
-            "epochs": epochs,
-            "first_epoch_loss": epochs[0]["mean_loss"] if epochs else None,
-            "last_epoch_loss": epochs[-1]["mean_loss"] if epochs else None,
-            "loss_quarters": _loss_quarters(run.loss_log),
-            "steps": n_steps,
-            "seconds": run.seconds,
-            "seconds_per_step": float(np.mean(run.step_seconds)) if run.step_seconds else None,
-            "questions_per_second": sum(n for _, _, n in run.loss_log) / run.seconds if run.seconds > 0 else None,
-            "head_warmup": head_warmup,
-            "feature_pass": feature_pass,
-            "lexical": lexical_fit,
-            "family_slots": family_slots,
-            "trainable_parameters": int(n_trainable),
-            "total_parameters": int(n_total),
-        },
-        "val": {
-            "uncalibrated": score_predictions(val_raw, val_q, error_budget=recipe.error_budget, raw=True),
-            "calibrated": score_predictions(val_cal, val_q, error_budget=recipe.error_budget),
-        },
-        "calibration": calibration.to_dict(),
-        "eval": score_predictions(eval_preds, eval_q, error_budget=recipe.error_budget),
-        "eval_split": eval_split,
-        "wall_seconds": time.perf_counter() - t_start,
-    }
-    provenance = build_provenance(recipe, data_hash, init_from_hash=init_hash,
-                                  extra={"world_size": run.world_size,
-                                         "deepspeed": recipe.deepspeed if run.used_deepspeed else None})
-    data = {"data_hash": data_hash, "eval_split": eval_split, "n_train": len(train_q), "n_val": len(val_q), "n_eval": len(eval_q)}
-    log.info(
-        "trained %s: %d steps in %.1fs, loss %.4f → %.4f; val nll %.4f → %.4f after calibration",
-        recipe.readout, n_steps, run.seconds, metrics["train"]["first_epoch_loss"] or math.nan,
-        metrics["train"]["last_epoch_loss"] or math.nan,
-        metrics["val"]["uncalibrated"].get("nll") or math.nan, metrics["val"]["calibrated"].get("nll") or math.nan,
-    )
-    return write_checkpoint(
-        out_dir,
-        model=model,
-        recipe=recipe,
-        calibration=calibration,
-        data=data,
-        metrics=json_safe(metrics),
-        provenance=provenance,
-        predictions=predictions_table(eval_preds),
-        lexical=lexical,
-    )
+    fit = calibrate_on_val(model, recipe, train_q, val_q, None if eval_table is None else eval_q,
+                           safety_families=safety_families, safety_fnr_target=safety_fnr_target)
+    metrics = _metrics(recipe, prepared, run, fit, head_warmup, train_q=train_q, val_q=val_q, eval_q=eval_q,
+                       eval_split=eval_split, t_start=t_start)
+    parts = _checkpoint_parts(recipe, model, prepared, run, fit, metrics, data_hash=data_hash, eval_split=eval_split,
+                              n_train=len(train_q), n_val=len(val_q), n_eval=len(eval_q))
+    _log_summary(recipe, run, metrics)
+    return write_checkpoint(out_dir, parts)
 
 
 __all__ = [
-    "IncompatibleInitError",
-    "TrainerRun",
-    "build_trainable_model",
     "cpu_bf16",
     "deepspeed_config",
-    "evaluate_checkpoint",
     "is_main_process",
     "train_checkpoint",
     "train_readout",

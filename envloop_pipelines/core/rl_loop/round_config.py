@@ -21,8 +21,6 @@ from envloop_pipelines.core.loop.config import CONTAMINATION_POLICIES, LoopConfi
 RL_METRIC = "pass_at_1"
 #: The change kind an RL round registers (``Hypothesis.change["kind"]``).
 CHANGE_KIND = "rl_from_verified_attempts"
-TRAIN_SPLIT = "train"
-HELDOUT_SPLIT = "heldout"
 #: The confidence level of the held-out comparison's CIs (the gate's CI above zero is at this level).
 CONFIDENCE_LEVEL = 0.95
 DEFAULT_RL_RECIPE = "packaged:causal_sft_qwen_gpu.yaml"
@@ -131,5 +129,4 @@ class RlRoundConfig:
         return cls(**dict(settings))
 
 
-__all__ = ["CHANGE_KIND", "CONFIDENCE_LEVEL", "DEFAULT_RL_RECIPE", "HELDOUT_SPLIT", "RL_METRIC", "RlRoundConfig",
-           "TRAIN_SPLIT"]
+__all__ = ["CHANGE_KIND", "CONFIDENCE_LEVEL", "DEFAULT_RL_RECIPE", "RL_METRIC", "RlRoundConfig"]

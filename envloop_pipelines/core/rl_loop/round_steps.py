@@ -22,21 +22,15 @@ from typing import Any, Protocol
 import numpy as np
 
 from envloop_pipelines.core.agents.client import AgentSpec
+from envloop_pipelines.core.environments.spec import HOLDOUT_SPLIT, TRAIN_SPLIT
 from envloop_pipelines.core.ledger.event_log import EVENT_CHECKPOINT_TRAINED, EVENT_NULL_ARM
 from envloop_pipelines.core.ledger.hypothesis import Hypothesis
 from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.loop.promotion import check_arm_identity, noise_floor_from_arms
-from envloop_pipelines.core.rl_loop.round_config import (
-    CHANGE_KIND,
-    CONFIDENCE_LEVEL,
-    HELDOUT_SPLIT,
-    RL_METRIC,
-    TRAIN_SPLIT,
-    RlRoundConfig,
-)
+from envloop_pipelines.core.rl_loop.round_config import CHANGE_KIND, CONFIDENCE_LEVEL, RL_METRIC, RlRoundConfig
 from envloop_pipelines.core.rl_loop.step_records import (
     ArmScore,
-    HeldoutComparison,
+    HoldoutComparison,
     RlCandidate,
     RlHypothesis,
     RlNoiseFloor,
@@ -171,7 +165,7 @@ def register_rl_hypothesis(config: RlRoundConfig, dataset: Any, key: str, tracke
     """
     if not any(e.split == TRAIN_SPLIT for e in dataset.environments):
         raise ValueError(f"{dataset.name}@{dataset.version}: an RL round needs environments in the split "
-                         f"{TRAIN_SPLIT!r} to sample and in {HELDOUT_SPLIT!r} to evaluate on")
+                         f"{TRAIN_SPLIT!r} to sample and in {HOLDOUT_SPLIT!r} to evaluate on")
     recipe = config.load_recipe()
     policy = current_policy(config)
     parent = {"model": f"policy-{policy.sha256[:12]}" if policy else f"base-{Path(recipe.base_model).name}",
@@ -181,7 +175,7 @@ def register_rl_hypothesis(config: RlRoundConfig, dataset: Any, key: str, tracke
         sampler = agent.to_dict() if agent is not None else {"kind": "current_policy", "model": parent["model"],
                                                               "checkpoint_sha256": parent["checkpoint_sha256"]}
     seeds = (recipe.seed, *null_arm_seeds(config))
-    n_heldout = sum(1 for e in dataset.environments if e.split == HELDOUT_SPLIT)
+    n_holdout = sum(1 for e in dataset.environments if e.split == HOLDOUT_SPLIT)
     gate = config.gate()
     hypothesis = Hypothesis(
         task=config.task, round=key, benchmark_version=f"{dataset.name}@{dataset.version}",
@@ -190,7 +184,7 @@ def register_rl_hypothesis(config: RlRoundConfig, dataset: Any, key: str, tracke
                 "contamination_policy": config.contamination_policy},
         predicted_delta=config.predicted_delta, gate=gate, seeds=seeds, recipe_hash=recipe.hash,
         rationale=rationale or "SFT on the attempts the verifier passed raises held-out pass@1",
-        power=rl_hypothesis_power(config, n_heldout))
+        power=rl_hypothesis_power(config, n_holdout))
     ledger = Ledger(config.task, config.home)
     registered = ledger.hypothesis(key)
     if registered is not None and registered.power is None:
@@ -199,7 +193,7 @@ def register_rl_hypothesis(config: RlRoundConfig, dataset: Any, key: str, tracke
     if hypothesis.underpowered:
         log.warning("round %s: hypothesis underpowered: predicted %+.4f held-out pass@1, below the test's minimum "
                     "detectable effect %.4f (80%% power, %d held-out environments x %d attempts)", key,
-                    config.predicted_delta, hypothesis.power["mde"], n_heldout, config.eval_attempts)
+                    config.predicted_delta, hypothesis.power["mde"], n_holdout, config.eval_attempts)
     run = child_run(tracker, config.loop_config(), key, KIND_HYPOTHESIS, {TAG_HYPOTHESIS: h})
     tracker.log_params(run.run_id, {"change.kind": CHANGE_KIND, "predicted_delta": config.predicted_delta,
                                     "gate": json.dumps(asdict(gate)), "seeds": list(seeds),
@@ -259,7 +253,7 @@ def build_rl_snapshot(config: RlRoundConfig, dataset: Any, sampling: RlSampling,
 
     store = RoundStore(config.task, config.home)
     snap = build_sft_snapshot(read_attempts(sampling.attempts_path), train_texts=_environment_texts(dataset, TRAIN_SPLIT),
-                              heldout_texts=_environment_texts(dataset, HELDOUT_SPLIT), root=store.snapshots / "sft",
+                              holdout_texts=_environment_texts(dataset, HOLDOUT_SPLIT), root=store.snapshots / "sft",
                               policy=config.contamination_policy)
     tracker.log_metrics(round_run(tracker, config.loop_config(), sampling.round).run_id,
                         {"verified_attempts": snap.n_passed, "sft_rows": snap.n_rows, "sft_rows_removed": snap.n_removed})
@@ -323,7 +317,7 @@ def measure_rl_noise_floor(config: RlRoundConfig, dataset: Any, snapshot: RlSnap
     for arm_recipe in arm_recipes:
         arm = train_policy(rows, arm_recipe, root, snapshot.sha256)
         with served(serve, config, str(arm.path), f"policy-{arm.sha256[:12]}") as agent:
-            score = heldout_score(dataset, agent, config)
+            score = holdout_score(dataset, agent, config)
         arms.append({RL_METRIC: score.pass_at_1, "seed": arm_recipe.seed, "checkpoint_sha256": arm.sha256})
         arm_run = child_run(tracker, loop, key, KIND_NULL_ARM, {TAG_CHECKPOINT: arm.sha256})
         tracker.log_params(arm_run.run_id, {"seed": arm_recipe.seed})
@@ -349,7 +343,7 @@ def _arm_score(counts: Mapping[str, tuple[int, int]], seed: int) -> ArmScore:
     return ArmScore(p1.value, p1.ci_low, p1.ci_high, p1.n_environments, sum(n for n, _ in counts.values()))
 
 
-def _heldout_counts(dataset: Any, agent: AgentSpec, config: RlRoundConfig) -> dict[str, tuple[int, int]]:
+def _holdout_counts(dataset: Any, agent: AgentSpec, config: RlRoundConfig) -> dict[str, tuple[int, int]]:
     """Per held-out environment ``(attempts, passes)``: for the aggregates of this module only, never returned further.
 
     The agent runner with the same per-attempt sampling seeds for every arm: attempt *i* at environment *e*
@@ -357,16 +351,16 @@ def _heldout_counts(dataset: Any, agent: AgentSpec, config: RlRoundConfig) -> di
     """
     from envloop_pipelines.core.agents.evaluate import pass_counts
 
-    return pass_counts(dataset, agent, attempts=config.eval_attempts, split=HELDOUT_SPLIT, limits=config.limits(),
+    return pass_counts(dataset, agent, attempts=config.eval_attempts, split=HOLDOUT_SPLIT, limits=config.limits(),
                        workers=config.workers, home=config.home)
 
 
-def heldout_score(dataset: Any, agent: AgentSpec, config: RlRoundConfig) -> ArmScore:
+def holdout_score(dataset: Any, agent: AgentSpec, config: RlRoundConfig) -> ArmScore:
     """One policy's held-out pass@1 with its CI (a null arm's)."""
-    return _arm_score(_heldout_counts(dataset, agent, config), config.bootstrap_seed)
+    return _arm_score(_holdout_counts(dataset, agent, config), config.bootstrap_seed)
 
 
-def heldout_comparison(dataset: Any, candidate: AgentSpec, parent: AgentSpec, config: RlRoundConfig) -> HeldoutComparison:
+def holdout_comparison(dataset: Any, candidate: AgentSpec, parent: AgentSpec, config: RlRoundConfig) -> HoldoutComparison:
     """Candidate and parent on the held-out environments; aggregates and the paired delta only (rule 4).
 
     Each arm's pass@1 and CI as ``agents/stats.py`` computes an evaluation's; the delta is the mean over
@@ -375,14 +369,14 @@ def heldout_comparison(dataset: Any, candidate: AgentSpec, parent: AgentSpec, co
     """
     from envloop_pipelines.core.agents.stats import mean_ci
 
-    cand, par = _heldout_counts(dataset, candidate, config), _heldout_counts(dataset, parent, config)
+    cand, par = _holdout_counts(dataset, candidate, config), _holdout_counts(dataset, parent, config)
     if sorted(cand) != sorted(par):
         raise RuntimeError("the two arms were scored on different held-out environments")
     diffs = [cand[k][1] / cand[k][0] - par[k][1] / par[k][0] for k in sorted(cand)]
     low, high = mean_ci(diffs, confidence_level=CONFIDENCE_LEVEL, seed=config.bootstrap_seed)
     delta = {"delta": float(np.mean(diffs)), "ci_low": low, "ci_high": high, "confidence_level": CONFIDENCE_LEVEL,
              "n_environments": len(diffs)}
-    return HeldoutComparison(_arm_score(cand, config.bootstrap_seed), _arm_score(par, config.bootstrap_seed), delta,
+    return HoldoutComparison(_arm_score(cand, config.bootstrap_seed), _arm_score(par, config.bootstrap_seed), delta,
                              config.eval_attempts)
 
 
@@ -395,7 +389,7 @@ def reevaluate_rl(config: RlRoundConfig, dataset: Any, hypothesis: RlHypothesis,
     t = time.monotonic()
     with served(serve, config, candidate.path, candidate.model or "") as cand_agent, \
             served(serve, config, hypothesis.parent["path"], hypothesis.parent["model"]) as parent_agent:
-        comparison = heldout_comparison(dataset, cand_agent, parent_agent, config)
+        comparison = holdout_comparison(dataset, cand_agent, parent_agent, config)
     run = child_run(tracker, config.loop_config(), key, KIND_REEVAL, {TAG_CHECKPOINT: candidate.checkpoint_sha256 or ""})
     tracker.log_metrics(run.run_id, {f"candidate.{RL_METRIC}": comparison.candidate.pass_at_1,
                                      f"champion.{RL_METRIC}": comparison.parent.pass_at_1,
@@ -404,6 +398,6 @@ def reevaluate_rl(config: RlRoundConfig, dataset: Any, hypothesis: RlHypothesis,
     return RlReevaluation(round=key, comparison=comparison, seconds=round(time.monotonic() - t, 3))
 
 
-__all__ = ["PolicyServer", "SAMPLED_ATTEMPTS", "build_rl_snapshot", "current_policy", "heldout_comparison", "heldout_score",
+__all__ = ["PolicyServer", "SAMPLED_ATTEMPTS", "build_rl_snapshot", "current_policy", "holdout_comparison", "holdout_score",
            "measure_rl_noise_floor", "null_arm_seeds", "reevaluate_rl", "register_rl_hypothesis", "rl_hypothesis_power",
            "sample_attempts", "served", "train_policy", "train_rl_candidate"]

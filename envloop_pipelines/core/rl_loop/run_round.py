@@ -54,7 +54,7 @@ from envloop_pipelines.core.ledger.ledger import Ledger
 from envloop_pipelines.core.loop.promotion import decide_promotion
 from envloop_pipelines.core.rl_loop.round_config import CHANGE_KIND, RL_METRIC, RlRoundConfig
 from envloop_pipelines.core.rl_loop.step_records import (
-    HeldoutComparison,
+    HoldoutComparison,
     RlCandidate,
     RlHypothesis,
     RlNoiseFloor,
@@ -215,7 +215,7 @@ def _record_rejection(ledger: Ledger, tracker: Tracker, parent_run_id: str,
 
 
 def _publish(config: RlRoundConfig, ledger: Ledger, tracker: Tracker, parent_run_id: str,
-             result: RlRoundResult, comparison: HeldoutComparison) -> RlRoundResult:
+             result: RlRoundResult, comparison: HoldoutComparison) -> RlRoundResult:
     """The release, through the loops' one publishing path (:func:`~envloop_pipelines.core.release.publish.release_checkpoint`):
     the held-out split read once for it, the policy checkpoint as its run's artifact, registered as a version of
     the task's model and made champion, and its card naming the policy checkpoint."""

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from envloop_pipelines.core.data.contamination import ContaminationConfig, check_contamination
+from envloop_pipelines.core.environments.spec import TRAIN_SPLIT
 from envloop_pipelines.core.ledger.store import JsonRecord
 from envloop_pipelines.core.storage import canonical_json, make_read_only, publish_dir, sha256_bytes, sha256_file, staging_dir
 
@@ -44,7 +45,6 @@ FORMAT = "envloop-sft-snapshot/1"
 ROWS_FILE = "rows.jsonl"
 CONTAMINATION_FILE = "contamination.json"
 MANIFEST_FILE = "manifest.json"
-TRAIN_SPLIT = "train"
 
 
 class ContaminatedSnapshotError(ValueError):
@@ -107,7 +107,7 @@ def build_sft_snapshot(
     attempts: Sequence[Any],
     *,
     train_texts: Mapping[str, str],
-    heldout_texts: Mapping[str, str],
+    holdout_texts: Mapping[str, str],
     root: str | Path,
     policy: str = "remove",
     config: ContaminationConfig = ContaminationConfig(),
@@ -117,7 +117,7 @@ def build_sft_snapshot(
     Args:
         attempts: the round's sampled attempts (``Attempt`` records).
         train_texts: environment id -> :func:`environment_text` of the training environments.
-        heldout_texts: the same for the held-out environments (inputs only).
+        holdout_texts: the same for the held-out environments (inputs only).
         root: the folder of content-addressed snapshots.
         policy: ``remove`` (drop flagged rows) or ``refuse`` (raise when any row is flagged).
         config: the contamination thresholds.
@@ -133,7 +133,7 @@ def build_sft_snapshot(
     by_id: dict[str, dict[str, Any]] = {}
     for row, attempt in zip(rows, passed):
         reasons = []
-        if attempt.environment_id in heldout_texts:
+        if attempt.environment_id in holdout_texts:
             reasons.append("the environment is held out")
         if attempt.split != TRAIN_SPLIT:
             reasons.append(f"the attempt's split is {attempt.split!r}, not {TRAIN_SPLIT!r}")
@@ -145,14 +145,14 @@ def build_sft_snapshot(
         if text is None:  # not a known training environment: check what the agent was told
             text = "\n".join(str(m.get("content") or "") for m in attempt.messages if m.get("role") == "user")
         texts.append((row["id"], text))
-    report = check_contamination(texts, sorted(heldout_texts.items()), config)
+    report = check_contamination(texts, sorted(holdout_texts.items()), config)
     for test, found in (("exact", report.exact), ("near_duplicate", report.near_duplicate),
                         ("ngram_overlap", report.ngram_overlap), ("containment", report.containment)):
         for f in found:
             by_id.setdefault(f["id"], {"id": f["id"], "test": test, "reasons": []})["reasons"].append(
                 {k: v for k, v in f.items() if k not in ("row", "id")} | {"test": test})
     flagged = sorted(by_id)
-    body = {"policy": policy, "n_rows": len(rows), "n_heldout": len(heldout_texts), "flagged": [by_id[i] for i in flagged],
+    body = {"policy": policy, "n_rows": len(rows), "n_heldout": len(holdout_texts), "flagged": [by_id[i] for i in flagged],
             "removed": flagged if policy == "remove" else [], "clean": not flagged, "config": report.config}
     if flagged and policy == "refuse":
         raise ContaminatedSnapshotError(f"{len(flagged)} of {len(rows)} SFT rows overlap the held-out environments "

@@ -105,7 +105,7 @@ class ArmScore(JsonRecord):
 
 
 @dataclass(frozen=True)
-class HeldoutComparison(JsonRecord):
+class HoldoutComparison(JsonRecord):
     """Candidate against parent on the held-out environments: aggregates and the paired delta only."""
 
     candidate: ArmScore
@@ -119,7 +119,7 @@ class RlReevaluation(JsonRecord):
     """``rl_heldout_reeval``: candidate and parent on the held-out environments (``None`` when nothing was trained)."""
 
     round: str
-    comparison: HeldoutComparison | None
+    comparison: HoldoutComparison | None
     seconds: float = 0.0
 
 
@@ -157,5 +157,5 @@ RL_STEP_RECORDS: dict[str, type] = {
     "rl_decision": RlRoundResult,
 }
 
-__all__ = ["ArmScore", "HeldoutComparison", "RL_STEP_RECORDS", "RlCandidate", "RlHypothesis", "RlNoiseFloor",
+__all__ = ["ArmScore", "HoldoutComparison", "RL_STEP_RECORDS", "RlCandidate", "RlHypothesis", "RlNoiseFloor",
            "RlReevaluation", "RlRoundResult", "RlSampling", "RlSnapshot"]

@@ -43,7 +43,7 @@ decompression; ``Content-Encoding`` ``gzip``, ``deflate`` and, where a zstd
 module is installed (Python 3.14's ``compression.zstd``, ``backports.zstd`` or
 ``zstandard``), ``zstd``, which ``typesafe-sdk`` uses for bodies ≥ 1 KiB when it
 has zstd itself; anything else is 415. Multipart bodies (image assets) are 415.
-JSON is decoded with :func:`~envloop_pipelines.core.data.records.decode_json`, so
+JSON is decoded with :func:`~envloop_pipelines.core.data.json_text.decode_json`, so
 duplicate option keys are caught; strings with lone surrogates are refused
 (they could not be sent back as UTF-8), and so is nesting deeper than
 ``MAX_JSON_DEPTH`` (128) levels.

@@ -22,7 +22,7 @@ from typing import Any, Callable, Protocol
 
 from fastapi import Request
 
-from envloop_pipelines.core.data.records import decode_json
+from envloop_pipelines.core.data.json_text import decode_json
 from envloop_pipelines.core.serve.schemas import MAX_JSON_DEPTH, RequestValidationFailed, nesting_within
 
 

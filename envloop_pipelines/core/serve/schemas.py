@@ -9,7 +9,7 @@ question the server accepts, with the same option order and the same messages:
   (``{"true": ..., "false": ...}``); the options are ``("true", "false")``.
 * choice criteria map option → description or ``null`` (an array of option
   names is accepted too); 2 to 255 options; duplicate keys are an error (the
-  body is decoded with :func:`~envloop_pipelines.core.data.records.decode_json`,
+  body is decoded with :func:`~envloop_pipelines.core.data.json_text.decode_json`,
   which remembers them).
 * score criteria are an ordered array of 2 to 10 levels, lowest first; an
   object map is an error. The option keys are ``"0"``, ``"1"``, ...
@@ -51,14 +51,13 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationErr
 from pydantic_core import PydanticCustomError
 
 from envloop_pipelines.core.model.readout import QuestionInput
+from envloop_pipelines.core.data.json_text import decode_json, render_value
 from envloop_pipelines.core.data.records import (
     MAX_CHOICE_OPTIONS,
     MAX_SCORE_LEVELS,
     MIN_CHOICE_OPTIONS,
     MIN_SCORE_LEVELS,
     parse_options,
-    decode_json,
-    render_value,
 )
 
 _CONTENT_TYPES = Union[str, dict[str, Any], list[Any]]

@@ -17,7 +17,7 @@ import pytest
 from envloop_pipelines.core.agents.attempts import read_attempts
 from envloop_pipelines.core.agents.client import AgentSpec
 from envloop_pipelines.core.agents.evaluate import (
-    HeldoutAttemptsError,
+    HoldoutAttemptsError,
     evaluate_agent,
     run_attempts,
     stored_evaluations,
@@ -112,7 +112,7 @@ def test_heldout_environments_give_aggregates_only(server: ScriptedServer, tmp_p
     assert sorted(p.name for p in folder.iterdir()) == ["summary.json"]
     summary = (folder / "summary.json").read_text()
     assert "shell/0002" not in summary and "messages" not in summary  # no environment named, no transcript
-    with pytest.raises(HeldoutAttemptsError, match="held out"):
+    with pytest.raises(HoldoutAttemptsError, match="held out"):
         run_attempts(dataset, AgentSpec(server.url, "solver-p1.0"), attempts=1, home=tmp_path)
     train = run_attempts(dataset, AgentSpec(server.url, "solver-p1.0"), attempts=2, split="train", home=tmp_path)
     assert len(train) == 4 and all(a.passed and a.split == "train" for a in train)

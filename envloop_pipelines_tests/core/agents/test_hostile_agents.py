@@ -24,7 +24,8 @@ import envloop_pipelines
 from envloop_pipelines.core.agents.attempts import read_attempts
 from envloop_pipelines.core.agents.client import AgentSpec
 from envloop_pipelines.core.agents.evaluate import evaluate_agent
-from envloop_pipelines.core.environments.episode import FINAL_STATE_TOTAL_BYTES, open_episode, snapshot_files
+from envloop_pipelines.core.environments.episode import open_episode
+from envloop_pipelines.core.environments.final_state import FINAL_STATE_TOTAL_BYTES, snapshot_files
 from envloop_pipelines.core.sandbox import LocalSandbox, SandboxCall, probe_host
 from envloop_pipelines.core.sandbox.tree import remove_tree
 from envloop_pipelines.testing.environments import shell_env, spec_set

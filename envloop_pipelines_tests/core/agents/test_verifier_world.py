@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from envloop_pipelines.core.environments.episode import open_episode
-from envloop_pipelines.core.environments.harbor import read_task
+from envloop_pipelines.core.environments.harbor_import import read_task
 from envloop_pipelines.core.environments.spec import EnvironmentSpec
 from envloop_pipelines.core.sandbox import probe_host
 from envloop_pipelines_tests.core.test_harbor_fidelity import TEMPLATE_TEST_SH, harbor_task
@@ -144,7 +144,7 @@ def test_a_link_to_the_hidden_tests_resolves_as_in_the_agents_world(tmp_path: Pa
 
 
 def test_severed_links_point_nowhere() -> None:
-    from envloop_pipelines.core.environments.episode import SEVERED_LINK
+    from envloop_pipelines.core.environments.harbor_verifier import SEVERED_LINK
 
     assert not Path(SEVERED_LINK).exists()
 

@@ -7,14 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from envloop_pipelines.core.data.records import (
-    INPUT_SCHEMA,
-    QUESTION_SCHEMA,
-    DataValidationError,
-    load_jsonl,
-    questions_table,
-    record_to_json,
-)
+from envloop_pipelines.core.data.errors import DataValidationError
+from envloop_pipelines.core.data.jsonl import load_jsonl
+from envloop_pipelines.core.data.question_table import INPUT_SCHEMA, QUESTION_SCHEMA, questions_table
+from envloop_pipelines.core.data.records import record_to_json
 
 
 def good_record(rid: str = "tickets/1", user: str = "u-1", **question_overrides) -> dict:

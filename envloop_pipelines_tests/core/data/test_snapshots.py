@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from envloop_pipelines.core.data.datasets import import_file
-from envloop_pipelines.core.data.records import DataValidationError
+from envloop_pipelines.core.data.errors import DataValidationError
 from envloop_pipelines.core.data.snapshots import (
     BenchmarkMismatchError,
     HiddenSplitError,

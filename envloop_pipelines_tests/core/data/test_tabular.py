@@ -9,7 +9,8 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from envloop_pipelines.core.data.records import DataValidationError, load_jsonl
+from envloop_pipelines.core.data.errors import DataValidationError
+from envloop_pipelines.core.data.jsonl import load_jsonl
 from envloop_pipelines.core.data.tabular import ColumnMapping, load_records, records_to_rows
 
 from .test_records import good_record, write_lines
