@@ -133,3 +133,41 @@ def test_a_checkpoint_written_before_keeps_its_hash_and_loads(two_installs: tupl
     fresh = DecisionModel.load(old).predict(table)
     saved = predictions_from_table(read_predictions(a))
     assert all(np.array_equal(s.logits, f.logits) for s, f in zip(saved, fresh))
+
+
+TRAIN_IN_A_PROCESS = """
+import sys
+from pathlib import Path
+import torch
+torch.set_num_threads(1)
+from envloop_pipelines.core.model.checkpoint import checkpoint_hash
+from envloop_pipelines_tests.core.test_model_checkpoint_identity import _train
+print(checkpoint_hash(_train(Path(sys.argv[1]))))
+"""
+
+
+def test_one_training_gives_one_checkpoint_hash_whatever_the_process_hash_seed(tmp_path: Path) -> None:
+    """peft writes ``target_modules`` in set order, which follows ``PYTHONHASHSEED``; the file is written sorted.
+
+    Seeds 1 and 2 put the recipe's three modules (query, key, value) in different orders in a set, so before
+    the fix the two processes wrote two adapter_config.json files and two checkpoint hashes."""
+    import os
+    import subprocess
+    import sys
+
+    orders = set()
+    for seed in ("1", "2"):
+        order = subprocess.run([sys.executable, "-c", "print(list({'query', 'key', 'value'}))"], check=True,
+                               capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": seed}).stdout
+        orders.add(order)
+    assert len(orders) == 2  # the two seeds do order the set differently: the test can fail
+    hashes, configs = [], []
+    for seed in ("1", "2"):
+        out = tmp_path / f"seed{seed}"
+        done = subprocess.run([sys.executable, "-c", TRAIN_IN_A_PROCESS, str(out)], capture_output=True, text=True,
+                              env={**os.environ, "PYTHONHASHSEED": seed, "HF_HUB_OFFLINE": "1"}, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        hashes.append(done.stdout.split()[-1])
+        configs.append(json.loads((out / "adapter" / "adapter_config.json").read_text()))
+    assert configs[0]["target_modules"] == configs[1]["target_modules"] == ["key", "query", "value"]
+    assert hashes[0] == hashes[1], hashes

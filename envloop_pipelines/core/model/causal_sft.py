@@ -61,6 +61,7 @@ from envloop_pipelines.core.model.checkpoint import (
     MANIFEST,
     build_provenance,
     identity_of,
+    stable_adapter_config,
 )
 from envloop_pipelines.core.model.policy import (  # the policy's rendering and loading, shared with serving
     ADAPTER_DIR,
@@ -332,7 +333,8 @@ def train_causal_sft(rows: Sequence[Mapping[str, Any]], recipe: CausalSftRecipe,
     (adapter / ADAPTER_MODEL_CARD).unlink(missing_ok=True)
     config = json.loads((adapter / ADAPTER_CONFIG).read_text(encoding="utf-8"))
     config["base_model_name_or_path"] = recipe.base_model  # the spec, not where it is installed
-    (adapter / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")
+    (adapter / ADAPTER_CONFIG).write_text(json.dumps(stable_adapter_config(config), indent=2, sort_keys=True),
+                                          encoding="utf-8")
     (stage / CHAT_TEMPLATE_FILE).write_text(tokenizer.chat_template, encoding="utf-8")
     (stage / RECIPE_FILE).write_text(yaml.safe_dump(recipe.to_dict(), sort_keys=True), encoding="utf-8")
     (stage / DATA_FILE).write_bytes(_json_bytes({"sft_snapshot": data_hash}))

@@ -255,9 +255,24 @@ def save_adapter(model: ReadoutModel, recipe: Recipe, adapter_dir: str | Path) -
     config_path = adapter_dir / ADAPTER_CONFIG
     config = json.loads(config_path.read_text(encoding="utf-8"))
     config["base_model_name_or_path"] = recipe.base_model
-    # peft's own layout (indent 2, sorted keys), so the file differs from peft's in that one value only.
-    config_path.write_text(json.dumps(config, indent=2, sort_keys=True), encoding="utf-8")
+    # peft's own layout (indent 2, sorted keys), so the file differs from peft's in the spec and the order below.
+    config_path.write_text(json.dumps(stable_adapter_config(config), indent=2, sort_keys=True), encoding="utf-8")
     return adapter_dir
+
+
+def stable_adapter_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``adapter_config.json``'s fields with peft's sets written sorted, so one training gives one file.
+
+    peft keeps ``target_modules`` (and ``modules_to_save`` where a set) as Python sets and writes them in
+    set order, which follows the process's string hash seed (``PYTHONHASHSEED``): the same recipe on the
+    same data gave another checkpoint hash in another process. peft reads the list back into a set, so
+    the order carries nothing.
+    """
+    out = dict(config)
+    for name in ("target_modules", "modules_to_save"):
+        if isinstance(out.get(name), list) and all(isinstance(v, str) for v in out[name]):
+            out[name] = sorted(out[name])
+    return out
 
 
 @dataclass(frozen=True)
@@ -466,6 +481,7 @@ __all__ = [
     "read_recipe",
     "save_adapter",
     "sha256_file",
+    "stable_adapter_config",
     "verify_checkpoint",
     "write_checkpoint",
 ]
