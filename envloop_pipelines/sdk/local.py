@@ -76,6 +76,11 @@ from envloop_pipelines.sdk.local_claim import LocalClaims
 from envloop_pipelines.sdk.records import RoundInfo, RoundRun, RunInfo
 
 
+#: How often ``LocalClient.cancel`` looks whether its interrupt took: one sent while the worker was still
+#: starting the run is lost (the start sets the run STARTED over CANCELING), and is sent again.
+CANCEL_RECHECK_S = 10.0
+
+
 class LocalClient(LocalClaims):
     """Drive the loop in this process: Dagster's jobs executed in-process on the local instance.
 
@@ -409,21 +414,39 @@ class LocalClient(LocalClaims):
         if host != socket.gethostname():
             raise RefusedError(f"run {run_id}: its worker runs on host {host!r}, not this one ({socket.gethostname()}); "
                                f"cancel it there")
-        self.instance.report_run_canceling(run, message="cancelled by LocalClient.cancel")
-        pid = worker_pid(run)
-        if pid is not None and pid_alive(pid):
-            os.kill(pid, signal.SIGINT)  # Dagster ends an interrupted run CANCELED
-        else:
-            self.instance.report_run_canceled(run, message=f"its worker (pid {run.tags.get(PID_TAG)}) is gone")
+        self._interrupt(run)
         if not wait:
             return self.run(run_id)
-        info = self.wait(run_id, progress=False, poll_s=0.5, timeout_s=max(deadline - time.monotonic(), 1.0))
+        while True:
+            try:
+                info = self.wait(run_id, progress=False, poll_s=0.5,
+                                 timeout_s=max(min(CANCEL_RECHECK_S, deadline - time.monotonic()), 1.0))
+                break
+            except ClientError:
+                run = self.instance.get_run_by_id(run_id)
+                if time.monotonic() >= deadline or run is None or run.status not in (
+                        dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING):
+                    raise
+            if run.status == dg.DagsterRunStatus.STARTED:
+                # The interrupt came while the worker was starting the run, before Dagster's step boundary that
+                # turns it into CANCELED: the start overwrote CANCELING and the signal was lost. Again.
+                self._interrupt(run)
         if info.partition:
             mlflow = self._resources["mlflow"] if self._resources is not None else MlflowResource()
             closed = close_round_runs(mlflow.tracker(), self.task, info.partition, RUN_KILLED)
             if closed:
                 self.notify(f"round {info.partition}: {len(closed)} MLflow run(s) ended KILLED")
         return info
+
+    def _interrupt(self, run: Any) -> None:
+        """Mark ``run`` CANCELING and interrupt its worker (SIGINT: Dagster ends an interrupted run CANCELED);
+        a run whose worker is gone is marked CANCELED at once."""
+        self.instance.report_run_canceling(run, message="cancelled by LocalClient.cancel")
+        pid = worker_pid(run)
+        if pid is not None and pid_alive(pid):
+            os.kill(pid, signal.SIGINT)
+        else:
+            self.instance.report_run_canceled(run, message=f"its worker (pid {run.tags.get(PID_TAG)}) is gone")
 
     def _drive(self, first: tuple[str, Callable[[], RoundInfo]] | None, on_round: Callable[[RoundInfo], None] | None,
                progress: bool, proposal: Mapping[str, Any] | None = None) -> list[RoundInfo]:

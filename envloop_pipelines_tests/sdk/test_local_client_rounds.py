@@ -121,6 +121,21 @@ def test_a_run_whose_worker_died_is_failed_by_wait(loop: dict[str, Any]) -> None
     assert "is gone" in str(client.run_error(started.run_id))
 
 
+def test_a_round_cancelled_while_its_worker_is_starting_it_ends_cancelled(loop: dict[str, Any]) -> None:
+    """The cancel comes as the worker creates its run, before Dagster executes a step: the run's start set it
+    STARTED over CANCELING and the SIGINT was lost, so the round trained on (found by the suite under load:
+    3000 steps after a cancel). ``cancel`` looks again and interrupts again until the run ends."""
+    client: LocalClient = loop["client"]
+    started = client.start_round(LONG)
+    _until(lambda: client.instance.get_run_by_id(started.run_id) is not None, "the worker created its run")
+    info = client.cancel(started.run_id, timeout_s=600)
+    # Stopped, whichever side of Dagster's start the interrupt fell: CANCELED, or FAILURE when it interrupted the
+    # worker before its run began (no step ran); never a round that trains on.
+    assert info.status in ("CANCELED", "FAILURE"), info
+    assert client._workers[started.run_id].wait(timeout=60) != 0
+    assert client.decision(started.key) is None
+
+
 def test_run_round_refuses_a_bad_hypothesis_before_anything_is_written(loop: dict[str, Any]) -> None:
     client: LocalClient = loop["client"]
     before = list(Ledger(TASK, loop["home"]).events())
