@@ -27,6 +27,7 @@ from envloop_pipelines.cli.options import add_recipe_override_argument, parse_re
 from envloop_pipelines.cli.demo import DEMO_OVERRIDES  # noqa: E402
 from envloop_pipelines.core.data.snapshots import open_task  # noqa: E402
 from envloop_pipelines.core.decision_loop.baseline_eval import evaluate_champion  # noqa: E402
+from envloop_pipelines.core.decision_loop.champion_noise_floor import measure_champion_noise_floor  # noqa: E402
 from envloop_pipelines.core.decision_loop.environment_synthesis import synthesize_environments  # noqa: E402
 from envloop_pipelines.core.decision_loop.failure_mining import mine_failures  # noqa: E402
 from envloop_pipelines.core.decision_loop.independent_reeval import reevaluate  # noqa: E402
@@ -45,7 +46,7 @@ from envloop_pipelines.resources.loop import MlflowResource, loop_resource  # no
 from envloop_pipelines.core.progress import configure_command_line  # noqa: E402
 from envloop_pipelines.sdk.instance import QUIET  # noqa: E402
 
-STEPS = ("baseline_eval", "failure_mining", "environment_synthesis", "registered_hypothesis",
+STEPS = ("baseline_eval", "champion_noise_floor", "failure_mining", "environment_synthesis", "registered_hypothesis",
          "training_dataset_snapshot", "lora_checkpoint", "independent_reeval", "promotion_decision")
 
 
@@ -82,9 +83,12 @@ def main() -> None:
     values: dict[str, Any] = {}
     calls = {
         "baseline_eval": lambda: evaluate_champion(cfg, task, "r0001"),
+        "champion_noise_floor": lambda: measure_champion_noise_floor(cfg, task, current_noise_floor(cfg, task),
+                                                                     tracker),
         "failure_mining": lambda: mine_failures(cfg, task, values["baseline_eval"]),
         "environment_synthesis": lambda: synthesize_environments(cfg, task, values["failure_mining"]),
-        "registered_hypothesis": lambda: register_hypothesis(cfg, task, values["environment_synthesis"], tracker),
+        "registered_hypothesis": lambda: register_hypothesis(cfg, task, values["environment_synthesis"], tracker,
+                                                             noise_floor=values["champion_noise_floor"]),
         "training_dataset_snapshot": lambda: build_training_snapshot(cfg, task, values["environment_synthesis"]),
         "lora_checkpoint": lambda: train_candidate(
             cfg, task, values["registered_hypothesis"], values["training_dataset_snapshot"], tracker),
@@ -93,7 +97,7 @@ def main() -> None:
             cfg, task, values["lora_checkpoint"], values["training_dataset_snapshot"], tracker),
         "promotion_decision": lambda: decide_round(
             cfg, task, values["registered_hypothesis"], values["training_dataset_snapshot"],
-            values["lora_checkpoint"], values["independent_reeval"], current_noise_floor(cfg, task), tracker),
+            values["lora_checkpoint"], values["independent_reeval"], values["champion_noise_floor"], tracker),
     }
     t0 = time.perf_counter()
     for name, call in calls.items():

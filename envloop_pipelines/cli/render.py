@@ -28,7 +28,9 @@ def decision_lines(key: str, decision: Any, seconds: float | None = None) -> lis
     lever = getattr(decision, "lever", None)
     tested = (f"lever {lever}, predicted {decision.predicted_delta:+.4f}, observed {decision.delta['delta']:+.4f}: "
               if lever and isinstance(decision.delta.get("delta"), (int, float)) else "")
-    return [f"round {key}: {tested}{verdict} (delta {delta}, floor {decision.noise_floor:.4f}{bar_text}{took})",
+    # The floor that gated the round: the control recipe's, or the champion's lineage floor (issue 45).
+    floor = "lineage floor" if checks.get("noise_floor_source") == "lineage" else "floor"
+    return [f"round {key}: {tested}{verdict} (delta {delta}, {floor} {decision.noise_floor:.4f}{bar_text}{took})",
             *(f"  - {reason}" for reason in decision.reasons)]
 
 

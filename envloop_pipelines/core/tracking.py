@@ -47,11 +47,13 @@ TAG_LEDGER_HEAD = "envloop.ledger_head"
 KIND_ROUND = "round"
 KIND_NOISE_FLOOR = "noise_floor"
 KIND_NULL_ARM = "null_arm"
+KIND_LINEAGE_FLOOR = "lineage_floor"
 KIND_HYPOTHESIS = "registered_hypothesis"
 KIND_TRAINING = "lora_checkpoint"
 KIND_REEVAL = "independent_reeval"
 KIND_RELEASE = "release"
-RUN_KINDS = (KIND_ROUND, KIND_NOISE_FLOOR, KIND_NULL_ARM, KIND_HYPOTHESIS, KIND_TRAINING, KIND_REEVAL, KIND_RELEASE)
+RUN_KINDS = (KIND_ROUND, KIND_NOISE_FLOOR, KIND_NULL_ARM, KIND_LINEAGE_FLOOR, KIND_HYPOTHESIS, KIND_TRAINING,
+             KIND_REEVAL, KIND_RELEASE)
 
 #: Metric name prefixes: ``holdout.family_macro_accuracy``, ``candidate.brier``, ``delta.ece`` ...
 HOLDOUT_PREFIX = "holdout."

@@ -147,7 +147,9 @@ def test_readers_and_budgets_are_checked() -> None:
     assert reader_budget("adhoc") is None
     assert reader_budget("round:r0007") == ROUND_TEST_READ_BUDGET == 3
     assert reader_budget("setup:k", 6) == 6
+    assert reader_budget("floor:k", 1) == 1  # a champion's lineage floor: its K - 1 lineage arms (issue 45)
     for reader, budget, field in (("round:r0001", 10, "read_budget"), ("setup:k", None, "read_budget"),
+                                  ("floor:k", None, "read_budget"), ("floor:", 1, "reader"),
                                   ("setup:k", 0, "read_budget"), ("adhoc", 3, "read_budget"),
                                   ("me", None, "reader"), ("round:", None, "reader"), (None, None, "reader")):
         with pytest.raises(ValueError, match=f"^{field}:"):

@@ -133,3 +133,34 @@ def test_the_cheap_design_runs_end_to_end_and_the_gate_refuses_its_null_candidat
     point = op.measured_operating_point(d["benchmark_version"], d["recipe_hash"], d["noise_arms"], d["gate"],
                                         path=target)
     assert point is not None and point["null"] == {**point["null"], "n": 3, "promoted": 0}
+
+
+def test_a_card_gated_by_a_lineage_floor_names_it_and_its_making() -> None:
+    """Issue 45, item 2: a round over a champion a round made is gated by that champion's lineage floor; its card
+    says so on the gate line and in its limitations, with the values and the making the arms repeated."""
+    from envloop_pipelines.core.decision_loop.promotion_decision import floor_source
+    from envloop_pipelines.core.decision_loop.step_records import MeasuredNoiseFloor
+    from envloop_pipelines.core.loop.promotion import noise_floor_from_arms
+
+    making = {"round": "r0001", "release": 2, "recipe_diff": {"max_steps": 300}, "parent_release": 1,
+              "parent_checkpoint_sha256": "p" * 64, "init": "parent", "seed": 1001, "training_snapshot": "s" * 64}
+    lineage = MeasuredNoiseFloor(floor=noise_floor_from_arms("lk", "family_macro_accuracy",
+                                                             [{"family_macro_accuracy": 0.5269},
+                                                              {"family_macro_accuracy": 0.5190}]),
+                                 benchmark_version="bv1", recipe_hash="r" * 64, identity="i", source="lineage",
+                                 champion_checkpoint_sha256="c" * 64, control_key="ck", making=making)
+    text = floor_limitation(_point(), {"recipe_diff": {"max_steps": 24}}, lineage)
+    assert text.startswith("The noise floor that gated this round was measured at the champion's own making: "
+                           "release 2 (round r0001, recipe_diff {'max_steps': 300}, trained from release 1")
+    assert "0.5269, 0.5190 on test: spread 0.0079" in text and "1 lineage arm(s)" in text
+    card = {"release": 3, "task": "t", "round": "r0002", "benchmark_version": "bv1", "data_snapshot": "d" * 16,
+            "recipe_hash": "r" * 16, "checkpoint_sha256": "c" * 16, "gate": GATE, "noise_floor": 0.0079,
+            "noise_floor_source": floor_source(lineage), "limitations": [text]}
+    rendered = render_card(card)
+    assert ("- noise floor: 0.0079 (the lineage floor of release 2: its test score and its making, round r0001, "
+            "repeated with fresh seeds: 0.5269, 0.5190; key lk)") in rendered
+    control = MeasuredNoiseFloor(floor=lineage.floor, benchmark_version="bv1", recipe_hash="r" * 64, identity="i")
+    assert floor_source(control) == {"source": "control", "key": "lk", "values": [0.5269, 0.519],
+                                     "floor": pytest.approx(0.0079)}
+    assert "the control recipe's null arms" in render_card({**card, "noise_floor_source": floor_source(control)})
+    assert floor_limitation(_point(), {"init": None}, control) == floor_limitation(_point(), {"init": None})

@@ -36,6 +36,11 @@ SAMPLES = {
     "baseline_eval": BaselineEval(round="r0001", champion_release=1, checkpoint_sha256="c", checkpoint_dir="/c",
                                   benchmark_version="t@abc", metrics={"brier": 0.4}, predictions="/p",
                                   automation_threshold=math.inf),
+    # The floor that gates the round over a champion a round made: its lineage floor (issue 45).
+    "champion_noise_floor": MeasuredNoiseFloor(floor=FLOOR, benchmark_version="t@abc", recipe_hash="f" * 64,
+                                               identity="i", mlflow_run_id="m", mlflow_url="u", source="lineage",
+                                               champion_checkpoint_sha256="c", control_key="k0",
+                                               making={"round": "r0000", "recipe_diff": {"max_steps": 300}}),
     "failure_mining": FailureMining(round="r0001", n_questions=10, n_errors=3, n_confident_errors=1, error_rate=0.3,
                                     threshold=None, clusters=({"key": {"family": "route"}, "n": 3},), by_family={}),
     "environment_synthesis": EnvironmentSynthesis(round="r0001", generator="g", n_rows=2, per_cluster={"a": 2},

@@ -16,6 +16,7 @@ import dagster as dg
 import envloop_pipelines.defs.rounds.assets as assets_module
 from envloop_pipelines.defs.rounds.assets import (
     baseline_eval,
+    champion_noise_floor,
     environment_synthesis,
     failure_mining,
     independent_reeval,
@@ -34,6 +35,7 @@ ASSET_STEPS = {
     task_benchmark: "ensure_task_benchmark",
     noise_floor: "measure_noise_floor",
     baseline_eval: "evaluate_champion",
+    champion_noise_floor: "measure_champion_noise_floor",
     failure_mining: "mine_failures",
     environment_synthesis: "synthesize_environments",
     registered_hypothesis: "register_hypothesis",

@@ -12,15 +12,17 @@ EXPECTED_DEPS = {
     "noise_floor": {"task_benchmark"},
     # Every step of a round reads task_benchmark's record: the benchmark version it opens the task at (issue 25).
     "baseline_eval": {"task_benchmark", "noise_floor"},
+    # The floor that gates the round (issue 45): the control floor, or the champion's lineage floor.
+    "champion_noise_floor": {"task_benchmark", "noise_floor", "baseline_eval"},
     "failure_mining": {"task_benchmark", "baseline_eval"},
     "environment_synthesis": {"task_benchmark", "failure_mining"},
-    "registered_hypothesis": {"task_benchmark", "environment_synthesis"},
+    "registered_hypothesis": {"task_benchmark", "environment_synthesis", "champion_noise_floor"},
     "training_dataset_snapshot": {"task_benchmark", "environment_synthesis"},
     "lora_checkpoint": {"task_benchmark", "training_dataset_snapshot", "registered_hypothesis"},
     # Typed values flow through the IO manager: an asset depends on every step whose value it reads.
     "independent_reeval": {"task_benchmark", "lora_checkpoint", "training_dataset_snapshot"},
     "promotion_decision": {"task_benchmark", "independent_reeval", "lora_checkpoint", "training_dataset_snapshot",
-                           "registered_hypothesis", "noise_floor"},
+                           "registered_hypothesis", "champion_noise_floor"},
     # RL from verified attempts: one asset per step (core/rl_loop/round_steps.py), records through the RL IO manager.
     "rl_hypothesis": set(),
     "rl_sampled_attempts": {"rl_hypothesis"},

@@ -57,6 +57,12 @@ PROMOTING = {"change": {"kind": "recipe", "recipe_diff": {"max_steps": 80}},
              "predicted_delta": 0.3,
              "rationale": "the bootstrap champion saw 2 steps and answers at chance; the stated cues are learnable"}
 
+# Round 3, over release 2 (a champion a round made: 80 steps from release 1): gated by release 2's lineage floor
+# (issue 45), which repeats its making with a fresh seed. The change is 2 steps more; the champion answers every
+# test question right, so nothing can be promoted over it.
+AFTER_PROMOTION = {"change": {"kind": "recipe", "recipe_diff": {"max_steps": 2}}, "predicted_delta": 0.01,
+                   "rationale": "a round over a champion a round made: its lineage floor gates it"}
+
 _FILLER = ("apple river stone cloud pencil garden window mirror candle ladder basket forest engine violin tunnel "
            "harbor meadow copper silver velvet marble lantern compass orchard canyon glacier falcon dolphin tiger "
            "cactus pepper ginger walnut almond saddle anchor beacon bridge castle desert island jungle valley "
@@ -129,7 +135,7 @@ def loop_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch_module: pytes
     setup = dg.materialize([task_benchmark, noise_floor], resources=resources, instance=instance)
     assert setup.success
     results = {}
-    for key, proposal in (("r0001", None), ("r0002", PROMOTING)):
+    for key, proposal in (("r0001", None), ("r0002", PROMOTING), ("r0003", AFTER_PROMOTION)):
         if key == "r0002":
             # The leaky round runs while the champion still fails on dev: a round mines failure clusters and
             # calls its generator only when there are some (round 2's champion answers every question right).
@@ -454,3 +460,70 @@ def test_noise_floor_is_cached(loop_env: dict[str, Any]) -> None:
     result = measure_noise_floor(loop_env["config"], open_task(TASK, home=loop_env["home"]), loop_env["tracker"])
     assert result.cached is True and len(result.floor.values) == 2
     assert result.floor.floor == pytest.approx(max(result.floor.values) - min(result.floor.values))
+
+
+def test_a_round_over_a_promoted_champion_is_gated_by_its_lineage_floor(loop_env: dict[str, Any]) -> None:
+    """Issue 45, item 2: release 2 was made by round r0002 (80 steps from release 1 on r0002's snapshot), not by
+    the control recipe, so round r0003 measures a floor at its making: release 2's test score and one lineage arm
+    (the making repeated with a fresh seed), and registers and decides over that floor; rounds over release 1 are
+    gated by the control floor, as before."""
+    from envloop_pipelines.core.decision_loop.champion_noise_floor import (
+        SOURCE_CONTROL,
+        SOURCE_LINEAGE,
+        gating_floor_error,
+        lineage_path,
+        measure_champion_noise_floor,
+    )
+    from envloop_pipelines.core.decision_loop.step_records import MeasuredNoiseFloor
+    from envloop_pipelines.core.loop.promotion import gate_bar
+    from envloop_pipelines.core.model.checkpoint import read_recipe
+    from envloop_pipelines.core.model.recipe import recipe_to_dict
+
+    home, config = loop_env["home"], loop_env["config"]
+    store, ledger = RoundStore(TASK, home), Ledger(TASK, home)
+    control = store.load("noise_floor", MeasuredNoiseFloor)
+    for key in ("r0001", "r0002"):  # over release 1, the control arm: the control floor, unchanged
+        gating = store.load("champion_noise_floor", MeasuredNoiseFloor, key)
+        assert gating.source == SOURCE_CONTROL and gating.floor == control.floor
+        assert decision(loop_env, key)["checks"]["noise_floor_source"] == SOURCE_CONTROL
+    release1, release2 = ledger.releases()[:2]
+    assert release2["round"] == "r0002"
+    lineage = store.load("champion_noise_floor", MeasuredNoiseFloor, "r0003")
+    assert lineage.source == SOURCE_LINEAGE and lineage.control_key == control.floor.key
+    assert lineage.champion_checkpoint_sha256 == release2["checkpoint_sha256"]
+    # K = noise_arms values: the champion's own test score first, then its making repeated with a fresh seed.
+    champion_arm, arm = lineage.floor.arms
+    assert len(lineage.floor.values) == config.noise_arms == 2
+    assert lineage.floor.values[0] == release2["test"]["family_macro_accuracy"]
+    assert champion_arm["role"] == "champion" and arm["role"] == "lineage_arm"
+    assert lineage.floor.values[1] == arm["metrics"]["family_macro_accuracy"]
+    assert lineage.floor.floor == pytest.approx(max(lineage.floor.values) - min(lineage.floor.values))
+    making = lineage.making
+    assert making["round"] == "r0002" and making["recipe_diff"] == {"max_steps": 80}
+    assert making["parent_release"] == 1 and making["parent_checkpoint_sha256"] == release1["checkpoint_sha256"]
+    # The arm is release 2's recipe but for the seed, trained on r0002's rows from release 1 (rule 2's identity).
+    champ_recipe, arm_recipe = (recipe_to_dict(read_recipe(p)) for p in (release2["checkpoint_dir"], arm["checkpoint"]))
+    assert arm_recipe["seed"] != champ_recipe["seed"]
+    assert {k: v for k, v in arm_recipe.items() if k != "seed"} == {k: v for k, v in champ_recipe.items() if k != "seed"}
+    trained = [e for e in ledger.events("lora_checkpoint_trained") if e.get("role") == "lineage_arm"]
+    assert [(e["checkpoint_sha256"], e["init_from"]) for e in trained] == [
+        (arm["checkpoint_sha256"], release1["checkpoint_sha256"])]
+    assert trained[0]["family_macro_accuracy"] == arm["metrics"]["family_macro_accuracy"]  # rule 5: with its number
+    # Its test read is its own reader's, within its budget (rule 4).
+    reads = [e for e in ledger.events("test_read") if str(e.get("reader", "")).startswith("floor:")]
+    assert [e["reader"] for e in reads] == [f"floor:{lineage.floor.key}"]
+    # The round registered its MDE and was decided over that floor: one bar from registration to decision.
+    d3 = decision(loop_env, "r0003")
+    assert not d3["promote"] and d3["noise_floor"] == lineage.floor.floor
+    assert d3["checks"]["noise_floor_source"] == SOURCE_LINEAGE
+    bar = gate_bar(ledger.effective_gate("r0003"), lineage.floor, release2["test"]["family_macro_accuracy"])["bar"]
+    assert d3["checks"]["bar"] == pytest.approx(bar) == pytest.approx(ledger.hypothesis("r0003").power["bar"])
+    # Measured once per champion: asked again, the cache answers and nothing is trained.
+    events = len(list(ledger.events()))
+    again = measure_champion_noise_floor(config, open_task(TASK, home=home), control, loop_env["tracker"])
+    assert again.cached and again.floor == lineage.floor and lineage_path(store, lineage.floor.key).is_file()
+    assert len(list(ledger.events())) == events
+    # The control floor cannot gate a round over release 2, nor its lineage floor one over release 1.
+    assert "is the control floor; a round over release 2" in gating_floor_error(control, False, release2)
+    assert "cannot gate a round over release 1" in gating_floor_error(lineage, True, release1)
+    assert gating_floor_error(lineage, False, release2) is None and gating_floor_error(control, True, release1) is None

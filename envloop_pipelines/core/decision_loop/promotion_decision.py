@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from envloop_pipelines.core.data.snapshots import TaskSnapshot, require_same_benchmark
+from envloop_pipelines.core.decision_loop.champion_noise_floor import champion_is_control_arm, gating_floor_error
 from envloop_pipelines.core.decision_loop.training_dataset_snapshot import snapshot_rows
 from envloop_pipelines.core.release.card import benchmark_limitations
 from envloop_pipelines.core.ledger.event_log import (
@@ -68,7 +69,8 @@ def decide_round(config: LoopConfig, task: TaskSnapshot, hypothesis: RegisteredH
     champ = champion(config)
     require_same_benchmark(reeval.benchmark_version, registered.benchmark_version, champ["benchmark_version"],
                            noise_floor.benchmark_version)
-    mismatch = floor_recipe_error(noise_floor, registered.recipe_hash, champ) or candidate_recipe_error(
+    mismatch = floor_recipe_error(noise_floor, registered.recipe_hash, champ) or gating_floor_error(
+        noise_floor, _champion_is_control_arm(config, task, champ), champ) or candidate_recipe_error(
         config, registered, candidate)
     if mismatch:
         raise FloorRecipeError(f"round {key}: no decision: {mismatch}")  # before anything is written
@@ -83,13 +85,17 @@ def decide_round(config: LoopConfig, task: TaskSnapshot, hypothesis: RegisteredH
     scores = {"champion_score": reeval.champion.get(gate.primary_metric),
               "candidate_score": reeval.candidate.get(gate.primary_metric)}
     verdict = PromotionDecision(verdict.promote, verdict.reasons,
-                                {**verdict.checks, **power_checks(registered, delta), **scores})
+                                {**verdict.checks, **power_checks(registered, delta), **scores,
+                                 "noise_floor_source": noise_floor.source})
     decision = RoundDecision.of(key, verdict, delta=delta, noise_floor=noise_floor.floor.floor, hypothesis=registered,
                                 gate=gate)
     if verdict.promote:
+        # The bench measures the gate over a control-arm champion and its control floor: a round gated by a
+        # lineage floor is another design, whose operating point is not on record.
         point = measured_operating_point(noise_floor.benchmark_version, noise_floor.recipe_hash,
-                                         len(noise_floor.floor.values), registered.gate.__dict__)
-        limitations = [*benchmark_limitations(task), floor_limitation(point, registered.change)]
+                                         len(noise_floor.floor.values), registered.gate.__dict__) \
+            if noise_floor.source == "control" else None
+        limitations = [*benchmark_limitations(task), floor_limitation(point, registered.change, noise_floor)]
 
         def card(release: int, holdout: dict[str, Any]) -> dict[str, Any]:
             return {
@@ -101,7 +107,8 @@ def decide_round(config: LoopConfig, task: TaskSnapshot, hypothesis: RegisteredH
                 "test": reeval.candidate, "parent_test": reeval.champion,
                 "tfidf_baseline_test": reeval.tfidf_baseline, "paired_deltas": reeval.deltas,
                 "gate": registered.gate.__dict__, "effective_gate": gate.__dict__,
-                "amendments": ledger.amendments(key), "noise_floor": noise_floor.floor.floor, "guards": verdict.checks,
+                "amendments": ledger.amendments(key), "noise_floor": noise_floor.floor.floor,
+                "noise_floor_source": floor_source(noise_floor), "guards": verdict.checks,
                 "hypothesis_hash": registered.hash, "predicted_delta": registered.predicted_delta,
                 "power": registered.power,
                 "change": {"kind": registered.change.get("kind"), "clusters": registered.change.get("clusters"),
@@ -134,10 +141,38 @@ def decide_round(config: LoopConfig, task: TaskSnapshot, hypothesis: RegisteredH
     return decision
 
 
-def floor_limitation(point: Mapping[str, Any] | None, change: Mapping[str, Any]) -> str:
-    """What the card says of the floor: measured on the control recipe from the base model, and whether that
-    floor is shown to bound the seed spread at a champion's longer lineage (issue 45: the budget lever's
-    324-step champion, measured by ``bench/bench_gate_evidence.py`` at this design), or not measured there."""
+def floor_source(floor: MeasuredNoiseFloor) -> dict[str, Any]:
+    """The card's ``noise_floor_source``: which floor gated the round (``control`` or ``lineage``), its key and
+    values, and for a lineage floor the champion and the making its arms repeated."""
+    out: dict[str, Any] = {"source": floor.source, "key": floor.floor.key, "values": list(floor.floor.values),
+                           "floor": floor.floor.floor}
+    if floor.source != "control":
+        out.update({"control_key": floor.control_key, "champion_checkpoint_sha256": floor.champion_checkpoint_sha256,
+                    "making": dict(floor.making or {})})
+    return out
+
+
+def floor_limitation(point: Mapping[str, Any] | None, change: Mapping[str, Any],
+                     floor: MeasuredNoiseFloor | None = None) -> str:
+    """What the card says of the floor that gated the round (issue 45, item 2).
+
+    A lineage floor (the champion was made by a round, ``champion_noise_floor``): its K values, the champion and
+    its making repeated with fresh seeds. The control floor (the champion is release 1, its control arm): measured
+    on the control recipe from the base model, and whether that floor is shown to bound the seed spread at a
+    longer lineage (the budget lever's 324-step champion, measured by ``bench/bench_gate_evidence.py`` at this
+    design), or not measured there."""
+    if floor is not None and floor.source != "control":
+        making = floor.making or {}
+        values = ", ".join(f"{v:.4f}" for v in floor.floor.values)
+        started = (f"from release {making.get('parent_release')}" if making.get("init") != "base"
+                   else "from the base model")
+        return (f"The noise floor that gated this round was measured at the champion's own making: release "
+                f"{making.get('release')} (round {making.get('round')}, recipe_diff "
+                f"{dict(making.get('recipe_diff') or {})}, trained {started} on snapshot "
+                f"{str(making.get('training_snapshot'))[:12]}) and {len(floor.floor.values) - 1} lineage arm(s) "
+                f"repeating it with fresh seeds, {floor.floor.metric} {values} on test: spread "
+                f"{floor.floor.floor:.4f} (the control recipe's floor does not bound such a lineage at the README "
+                f"demo's design, bench/bench_gate_evidence.py).")
     text = "The noise floor measures seed variance of the control recipe trained from the base model"
     spread = (point or {}).get("lineage_spread")
     if spread:
@@ -149,6 +184,15 @@ def floor_limitation(point: Mapping[str, Any] | None, change: Mapping[str, Any])
     lineage = "trained on from its parent" if change.get("init") != "base" else "retrained with another recipe"
     return (f"{text}; this release is {lineage}, and no seed spread at such a lineage is on record at this design "
             f"to show that floor bounds it (bench/bench_gate_evidence.py measures it).")
+
+
+def _champion_is_control_arm(config: LoopConfig, task: TaskSnapshot, champ: Mapping[str, Any]) -> bool:
+    from envloop_pipelines.core.decision_loop.noise_floor import current_noise_floor
+
+    try:
+        return champion_is_control_arm(current_noise_floor(config, task), champ)
+    except LedgerError:  # no control floor on record: only a bootstrap champion is a control arm
+        return champ.get("round") == "bootstrap"
 
 
 class FloorRecipeError(LedgerError):

@@ -29,7 +29,12 @@ from envloop_pipelines.core.decision_loop.proposer import (
     predict_levers,
     refuted_on,
 )
-from envloop_pipelines.core.decision_loop.step_records import EnvironmentSynthesis, Reevaluation, RegisteredHypothesis
+from envloop_pipelines.core.decision_loop.step_records import (
+    EnvironmentSynthesis,
+    MeasuredNoiseFloor,
+    Reevaluation,
+    RegisteredHypothesis,
+)
 from envloop_pipelines.core.ledger.anchor import anchor_head, verify_ledger
 from envloop_pipelines.core.ledger.event_log import EVENT_ROUND_DECIDED, LedgerError
 from envloop_pipelines.core.ledger.hypothesis import Gate, Hypothesis, draw_seeds
@@ -173,10 +178,13 @@ class UnmeasuredPowerError(LedgerError, ValueError):
     """A hypothesis whose minimum detectable effect cannot be measured; it is not registered."""
 
 def _measured_power(config: LoopConfig, task: TaskSnapshot, key: str, gate: Gate, predicted: float,
-                    sandbox: SandboxSettings | None) -> dict[str, Any]:
-    """:func:`hypothesis_power` at this loop's floor, champion and paired noise; refused without an MDE."""
+                    sandbox: SandboxSettings | None, floor: MeasuredNoiseFloor | None = None) -> dict[str, Any]:
+    """:func:`hypothesis_power` at the floor that gates the round (``floor``, the round's ``champion_noise_floor``;
+    ``None``: as measured, ``current_gating_floor``), the champion and the paired noise; refused without an MDE."""
+    from envloop_pipelines.core.decision_loop.champion_noise_floor import current_gating_floor
+
     try:
-        measured = current_noise_floor(config, task)
+        measured = floor if floor is not None else current_gating_floor(config, task)
     except LedgerError as exc:
         raise UnmeasuredPowerError(f"round {key}: hypothesis not registered: no minimum detectable effect: no noise "
                                    f"floor for this loop's recipe (recipe_hash {config.recipe_hash()[:16]}) and "
@@ -195,7 +203,7 @@ def _measured_power(config: LoopConfig, task: TaskSnapshot, key: str, gate: Gate
     return power
 
 def propose_change(config: LoopConfig, task: TaskSnapshot, key: str, gate: Gate, synthesis: EnvironmentSynthesis,
-                   sandbox: SandboxSettings | None) -> Choice | None:
+                   sandbox: SandboxSettings | None, floor: MeasuredNoiseFloor | None = None) -> Choice | None:
     """The proposer's experiment for round ``key``: every lever predicted from the champion's diagnostics and
     the ledger's record, the best gain per CPU-second that clears the round's MDE (``core/decision_loop/proposer.py``).
     Nothing is written: the caller registers the choice. ``None`` without a champion (nothing to diagnose: a
@@ -207,7 +215,7 @@ def propose_change(config: LoopConfig, task: TaskSnapshot, key: str, gate: Gate,
         champ = champion(config)
     except LedgerError:
         return None
-    mde = _measured_power(config, task, key, gate, 0.0, sandbox).get("mde")
+    mde = _measured_power(config, task, key, gate, 0.0, sandbox, floor).get("mde")
     recipe = config.load_recipe()
     diag = diagnose(champ, ledger.releases(), gate.primary_metric, recipe_to_dict(recipe))
     predictions = predict_levers(diag, loop_steps=int(recipe.max_steps or 0) or 24, records=lever_records(ledger.events()),
@@ -231,11 +239,13 @@ def proposed_change(choice: Choice) -> dict[str, Any]:
 def register_hypothesis(config: LoopConfig, task: TaskSnapshot, synthesis: EnvironmentSynthesis, tracker: Tracker, *,
                         proposal: Mapping[str, Any] | None = None,
                         run_tags: Mapping[str, str] | None = None,
-                        sandbox: SandboxSettings | None = None) -> RegisteredHypothesis:
+                        sandbox: SandboxSettings | None = None,
+                        noise_floor: MeasuredNoiseFloor | None = None) -> RegisteredHypothesis:
     """Write the round's hypothesis to MLflow and the ledger before any training.
 
     ``task`` is the snapshot the step opened: the hypothesis records its benchmark version, and its power is
-    measured at that version's noise floor.
+    measured at the floor that gates the round: ``noise_floor`` (the round's ``champion_noise_floor``: the control
+    floor while the champion is its control arm, else the champion's lineage floor), or as measured when ``None``.
 
     ``proposal`` (from a person) may set ``change`` (with ``recipe_diff`` for a recipe change),
     ``predicted_delta``, ``gate`` (``Gate`` fields), ``seeds`` and ``rationale``. Without a ``change`` the loop
@@ -269,7 +279,7 @@ def register_hypothesis(config: LoopConfig, task: TaskSnapshot, synthesis: Envir
     data_change = {"kind": "data", "generator": synthesis.generator, "clusters": list(synthesis.clusters),
                    "n_new_examples": synthesis.n_rows, "synthesis_sha256": synthesis.sha256}
     power = None
-    proposed = propose_change(config, task, key, gate, synthesis, sandbox) \
+    proposed = propose_change(config, task, key, gate, synthesis, sandbox, noise_floor) \
         if registered is None and not proposal.get("change") else None  # the loop proposes its own experiment
     if proposed is not None:
         change, rationale = {**(data_change if proposed.chosen.lever == "data" else {}), **proposed_change(proposed)}, \
@@ -283,7 +293,7 @@ def register_hypothesis(config: LoopConfig, task: TaskSnapshot, synthesis: Envir
         # A person's change without a prediction: the mean observed gain of past rounds, or +0.01 for the first.
         predicted = float(proposal.get("predicted_delta", np.mean(past) if past else 0.01))
     if registered is None:
-        power = _measured_power(config, task, key, gate, predicted, sandbox)
+        power = _measured_power(config, task, key, gate, predicted, sandbox, noise_floor)
     hypothesis = registered or Hypothesis(  # immutable: a retry reuses what was registered
         task=config.task,
         round=key,

@@ -43,19 +43,30 @@ class MeasuredNoiseFloor:
     mlflow_run_id: str | None = None
     mlflow_url: str | None = None
     cached: bool = False
+    #: ``"control"``: the setup's null arms of the control recipe; ``"lineage"``: the champion's making repeated
+    #: with fresh seeds beside the champion (``champion_noise_floor``), with the champion's checkpoint, the
+    #: control floor's key and the making it repeats.
+    source: str = "control"
+    champion_checkpoint_sha256: str | None = None
+    control_key: str | None = None
+    making: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         # Flat, as the noise cache has always been written: NoiseFloor's fields beside the provenance.
         return {**self.floor.to_dict(), "benchmark_version": self.benchmark_version, "recipe_hash": self.recipe_hash,
                 "identity": self.identity, "mlflow_run_id": self.mlflow_run_id, "mlflow_url": self.mlflow_url,
-                "cached": self.cached}
+                "cached": self.cached, "source": self.source,
+                "champion_checkpoint_sha256": self.champion_checkpoint_sha256, "control_key": self.control_key,
+                "making": dict(self.making) if self.making is not None else None}
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> "MeasuredNoiseFloor":
         return cls(floor=NoiseFloor.from_dict(raw), benchmark_version=raw["benchmark_version"],
                    recipe_hash=raw["recipe_hash"], identity=raw.get("identity", ""),
                    mlflow_run_id=raw.get("mlflow_run_id"), mlflow_url=raw.get("mlflow_url"),
-                   cached=bool(raw.get("cached", False)))
+                   cached=bool(raw.get("cached", False)), source=raw.get("source", "control"),
+                   champion_checkpoint_sha256=raw.get("champion_checkpoint_sha256"),
+                   control_key=raw.get("control_key"), making=raw.get("making"))
 
 
 @dataclass(frozen=True)
@@ -229,6 +240,7 @@ STEP_RECORDS: dict[str, type] = {
     "task_benchmark": Benchmark,
     "noise_floor": MeasuredNoiseFloor,
     "baseline_eval": BaselineEval,
+    "champion_noise_floor": MeasuredNoiseFloor,
     "failure_mining": FailureMining,
     "environment_synthesis": EnvironmentSynthesis,
     "registered_hypothesis": RegisteredHypothesis,

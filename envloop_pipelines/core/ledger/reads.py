@@ -56,7 +56,8 @@ ADHOC_READER = "adhoc"
 ROUND_TEST_READ_BUDGET = 3
 #: What each kind of loop reader reads of ``test``, for the refusal's message.
 _READER_READS = {"round": "its candidate, its champion and the TF-IDF baseline",
-                 "setup": "its null arms, its continuation arms and the TF-IDF baseline of release 1"}
+                 "setup": "its null arms, its continuation arms and the TF-IDF baseline of release 1",
+                 "floor": "its lineage arms (the champion's making repeated with fresh seeds)"}
 
 
 def reader_budget(reader: Any, budget: Any = None) -> int | None:
@@ -66,7 +67,8 @@ def reader_budget(reader: Any, budget: Any = None) -> int | None:
     :data:`ROUND_TEST_READ_BUDGET`, fixed (``budget`` may not change it; :meth:`Ledger.reading_test` adds one
     per gate amendment of the round, whose fresh-seed candidate is a new file). ``setup:<noise floor key>``: the
     ``budget`` the loop's setup counts (``setup.setup_reader``: its null arms, continuation arms
-    and TF-IDF baseline).
+    and TF-IDF baseline). ``floor:<lineage floor key>``: the ``budget`` of a champion's lineage floor (its
+    lineage arms, ``champion_noise_floor``).
 
     Raises:
         ValueError: an unknown reader, or a budget that is missing, not a positive integer or not the round's.
@@ -77,7 +79,8 @@ def reader_budget(reader: Any, budget: Any = None) -> int | None:
         return None
     kind, _, name = reader.partition(":") if isinstance(reader, str) else ("", "", "")
     if kind not in _READER_READS or not name:
-        raise ValueError(f"reader: must be {ADHOC_READER!r}, 'round:<round key>' or 'setup:<noise floor key>', "
+        raise ValueError(f"reader: must be {ADHOC_READER!r}, 'round:<round key>', 'setup:<noise floor key>' or "
+                         f"'floor:<lineage floor key>', "
                          f"got {reader!r}")
     if kind == "round":
         if budget is not None and budget != ROUND_TEST_READ_BUDGET:
@@ -85,8 +88,8 @@ def reader_budget(reader: Any, budget: Any = None) -> int | None:
                              f"({_READER_READS['round']}); its budget is not settable (got {budget!r})")
         return ROUND_TEST_READ_BUDGET
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-        raise ValueError(f"read_budget: the setup reader {reader!r} needs its budget, a positive integer "
-                         f"({_READER_READS['setup']}), got {budget!r}")
+        raise ValueError(f"read_budget: the {kind} reader {reader!r} needs its budget, a positive integer "
+                         f"({_READER_READS[kind]}), got {budget!r}")
     return budget
 
 

@@ -89,6 +89,19 @@ def _safety_section(card: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _floor_source_text(source: Any) -> str:
+    """Which floor gated the round, after its value on the card's gate line (issue 45): the control recipe's null
+    arms, or the parent's lineage floor (its making repeated with fresh seeds beside it)."""
+    if not isinstance(source, Mapping):
+        return ""
+    values = ", ".join(_fmt(v) for v in source.get("values") or [])
+    if source.get("source") == "lineage":
+        making = source.get("making") or {}
+        return (f" (the lineage floor of release {making.get('release')}: its test score and its making, round "
+                f"{making.get('round')}, repeated with fresh seeds: {values}; key {source.get('key')})")
+    return f" (the control recipe's null arms: {values}; key {source.get('key')})"
+
+
 def _gain_section(card: Mapping[str, Any]) -> list[str]:
     """Where the gain came from: each family's test accuracy, release beside its parent and TF-IDF, and the change.
 
@@ -203,7 +216,7 @@ def render_card(card: Mapping[str, Any]) -> str:
         for k, v in card["paired_deltas"].items():
             lines.append(f"| {k} | {_fmt(v['delta'])} | [{_fmt(v['ci_low'])}, {_fmt(v['ci_high'])}] |")
     lines += ["", "## Gate", "", f"- registered: `{json.dumps(card.get('gate'), default=str)}`",
-              f"- noise floor: {_fmt(card.get('noise_floor'))}"]
+              f"- noise floor: {_fmt(card.get('noise_floor'))}{_floor_source_text(card.get('noise_floor_source'))}"]
     guards = card.get("guards") or {}
     if guards.get("bar") is not None:
         bound = ("" if guards.get("seed_bound") is None else

@@ -23,7 +23,7 @@ every caller (the loop, ``envloop sandbox verify``, an environment, the SDK):
   sandbox object or grader plug-in is refused there, so hidden labels never
   reach caller code;
 * every ``test`` read is a ``test_read`` event of the task's ledger naming its
-  reader (``adhoc`` for a person's call, ``round:<key>``, ``setup:<noise floor key>``);
+  reader (``adhoc`` for a person's call, ``round:<key>``, ``setup:<noise floor key>``, ``floor:<lineage key>``);
   a loop reader reads test only within its budget of distinct predictions
   files, refused before the labels are read beyond it
   (:class:`~envloop_pipelines.core.ledger.reads.TestReadBudgetError`);
@@ -328,8 +328,9 @@ def verify_task(
             the release being published now (``Ledger.next_release_number``).
         reader: who reads ``test``: ``adhoc`` (default: a person's CLI, SDK or environment call),
             ``round:<round key>`` (its candidate, champion and TF-IDF baseline: 3 files) or
-            ``setup:<noise floor key>`` (with ``read_budget``); see ``ledger.reader_budget``.
-        read_budget: a setup reader's budget of distinct predictions files on test.
+            ``setup:<noise floor key>`` or ``floor:<lineage floor key>`` (with ``read_budget``); see
+            ``ledger.reader_budget``.
+        read_budget: a setup or floor reader's budget of distinct predictions files on test.
         options: more :meth:`VerifierRunner.run` options (``safety_families``, ``baseline_predictions``, ``seed``).
 
     Raises:

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 from envloop_pipelines.core.decision_loop.task_benchmark import ensure_task_benchmark
 from envloop_pipelines.core.decision_loop.noise_floor import measure_noise_floor
 from envloop_pipelines.core.decision_loop.baseline_eval import evaluate_champion
+from envloop_pipelines.core.decision_loop.champion_noise_floor import measure_champion_noise_floor
 from envloop_pipelines.core.decision_loop.failure_mining import mine_failures
 from envloop_pipelines.core.decision_loop.environment_synthesis import synthesize_environments
 from envloop_pipelines.core.decision_loop.registered_hypothesis import register_hypothesis
@@ -242,6 +243,38 @@ def baseline_eval(context: dg.AssetExecutionContext, loop: LoopResource,
     })
 
 
+@dg.asset(partitions_def=rounds, group_name=ROUND_GROUP, op_tags=VERIFIER_POD)
+def champion_noise_floor(context: dg.AssetExecutionContext, loop: LoopResource, mlflow: MlflowResource,
+                         sandbox: SandboxResource, task_benchmark: Benchmark, noise_floor: MeasuredNoiseFloor,
+                         baseline_eval: BaselineEval) -> dg.Output[MeasuredNoiseFloor]:
+    """The floor that gates the round: the control floor over release 1, else the champion's lineage floor (its
+    making repeated with fresh seeds)."""
+    from envloop_pipelines.core.loop.promotion import unreachable_bar
+
+    cfg = loop.config()
+    result = measure_champion_noise_floor(cfg, loop.task_snapshot(task_benchmark), noise_floor, mlflow.tracker(),
+                                          run_tags=run_tags(context), sandbox=sandbox.settings())
+    if result.champion_checkpoint_sha256 not in (None, baseline_eval.checkpoint_sha256):
+        raise dg.Failure(description=f"round {context.partition_key}: the champion changed during the round "
+                                     f"(baseline_eval evaluated {baseline_eval.checkpoint_sha256[:12]}, the floor is "
+                                     f"{result.champion_checkpoint_sha256[:12]}'s)")
+    held = next((a["metrics"].get(result.floor.metric) for a in result.floor.arms if a.get("role") == "champion"), None)
+    out_of_reach = unreachable_bar(result.floor, float(held)) if isinstance(held, (int, float)) else None
+    if out_of_reach:
+        context.log.warning(f"round {context.partition_key}: {out_of_reach}")
+    return dg.Output(result, metadata={
+        "source": result.source,
+        "noise_floor": result.floor.floor,
+        "key": result.floor.key,
+        "cached": result.cached,
+        "values": dg.MetadataValue.json(list(result.floor.values)),
+        "champion_release": baseline_eval.champion_release,
+        **({"making": dg.MetadataValue.json(dict(result.making))} if result.making else {}),
+        **({PROMOTION_WARNING: out_of_reach} if out_of_reach else {}),
+        **mlflow_link(result),
+    }, data_version=dg.DataVersion(result.floor.key))
+
+
 @dg.asset(partitions_def=rounds, group_name=ROUND_GROUP)
 def failure_mining(loop: LoopResource, task_benchmark: Benchmark,
                    baseline_eval: BaselineEval) -> dg.Output[FailureMining]:
@@ -289,7 +322,8 @@ class HypothesisConfig(dg.Config):
 @dg.asset(partitions_def=rounds, group_name=ROUND_GROUP)
 def registered_hypothesis(context: dg.AssetExecutionContext, config: HypothesisConfig, loop: LoopResource,
                           mlflow: MlflowResource, sandbox: SandboxResource, task_benchmark: Benchmark,
-                          environment_synthesis: EnvironmentSynthesis) -> dg.Output[RegisteredHypothesis]:
+                          environment_synthesis: EnvironmentSynthesis,
+                          champion_noise_floor: MeasuredNoiseFloor) -> dg.Output[RegisteredHypothesis]:
     """The round's hypothesis (change, predicted delta, gate, seeds), in MLflow and the ledger before training; immutable."""
     from envloop_pipelines.core.ledger.hypothesis import GateTooLooseError, HypothesisRefusedError
 
@@ -297,7 +331,8 @@ def registered_hypothesis(context: dg.AssetExecutionContext, config: HypothesisC
     task = loop.task_snapshot(task_benchmark)
     try:
         result = register_hypothesis(loop.config(), task, environment_synthesis, mlflow.tracker(),
-                                           proposal=proposal, run_tags=run_tags(context), sandbox=sandbox.settings())
+                                     proposal=proposal, run_tags=run_tags(context), sandbox=sandbox.settings(),
+                                     noise_floor=champion_noise_floor)
     except (GateTooLooseError, HypothesisRefusedError) as exc:  # refused at registration: the same next time
         refuse(context, str(exc))
     h = result.hypothesis
@@ -377,17 +412,18 @@ def independent_reeval(context: dg.AssetExecutionContext, loop: LoopResource, ml
 
 @dg.asset(partitions_def=rounds, group_name=ROUND_GROUP, op_tags=VERIFIER_POD)
 def promotion_decision(context: dg.AssetExecutionContext, loop: LoopResource, mlflow: MlflowResource,
-                       sandbox: SandboxResource, task_benchmark: Benchmark, noise_floor: MeasuredNoiseFloor,
+                       sandbox: SandboxResource, task_benchmark: Benchmark, champion_noise_floor: MeasuredNoiseFloor,
                        registered_hypothesis: RegisteredHypothesis,
                        training_dataset_snapshot: TrainingSnapshot, lora_checkpoint: TrainedCheckpoint,
                        independent_reeval: Reevaluation) -> dg.Output[RoundDecision]:
-    """The registered gate applied: a release card and the champion alias on promotion, a refuted hypothesis otherwise."""
+    """The registered gate applied over the floor that gates the round (``champion_noise_floor``): a release card
+    and the champion alias on promotion, a refuted hypothesis otherwise."""
     from envloop_pipelines.core.ledger.ledger import Ledger
     from envloop_pipelines.core.decision_loop.plots import metric_by_round
 
     cfg = loop.config()
     result = decide_round(cfg, loop.task_snapshot(task_benchmark), registered_hypothesis,
-                                 training_dataset_snapshot, lora_checkpoint, independent_reeval, noise_floor,
+                                 training_dataset_snapshot, lora_checkpoint, independent_reeval, champion_noise_floor,
                                  mlflow.tracker(), run_tags=run_tags(context), sandbox=sandbox.settings())
     close_round_runs(mlflow.tracker(), cfg.task, context.partition_key, RUN_FINISHED, parent_only=True)
     releases = Ledger(cfg.task, cfg.home).releases()
@@ -406,7 +442,7 @@ def promotion_decision(context: dg.AssetExecutionContext, loop: LoopResource, ml
     })
 
 
-ROUND_ASSETS = [baseline_eval, failure_mining, environment_synthesis, registered_hypothesis,
+ROUND_ASSETS = [baseline_eval, champion_noise_floor, failure_mining, environment_synthesis, registered_hypothesis,
                 training_dataset_snapshot, lora_checkpoint, independent_reeval, promotion_decision]
 
 # GPU_POOL_TAG, the run tag of the round (it trains): the cluster's run queue allows one running round per value
