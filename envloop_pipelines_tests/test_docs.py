@@ -489,7 +489,7 @@ def test_concept_table_spells_tracking_and_ledger_names() -> None:
 
     text = (DOCS / "concepts.md").read_text(encoding="utf-8")
     rows = _table(text, "## The concepts")
-    assert len(rows) == 19 and all(len(r) == 7 for r in rows), "the concept table has 19 concepts in 7 columns"
+    assert len(rows) == 20 and all(len(r) == 7 for r in rows), "the concept table has 20 concepts in 7 columns"
     kinds = {n for r in rows for n in _names(r[4]) if "." not in n}  # not the params `recipe.*`
     events = {n for r in rows for n in _names(r[5]) if "." not in n}  # not `change.recipe_overrides`
     assert kinds == set(tracking.RUN_KINDS), f"table {sorted(kinds)} vs tracking.RUN_KINDS {sorted(tracking.RUN_KINDS)}"

@@ -53,7 +53,7 @@ def test_the_sdk_notebook_runs_and_shows_the_round_its_decision_the_releases_and
     key, run_id = started.groups()
     assert (f"refused: round {key} of task 'personal_agent' is running (run {run_id}, started by "
             f"LocalClient.start_round") in text
-    assert re.search(rf"round {key}: 100% 12/12 step \[", text), text
+    assert re.search(rf"round {key}: 100% 13/13 step \[", text), text
     assert re.search(rf"{key}: run SUCCESS; (promoted|rejected)", text), text
     assert re.search(r"release 1: round \S+, checkpoint [0-9a-f]{12}, holdout family-macro accuracy \d\.\d{4}", text)
     assert re.search(r"champion: release \d+", text), text

@@ -104,7 +104,7 @@ def test_the_sdk_runs_a_round_reads_its_decision_and_release_fetches_the_champio
     assert run.success and run.partition == "r0001" and run.first_step_start >= launched.launched_at
     assert {s.key for s in run.steps} >= {"baseline_eval", "lora_checkpoint", "promotion_decision"}
     lines = [line for line in _progress_lines(caplog) if line.startswith("round r0001:")]
-    assert lines and lines[-1].startswith("round r0001: 100% 12/12 step ["), lines
+    assert lines and lines[-1].startswith("round r0001: 100% 13/13 step ["), lines
 
     # the training's progress is in the run's Dagster log, with its step
     logged, _ = client._progress_lines(launched.run_id, None)
@@ -222,7 +222,7 @@ def test_the_cli_goes_through_the_sdk_with_remote(deployment: Deployment) -> Non
 
     assert decision_lines(key, decision)[0].removesuffix(")") in started.stdout
     assert "release chain of personal_agent:" in started.stdout
-    assert re.search(rf"^round {key}: 100% 12/12 step \[", started.stderr, flags=re.MULTILINE), started.stderr[-2000:]
+    assert re.search(rf"^round {key}: 100% 13/13 step \[", started.stderr, flags=re.MULTILINE), started.stderr[-2000:]
 
     status = envloop("round", "status", "--json")
     rows = json.loads(status.stdout)

@@ -119,7 +119,9 @@ def measure_champion_noise_floor(config: LoopConfig, task: TaskSnapshot, control
         LineageFloorError: the champion's making cannot be repeated.
     """
     champ = _champion_or_none(config)
-    if champ is None or champion_is_control_arm(control, champ):
+    if champ is None or champion_is_control_arm(control, champ) or control.recipe_hash != config.recipe_hash():
+        # Release 1 is the control arm; a floor of another recipe gates nothing (registration and the decision
+        # refuse it, naming the recipe) and no lineage is measured beside it.
         return control
     store = RoundStore(config.task, config.home)
     key = lineage_floor_key(control, champ, config)

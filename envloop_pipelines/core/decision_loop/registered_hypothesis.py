@@ -183,6 +183,8 @@ def _measured_power(config: LoopConfig, task: TaskSnapshot, key: str, gate: Gate
     ``None``: as measured, ``current_gating_floor``), the champion and the paired noise; refused without an MDE."""
     from envloop_pipelines.core.decision_loop.champion_noise_floor import current_gating_floor
 
+    if floor is not None and floor.recipe_hash != config.recipe_hash():
+        floor = None  # the floor handed in measures another recipe: this recipe's is looked up (and may be missing)
     try:
         measured = floor if floor is not None else current_gating_floor(config, task)
     except LedgerError as exc:
