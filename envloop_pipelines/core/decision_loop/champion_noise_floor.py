@@ -56,11 +56,10 @@ class LineageFloorError(LedgerError):
     or the floor handed to a round is not the one that gates it."""
 
 
-def champion_is_control_arm(control: MeasuredNoiseFloor, champ: Mapping[str, Any]) -> bool:
-    """Whether the champion is release 1, the control arm of a floor of the loop's recipe (the control floor gates)."""
-    arms = control.floor.arms
-    return champ.get("round") == "bootstrap" or bool(
-        arms and champ.get("checkpoint_sha256") == arms[0].get("checkpoint_sha256"))
+def champion_is_control_arm(champ: Mapping[str, Any]) -> bool:
+    """Whether the champion is release 1, the control arm of the loop's floor (the control floor gates): the one
+    release the setup publishes (``round: "bootstrap"``); every later one is a round's candidate."""
+    return champ.get("round") == "bootstrap"
 
 
 def lineage_floor_key(control: MeasuredNoiseFloor, champ: Mapping[str, Any], config: LoopConfig) -> str:
@@ -119,7 +118,7 @@ def measure_champion_noise_floor(config: LoopConfig, task: TaskSnapshot, control
         LineageFloorError: the champion's making cannot be repeated.
     """
     champ = _champion_or_none(config)
-    if champ is None or champion_is_control_arm(control, champ) or control.recipe_hash != config.recipe_hash():
+    if champ is None or champion_is_control_arm(champ) or control.recipe_hash != config.recipe_hash():
         # Release 1 is the control arm; a floor of another recipe gates nothing (registration and the decision
         # refuse it, naming the recipe) and no lineage is measured beside it.
         return control
@@ -144,7 +143,7 @@ def current_gating_floor(config: LoopConfig, task: TaskSnapshot) -> MeasuredNois
 
     control = current_noise_floor(config, task)
     champ = _champion_or_none(config)
-    if champ is None or champion_is_control_arm(control, champ):
+    if champ is None or champion_is_control_arm(champ):
         return control
     path = lineage_path(RoundStore(config.task, config.home), lineage_floor_key(control, champ, config))
     if not path.is_file():

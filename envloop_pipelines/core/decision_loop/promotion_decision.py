@@ -70,7 +70,7 @@ def decide_round(config: LoopConfig, task: TaskSnapshot, hypothesis: RegisteredH
     require_same_benchmark(reeval.benchmark_version, registered.benchmark_version, champ["benchmark_version"],
                            noise_floor.benchmark_version)
     mismatch = floor_recipe_error(noise_floor, registered.recipe_hash, champ) or gating_floor_error(
-        noise_floor, _champion_is_control_arm(config, task, champ), champ) or candidate_recipe_error(
+        noise_floor, champion_is_control_arm(champ), champ) or candidate_recipe_error(
         config, registered, candidate)
     if mismatch:
         raise FloorRecipeError(f"round {key}: no decision: {mismatch}")  # before anything is written
@@ -184,15 +184,6 @@ def floor_limitation(point: Mapping[str, Any] | None, change: Mapping[str, Any],
     lineage = "trained on from its parent" if change.get("init") != "base" else "retrained with another recipe"
     return (f"{text}; this release is {lineage}, and no seed spread at such a lineage is on record at this design "
             f"to show that floor bounds it (bench/bench_gate_evidence.py measures it).")
-
-
-def _champion_is_control_arm(config: LoopConfig, task: TaskSnapshot, champ: Mapping[str, Any]) -> bool:
-    from envloop_pipelines.core.decision_loop.noise_floor import current_noise_floor
-
-    try:
-        return champion_is_control_arm(current_noise_floor(config, task), champ)
-    except LedgerError:  # no control floor on record: only a bootstrap champion is a control arm
-        return champ.get("round") == "bootstrap"
 
 
 class FloorRecipeError(LedgerError):
