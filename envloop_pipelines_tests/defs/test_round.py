@@ -524,6 +524,6 @@ def test_a_round_over_a_promoted_champion_is_gated_by_its_lineage_floor(loop_env
     assert again.cached and again.floor == lineage.floor and lineage_path(store, lineage.floor.key).is_file()
     assert len(list(ledger.events())) == events
     # The control floor cannot gate a round over release 2, nor its lineage floor one over release 1.
-    assert "is the control floor; a round over release 2" in gating_floor_error(control, False, release2)
-    assert "cannot gate a round over release 1" in gating_floor_error(lineage, True, release1)
-    assert gating_floor_error(lineage, False, release2) is None and gating_floor_error(control, True, release1) is None
+    assert "is the control floor; a round over release 2" in gating_floor_error(control, release2)
+    assert "cannot gate a round over release 1" in gating_floor_error(lineage, release1)
+    assert gating_floor_error(lineage, release2) is None and gating_floor_error(control, release1) is None

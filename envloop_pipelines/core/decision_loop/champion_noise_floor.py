@@ -161,10 +161,10 @@ def _champion_or_none(config: LoopConfig) -> Mapping[str, Any] | None:
         return None
 
 
-def gating_floor_error(floor: MeasuredNoiseFloor, control_arm: bool, champ: Mapping[str, Any]) -> str | None:
-    """Why ``floor`` cannot gate a round over ``champ``, or ``None`` when it can (``control_arm``: the champion is
-    the control floor's control arm, :func:`champion_is_control_arm`)."""
-    if control_arm:
+def gating_floor_error(floor: MeasuredNoiseFloor, champ: Mapping[str, Any]) -> str | None:
+    """Why ``floor`` cannot gate a round over ``champ``, or ``None`` when it can: the control floor over the control
+    arm (:func:`champion_is_control_arm`), the champion's own lineage floor over any other champion."""
+    if champion_is_control_arm(champ):
         if floor.source == SOURCE_CONTROL:
             return None
         return (f"noise_floor {floor.floor.key}: a lineage floor (of checkpoint "

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from envloop_pipelines.core.data.snapshots import TaskSnapshot, require_same_benchmark
-from envloop_pipelines.core.decision_loop.champion_noise_floor import champion_is_control_arm, gating_floor_error
+from envloop_pipelines.core.decision_loop.champion_noise_floor import gating_floor_error
 from envloop_pipelines.core.decision_loop.training_dataset_snapshot import snapshot_rows
 from envloop_pipelines.core.release.card import benchmark_limitations
 from envloop_pipelines.core.ledger.event_log import (
@@ -70,8 +70,7 @@ def decide_round(config: LoopConfig, task: TaskSnapshot, hypothesis: RegisteredH
     require_same_benchmark(reeval.benchmark_version, registered.benchmark_version, champ["benchmark_version"],
                            noise_floor.benchmark_version)
     mismatch = floor_recipe_error(noise_floor, registered.recipe_hash, champ) or gating_floor_error(
-        noise_floor, champion_is_control_arm(champ), champ) or candidate_recipe_error(
-        config, registered, candidate)
+        noise_floor, champ) or candidate_recipe_error(config, registered, candidate)
     if mismatch:
         raise FloorRecipeError(f"round {key}: no decision: {mismatch}")  # before anything is written
     ledger.require_unread_candidate(key)  # no redraw on test: a candidate someone else read is ineligible
