@@ -57,6 +57,11 @@ def test_the_text_names_the_rate_its_interval_and_the_power_or_says_none_is_meas
     assert "false promotions 0/60" in text and "[0.000, 0.060]" in text and "power 15/20 for +300 steps" in text
     assert "the control floor bounds it" in text and "bench/bench_gate_evidence.py, 2026-12-07" in text
     assert "not measured at this design" in op.operating_point_text(None)
+    assert "under way" not in text  # no plan named: nothing to compare against
+    partial = op.operating_point_text({**_point(), "registered": {"null_seed": 60, "null_lever": 20, "power_300": 20}})
+    assert "under way: 60 of the 80 registered null candidates on record" in partial
+    whole = op.operating_point_text({**_point(), "registered": {"null_seed": 40, "null_lever": 20, "power_300": 20}})
+    assert "under way" not in whole
 
 
 def test_the_card_shows_the_point_and_says_whether_the_floor_bounds_the_champions_lineage() -> None:
@@ -164,3 +169,18 @@ def test_a_card_gated_by_a_lineage_floor_names_it_and_its_making() -> None:
                                      "floor": pytest.approx(0.0079)}
     assert "the control recipe's null arms" in render_card({**card, "noise_floor_source": floor_source(control)})
     assert floor_limitation(_point(), {"init": None}, control) == floor_limitation(_point(), {"init": None})
+
+
+def test_the_packaged_point_is_the_readme_demos_design() -> None:
+    """The point on record is measured at ``make run``'s design, so the demo's cards show it (not a neighbour's)."""
+    from envloop_pipelines.cli.demo import (DEMO_BUILTIN_USERS, DEMO_HIDDEN_USERS, DEMO_MAX_LEVER_SECONDS,
+                                            DEMO_OVERRIDES)
+    from envloop_pipelines.cli.options import parse_recipe_overrides
+    from envloop_pipelines.core.loop.config import LoopConfig
+
+    demo = LoopConfig(task="personal_agent", noise_arms=2, builtin_users=DEMO_BUILTIN_USERS,
+                      builtin_hidden_users=DEMO_HIDDEN_USERS, max_lever_seconds=DEMO_MAX_LEVER_SECONDS,
+                      recipe_overrides=parse_recipe_overrides(DEMO_OVERRIDES))
+    designs = [p["design"] for p in op.recorded_points()]
+    assert any(d["recipe_hash"] == demo.recipe_hash() and d["noise_arms"] == demo.noise_arms
+               and d["gate"] == op.design_of("", "", 0, GATE)["gate"] for d in designs), designs

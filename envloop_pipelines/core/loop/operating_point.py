@@ -82,6 +82,10 @@ def operating_point_text(point: Mapping[str, Any] | None) -> str:
         parts.append(f"seed sd {spread['control_sd']:.4f} at the control recipe, {spread['lineage_sd']:.4f} at the "
                      f"{spread['lineage_steps']}-step lineage: the control floor "
                      f"{'bounds' if spread['bounded'] else 'does not bound'} it")
+    registered = point.get("registered") or {}
+    planned = sum(n for kind, n in registered.items() if kind.startswith("null"))
+    if planned and null.get("n", 0) < planned:  # a partial measurement says so: its interval narrows as it goes on
+        parts.append(f"under way: {null.get('n', 0)} of the {planned} registered null candidates on record")
     source = f"{BENCH}, {point.get('measured', 'undated')}"
     return "the gate's operating point at this design: " + "; ".join(parts or ["no replicate on record"]) + f" ({source})"
 
