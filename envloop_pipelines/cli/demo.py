@@ -5,6 +5,7 @@ release chain; the benches (``bench/``) start from the same sizes.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import click
 
@@ -39,16 +40,19 @@ DEMO_HIDDEN_USERS = 170
 DEMO_MAX_LEVER_SECONDS = 600.0
 
 
+def demo_loop_settings() -> dict[str, Any]:
+    """The loop settings of ``make run``: the design whose gate operating point ``bench_gate_evidence.py`` measures."""
+    return {"task": "personal_agent", "noise_arms": 2, "builtin_users": DEMO_BUILTIN_USERS,
+            "builtin_hidden_users": DEMO_HIDDEN_USERS, "max_lever_seconds": DEMO_MAX_LEVER_SECONDS,
+            "recipe_overrides": parse_recipe_overrides(DEMO_OVERRIDES)}
+
+
 @click.command("demo")
 @click.option("--rounds", type=int, default=2, show_default=True)
 def demo(rounds: int) -> None:
     """The main job on the embedded defaults: a two-round loop on the built-in benchmark, then the release chain."""
     started = time.perf_counter()
-    timings = run_loop(loop_settings={"task": "personal_agent", "noise_arms": 2, "builtin_users": DEMO_BUILTIN_USERS,
-                                      "builtin_hidden_users": DEMO_HIDDEN_USERS,
-                                      "max_lever_seconds": DEMO_MAX_LEVER_SECONDS,
-                                      "recipe_overrides": parse_recipe_overrides(DEMO_OVERRIDES)},
-                       rounds=rounds, patience=rounds, max_wall_s=3600)
+    timings = run_loop(loop_settings=demo_loop_settings(), rounds=rounds, patience=rounds, max_wall_s=3600)
     print_releases("personal_agent")
     echo_champion_vs_tfidf("personal_agent")
     click.echo("timings: " + ", ".join(f"{t['step']} {t['s']:.0f}s" for t in timings))
@@ -56,4 +60,5 @@ def demo(rounds: int) -> None:
                f"Dagster runs: `envloop ui`")
 
 
-__all__ = ["DEMO_BUILTIN_USERS", "DEMO_HIDDEN_USERS", "DEMO_MAX_LEVER_SECONDS", "DEMO_OVERRIDES", "demo"]
+__all__ = ["DEMO_BUILTIN_USERS", "DEMO_HIDDEN_USERS", "DEMO_MAX_LEVER_SECONDS", "DEMO_OVERRIDES", "demo",
+           "demo_loop_settings"]

@@ -173,14 +173,10 @@ def test_a_card_gated_by_a_lineage_floor_names_it_and_its_making() -> None:
 
 def test_the_packaged_point_is_the_readme_demos_design() -> None:
     """The point on record is measured at ``make run``'s design, so the demo's cards show it (not a neighbour's)."""
-    from envloop_pipelines.cli.demo import (DEMO_BUILTIN_USERS, DEMO_HIDDEN_USERS, DEMO_MAX_LEVER_SECONDS,
-                                            DEMO_OVERRIDES)
-    from envloop_pipelines.cli.options import parse_recipe_overrides
+    from envloop_pipelines.cli.demo import demo_loop_settings
     from envloop_pipelines.core.loop.config import LoopConfig
 
-    demo = LoopConfig(task="personal_agent", noise_arms=2, builtin_users=DEMO_BUILTIN_USERS,
-                      builtin_hidden_users=DEMO_HIDDEN_USERS, max_lever_seconds=DEMO_MAX_LEVER_SECONDS,
-                      recipe_overrides=parse_recipe_overrides(DEMO_OVERRIDES))
+    demo = LoopConfig(**demo_loop_settings())
     designs = [p["design"] for p in op.recorded_points()]
     assert any(d["recipe_hash"] == demo.recipe_hash() and d["noise_arms"] == demo.noise_arms
                and d["gate"] == op.design_of("", "", 0, GATE)["gate"] for d in designs), designs
